@@ -1,0 +1,84 @@
+"""Connections with safe defaults, and the check that the schema is there.
+
+Every connection names pgqctl in `application_name` (visible in
+pg_stat_activity) and points its search_path at the queue's schema, so all
+SQL stays unqualified.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgqctl import config
+from pgqctl.errors import DatabaseUnavailable, NotMigrated
+from pgqctl.sql import migrations
+
+APPLICATION_NAME = "pgqctl"
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+def connect(
+    dsn: str,
+    *,
+    schema: str,
+    application_name: str = APPLICATION_NAME,
+    autocommit: bool = True,
+) -> psycopg.Connection[Any]:
+    """Open a connection or raise DatabaseUnavailable naming the target."""
+    try:
+        conn = psycopg.connect(
+            dsn,
+            autocommit=autocommit,
+            application_name=application_name,
+            connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        )
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {config.describe(dsn)}: {reason(exc)}; "
+            "check --dsn / PGQCTL_DSN and that the server is running"
+        ) from exc
+    use_schema(conn, schema)
+    return conn
+
+
+def use_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Point search_path at the queue's schema, quoted as an identifier."""
+    path = sql.Identifier(schema).as_string(conn)
+    conn.execute("SELECT set_config('search_path', %s, false)", (path,))
+    if not conn.autocommit:
+        conn.commit()
+
+
+def reason(exc: BaseException) -> str:
+    """The useful line of a libpq error, without its boilerplate."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0]
+    for prefix in ("connection failed: ", "connection is bad: "):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    return text
+
+
+def require_migrated(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Raise NotMigrated unless every migration this pgqctl knows is applied."""
+    row = conn.execute(
+        "SELECT to_regclass('pgqctl_migrations') IS NOT NULL AND to_regclass('jobs') IS NOT NULL"
+    ).fetchone()
+    if not row or not row[0]:
+        raise NotMigrated(f"no pgqctl queue in schema {schema}: run `pgqctl migrate`")
+    count_row = conn.execute("SELECT count(*) FROM pgqctl_migrations").fetchone()
+    applied = count_row[0] if count_row else 0
+    known = len(migrations())
+    if applied < known:
+        raise NotMigrated(
+            f"schema {schema} is {known - applied} migration(s) behind: run `pgqctl migrate`"
+        )
+    if applied > known:
+        raise NotMigrated(
+            f"schema {schema} was migrated by a newer pgqctl: upgrade pgqctl to use it"
+        )

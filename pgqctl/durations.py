@@ -1,0 +1,31 @@
+"""Durations as people type them: `30s`, `5m`, `2h`, `1d`, `1h30m`, or plain seconds."""
+
+from __future__ import annotations
+
+import re
+
+from pgqctl.errors import BadInput
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+
+
+def parse_duration(text: str, *, what: str = "duration") -> float:
+    """Seconds in `text`; BadInput with an example when it is not a duration."""
+    value = text.strip().lower()
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = _parse_units(value, text, what)
+    if seconds < 0 or seconds != seconds or seconds == float("inf"):
+        raise BadInput(f"{what} must be a non-negative duration, got {text!r}")
+    return seconds
+
+
+def _parse_units(value: str, text: str, what: str) -> float:
+    parts = _PART.findall(value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        raise BadInput(
+            f"{what} {text!r} is not a duration: use a number of seconds or 30s, 5m, 2h, 1d"
+        )
+    return sum(float(n) * _UNITS[u] for n, u in parts)

