@@ -52,10 +52,11 @@ class Database:
             return target.dsn
         started = embedded.ensure_running()
         if started.started:
+            what = "created and started" if started.created else "started"
             say(
-                f"no database configured: started the embedded PostgreSQL in "
-                f"{embedded.default_data_dir()} (it keeps running; `pgqctl embedded stop` "
-                "stops it). Set PGQCTL_DSN or --dsn to use your own database."
+                f"no database configured: {what} the embedded PostgreSQL in "
+                f"{started.data_dir}; it keeps running (`pgqctl embedded stop` stops it). "
+                "Set PGQCTL_DSN or --dsn to use your own database."
             )
         return started.dsn
 
@@ -236,6 +237,8 @@ def embedded_status(fmt: str) -> None:
         output.emit_rows(
             [{"field": k, "value": v} for k, v in row.items()], ["field", "value"], fmt
         )
+    elif output.resolve_format(fmt) == "json":
+        output.emit_object(row)
     else:
         output.emit_rows([row], list(row), fmt)
 
