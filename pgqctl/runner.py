@@ -1,0 +1,840 @@
+"""Turn a job into a command, and run that command as a child process.
+
+No database here, no printing, no exiting: the worker (``worker.py``) calls
+these functions from its slot threads and decides what each outcome means.
+
+- `command_for_job` reads a payload into a `Command`, or raises
+  `PayloadRejected` for a payload that can never run. A rejection is
+  permanent: the worker fails the job at once, without retries.
+- `child_environment` builds the child's environment: the worker's own,
+  minus every way to reach the queue's database, plus the job's `env`, plus
+  the ``PGQCTL_JOB_*`` variables.
+- `run` starts the child, feeds its stdin, reads its merged stdout and
+  stderr, enforces the timeout, honours a `Stop` request from another
+  thread, and returns an `Outcome`. It never raises for anything the child
+  does, including failing to start.
+
+Payload rules. With a handler for the job's kind (``--handler KIND=CMD``),
+the handler runs with the payload, whatever it holds, as compact JSON on
+stdin; the payload is not interpreted and the worker's default timeout
+applies. Otherwise the payload must be an object with either ``argv`` (a
+non-empty array of strings, run directly) or ``shell`` (a string run with
+``/bin/sh -c``, only when the worker allows shell payloads), and optionally
+``env`` (object of strings), ``cwd`` (string), ``timeout`` (positive
+seconds; overrides the worker's default) and ``stdin`` (string). A ``null``
+optional key counts as absent. Any other key is rejected: in a payload that
+pgqctl itself interprets, an unknown key is almost always a typo (``timout``)
+that would otherwise be silently ignored.
+
+Processes and signals. Each child leads a session and process group of its
+own (``start_new_session``), so a Ctrl-C on the worker's terminal, or a
+signal sent to the worker's process group, reaches the worker only: the
+worker decides what happens to running jobs (claim nothing more, let them
+finish for ``--grace``, then `Stop.request` each one). Stopping a child, or
+timing it out, sends SIGTERM to its whole process group and SIGKILL to the
+group ``term_grace`` seconds later if the child or anything holding its
+output is still there; grandchildren die with it. Processes that leave the
+group (``setsid``, a shell with job control) escape both. When a child
+exits on its own, whatever it left running in the background is not
+killed; `run` reads their output for a moment (`DRAIN_AFTER_EXIT`) and then
+stops waiting for them.
+
+If the worker itself is SIGKILLed, its children keep running (they get
+SIGPIPE the next time they write output) and the job's lease expires, so
+the job may run again: PGQCTL_JOB_ID is the idempotency key.
+
+Costs. `run` uses no thread of its own and never sleeps to poll: it blocks
+in ``poll()`` on the output pipe, the stdin pipe, a pidfd for the child's
+exit (Linux 5.3+; elsewhere it checks every 50 ms once output ends) and
+an eventfd for `Stop`, with the nearest deadline as timeout. Output is not
+kept beyond a tail of `TAIL_BYTES` bytes. POSIX only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import errno
+import json
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+# Bytes of output kept for `Outcome.output_tail`.
+TAIL_BYTES = 4096
+# Characters of output `Outcome.last_error` includes by default.
+LAST_ERROR_CHARS = 2000
+# A line longer than this reaches `on_line` in pieces of this size.
+MAX_LINE_BYTES = 16384
+# After a child exits on its own, seconds to keep reading output that
+# background processes it left behind may still be writing.
+DRAIN_AFTER_EXIT = 0.1
+# Without pidfds (not Linux, or Linux < 5.3), how often to check whether a
+# child that closed its output has exited.
+_EXIT_POLL_SECONDS = 0.05
+
+_READ_SIZE = 65536
+_SHELL = "/bin/sh"
+_OPTIONAL_KEYS = ("env", "cwd", "timeout", "stdin")
+_KNOWN_KEYS = frozenset(("argv", "shell", *_OPTIONAL_KEYS))
+
+# Variables that point a client at a database or log it in. The child must
+# not reach the queue's database with the worker's credentials, so none of
+# these is inherited (a job's own `env` may still set them). PGQCTL_* goes
+# too: it holds the DSN and the worker's options. This closes the
+# environment only: a child running as the worker's user can still read
+# that user's ~/.pgpass and ~/.pg_service.conf, or the embedded server's
+# socket; run the worker as a user that has none of these to go further.
+_CREDENTIAL_PREFIXES = ("PGQCTL_", "PGSSL", "PGGSS")
+_CREDENTIAL_NAMES = frozenset(
+    (
+        "DATABASE_URL",
+        # libpq's connection variables (PostgreSQL 18 docs, "Environment
+        # Variables"), minus the ones that only shape a session (PGDATESTYLE,
+        # PGTZ, PGGEQO, PGCLIENTENCODING).
+        "PGHOST",
+        "PGHOSTADDR",
+        "PGPORT",
+        "PGDATABASE",
+        "PGUSER",
+        "PGPASSWORD",
+        "PGPASSFILE",
+        "PGSERVICE",
+        "PGSERVICEFILE",
+        "PGSYSCONFDIR",  # where libpq looks for pg_service.conf
+        "PGOPTIONS",
+        "PGAPPNAME",
+        "PGREQUIRESSL",
+        "PGREQUIREPEER",
+        "PGREQUIREAUTH",
+        "PGCHANNELBINDING",
+        "PGKRBSRVNAME",
+        "PGCONNECT_TIMEOUT",
+        "PGTARGETSESSIONATTRS",
+        "PGLOADBALANCEHOSTS",
+        "PGMINPROTOCOLVERSION",
+        "PGMAXPROTOCOLVERSION",
+    )
+)
+
+_pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
+# Linux: one eventfd is cheaper than a pipe as a wake-up for `Stop`.
+_eventfd: Callable[[int, int], int] | None = getattr(os, "eventfd", None)
+_EVENTFD_FLAGS = getattr(os, "EFD_CLOEXEC", 0) | getattr(os, "EFD_NONBLOCK", 0)
+# What `Stop` writes to wake a waiter: an eventfd takes exactly 8 bytes.
+_ONE = (1).to_bytes(8, sys.byteorder)
+
+
+class PayloadRejected(Exception):
+    """A payload that can never run. `reason` says why and what to do."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to run for one job.
+
+    `env` holds only the job's own variables; `child_environment` merges them
+    into the full environment. `stdin` None means /dev/null.
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    stdin: bytes | None = None
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a child ended.
+
+    Exactly one of these explains the end: `start_error` (never started),
+    `timed_out`, `stopped` (a `Stop` was requested), `signal` (died of a
+    signal on its own) or `exit_code`. `exit_code` and `signal` also say how
+    a timed-out or stopped child finally ended. `output_tail` is the end of
+    stdout and stderr together; `output_bytes` counts all of it.
+    """
+
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    stopped: bool = False
+    stop_reason: str | None = None
+    start_error: str | None = None
+    output_tail: str = ""
+    output_bytes: int = 0
+    duration: float = 0.0
+    timeout: float | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.stopped
+
+    def describe(self) -> str:
+        """One line for logs and the first line of `last_error`."""
+        if self.start_error is not None:
+            return self.start_error
+        if self.timed_out:
+            text = f"timed out after {_seconds(self.timeout or self.duration)}"
+            if self.signal == signal.SIGKILL:
+                text += " (still running after SIGTERM, killed)"
+            return text
+        if self.stopped:
+            if self.exit_code is None and self.signal is None:
+                return f"stopped before start: {self.stop_reason}"
+            return f"stopped: {self.stop_reason}"
+        if self.signal is not None:
+            return f"killed by signal {self.signal} ({_signal_name(self.signal)})"
+        return f"exit status {self.exit_code}"
+
+    def last_error(self, limit: int = LAST_ERROR_CHARS) -> str:
+        """`describe()`, then at most `limit` characters of the output's end."""
+        tail = self.output_tail.rstrip("\n")
+        if not tail or limit <= 0:
+            return self.describe()
+        if len(tail) > limit or self.output_bytes > TAIL_BYTES:
+            shown = min(len(tail), limit)
+            note = f"[output truncated: last {shown} characters of {self.output_bytes} bytes]"
+            return f"{self.describe()}\n{note}\n{tail[-limit:]}"
+        return f"{self.describe()}\n{tail}"
+
+
+class Stop:
+    """A request, from any thread, that running children stop.
+
+    One-shot: the first `request` wins and later ones change nothing. One
+    `Stop` may serve one job (lease lost) or many at once (shutdown). It holds
+    no OS resources; each `run` makes its own wake-up fd while it waits.
+    """
+
+    def __init__(self) -> None:
+        # Reentrant, in case a signal handler on the main thread requests a
+        # stop while that thread is inside `_subscribe`.
+        self._lock = threading.RLock()
+        self._reason: str | None = None
+        self._wakeups: set[int] = set()
+        self._event: threading.Event | None = None  # made by the first `wait`
+
+    def request(self, reason: str = "stop requested") -> bool:
+        """Ask for a stop; True if this call was the first to ask."""
+        with self._lock:
+            if self._reason is not None:
+                return False
+            self._reason = reason
+            if self._event is not None:
+                self._event.set()
+            for fd in self._wakeups:
+                _poke(fd)
+        return True
+
+    @property
+    def requested(self) -> bool:
+        return self._reason is not None
+
+    @property
+    def reason(self) -> str | None:
+        return self._reason
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a stop is requested or `timeout` passes; True if requested."""
+        with self._lock:
+            if self._reason is not None:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def _subscribe(self, fd: int) -> None:
+        with self._lock:
+            self._wakeups.add(fd)
+            if self._reason is not None:
+                _poke(fd)
+
+    def _unsubscribe(self, fd: int) -> None:
+        with self._lock:
+            self._wakeups.discard(fd)
+
+
+def command_for_job(
+    payload: object,
+    *,
+    kind: str,
+    handlers: Mapping[str, Sequence[str]],
+    allow_shell: bool,
+    default_timeout: float | None,
+) -> Command:
+    """The command a job runs, or `PayloadRejected` if it can never run."""
+    handler = handlers.get(kind)
+    if handler is not None:
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+        return Command(tuple(handler), stdin=text.encode(), timeout=default_timeout)
+
+    if not isinstance(payload, dict):
+        raise PayloadRejected(
+            f"payload is {_json_type(payload)}, not an object: enqueue "
+            f'{{"argv": [...]}} or {{"shell": "..."}}, {_handler_hint(kind)}'
+        )
+    unknown = sorted(str(key) for key in payload if key not in _KNOWN_KEYS)
+    if "argv" not in payload and "shell" not in payload:
+        guess = _close_key(unknown, ("argv", "shell"))
+        if guess:
+            raise PayloadRejected(f'payload has neither "argv" nor "shell"{guess}')
+        raise PayloadRejected(
+            f'payload has neither "argv" nor "shell": enqueue {{"argv": [...]}}, '
+            f"{_handler_hint(kind)}"
+        )
+    if unknown:
+        listed = ", ".join(f'"{key}"' for key in unknown)
+        guess = _close_key(unknown, tuple(_KNOWN_KEYS))
+        raise PayloadRejected(
+            f"unknown payload key{'s' if len(unknown) > 1 else ''} {listed}{guess or ''}"
+            ": allowed keys are argv or shell, env, cwd, timeout, stdin"
+        )
+    if "argv" in payload and "shell" in payload:
+        raise PayloadRejected('payload has both "argv" and "shell": keep only one')
+
+    if "shell" in payload:
+        if not allow_shell:
+            raise PayloadRejected(
+                "shell payloads need `pgqctl worker --allow-shell`; "
+                'or enqueue {"argv": [...]} to run without a shell'
+            )
+        script = payload["shell"]
+        if not isinstance(script, str) or not script.strip():
+            got = _json_type(script) if not isinstance(script, str) else "a blank string"
+            raise PayloadRejected(
+                f'"shell" must be a command line, e.g. {{"shell": "ls | wc -l"}}, got {got}'
+            )
+        _no_nul(script, '"shell"')
+        argv: tuple[str, ...] = (_SHELL, "-c", script)
+    else:
+        argv = _argv(payload["argv"])
+
+    timeout = _timeout(payload.get("timeout"))
+    stdin = payload.get("stdin")
+    if stdin is not None and not isinstance(stdin, str):
+        raise PayloadRejected(
+            f'"stdin" must be a string, got {_json_type(stdin)}: encode structured '
+            "data as a string, or use a handler to get the payload as JSON on stdin"
+        )
+    return Command(
+        argv,
+        env=_env(payload.get("env")),
+        cwd=_cwd(payload.get("cwd")),
+        stdin=None if stdin is None else stdin.encode(),
+        timeout=default_timeout if timeout is None else timeout,
+    )
+
+
+def child_environment(
+    base: Mapping[str, str],
+    *,
+    job_id: int,
+    kind: str,
+    queue: str,
+    attempt: int,
+    extra: Mapping[str, str],
+) -> dict[str, str]:
+    """The child's environment: `base` without database credentials, then the
+    job's `extra`, then PGQCTL_JOB_* (which the job's env cannot override).
+
+    Pass a dict taken from os.environ once at startup, not os.environ itself:
+    reading os.environ decodes every variable again (some 30 µs a job).
+    """
+    env = {
+        name: value
+        for name, value in base.items()
+        if name not in _CREDENTIAL_NAMES and not name.startswith(_CREDENTIAL_PREFIXES)
+    }
+    env.update(extra)
+    env["PGQCTL_JOB_ID"] = str(job_id)
+    env["PGQCTL_JOB_KIND"] = kind
+    env["PGQCTL_JOB_QUEUE"] = queue
+    env["PGQCTL_JOB_ATTEMPT"] = str(attempt)
+    return env
+
+
+def run(
+    command: Command,
+    env: Mapping[str, str],
+    *,
+    stop: Stop | None = None,
+    term_grace: float = 5.0,
+    on_line: Callable[[str], None] | None = None,
+) -> Outcome:
+    """Run `command` to the end and say how it ended. Blocks; never raises for
+    the child's sake.
+
+    `stop`: another thread's `Stop.request` ends the child (SIGTERM to its
+    group, SIGKILL after `term_grace`); if already requested, nothing starts.
+    `on_line` gets each complete output line, decoded as UTF-8 with
+    replacement characters and without its newline (a final unterminated line
+    too; a line over `MAX_LINE_BYTES` in pieces). It runs on this thread; if
+    it raises, the child's group is killed and the exception propagates.
+    """
+    started = time.monotonic()
+    if not command.argv:
+        return Outcome(start_error="empty command: nothing to run", timeout=command.timeout)
+    if stop is not None and stop.requested:
+        return Outcome(stopped=True, stop_reason=stop.reason, timeout=command.timeout)
+    return _Child(command, stop, term_grace, on_line, started).run(env)
+
+
+class _Child:
+    """The state of one `run` call. Single-threaded; only `Stop` crosses threads."""
+
+    def __init__(
+        self,
+        command: Command,
+        stop: Stop | None,
+        term_grace: float,
+        on_line: Callable[[str], None] | None,
+        started: float,
+    ) -> None:
+        self.command = command
+        self.stop = stop
+        self.term_grace = max(term_grace, 0.0)
+        self.on_line = on_line
+        self.started = started
+        self.tail = bytearray()
+        self.output_bytes = 0
+        self.partial = b""
+        self.poller = select.poll()
+        self.fds: set[int] = set()  # every fd we own; closed at the end
+        self.out_fd = -1
+        self.in_fd = -1
+        self.pending = memoryview(b"")
+        self.pidfd = -1
+        self.wake_fd = -1
+        self.wake_w = -1
+        self.pid = 0
+        self.exited = False
+        self.ending: str | None = None  # "timeout" or "stop" once we end it
+        self.kill_at: float | None = None
+        self.killed = False
+
+    def run(self, env: Mapping[str, str]) -> Outcome:
+        try:
+            proc = self._spawn(env)
+        except (OSError, ValueError) as exc:
+            self._close_all()
+            return Outcome(
+                start_error=_start_error(exc, self.command),
+                duration=time.monotonic() - self.started,
+                timeout=self.command.timeout,
+            )
+        self.pid = proc.pid
+        reaped = False
+        try:
+            self._watch()
+            self._loop()
+            if self.ending is not None and not self.killed:
+                # The child is gone (or closed its output and left). Whatever is
+                # left of its group goes too; the unreaped child still pins the
+                # group id, so this cannot hit a recycled one.
+                self._kill(signal.SIGKILL)
+            self._drain()
+            returncode = proc.wait()
+            reaped = True
+        finally:
+            if not reaped:
+                self._kill(signal.SIGKILL)
+                proc.wait()
+            if self.stop is not None and self.wake_w >= 0:
+                self.stop._unsubscribe(self.wake_w)
+            self._close_all()
+        if self.partial:
+            self._emit(self.partial)
+        return Outcome(
+            exit_code=returncode if returncode >= 0 else None,
+            signal=-returncode if returncode < 0 else None,
+            timed_out=self.ending == "timeout",
+            stopped=self.ending == "stop",
+            stop_reason=self.stop.reason if self.ending == "stop" and self.stop else None,
+            output_tail=_decode_tail(self.tail, self.output_bytes),
+            output_bytes=self.output_bytes,
+            duration=time.monotonic() - self.started,
+            timeout=self.command.timeout,
+        )
+
+    def _spawn(self, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        # Every fd is made before the child starts, so running out of them is
+        # a start error rather than an exception with a child running.
+        if self.stop is not None:
+            self.wake_fd, self.wake_w = self._wakeup()
+        self.out_fd, out_w = self._pipe()
+        stdin: int = subprocess.DEVNULL
+        if self.command.stdin is not None:
+            stdin, self.in_fd = self._pipe()
+        try:
+            proc = subprocess.Popen(
+                list(self.command.argv),
+                stdin=stdin,
+                stdout=out_w,
+                stderr=out_w,
+                cwd=self.command.cwd,
+                env=env,
+                start_new_session=True,
+            )
+        finally:
+            # The child has its copies; ours would keep the pipes open forever.
+            self._close(out_w)
+            if stdin != subprocess.DEVNULL:
+                self._close(stdin)
+        return proc
+
+    def _watch(self) -> None:
+        # out_fd stays blocking: it is read only after poll() says it is
+        # readable (one fcntl pair fewer per job); `_drain` unblocks it.
+        self.poller.register(self.out_fd, select.POLLIN)
+        if self.in_fd >= 0:
+            os.set_blocking(self.in_fd, False)
+            self.pending = memoryview(self.command.stdin or b"")
+            self._write()  # usually fits in the pipe at once
+            if self.in_fd >= 0:
+                self.poller.register(self.in_fd, select.POLLOUT)
+        if _pidfd_open is not None:
+            try:
+                self.pidfd = _pidfd_open(self.pid)
+                self.fds.add(self.pidfd)
+                self.poller.register(self.pidfd, select.POLLIN)
+            except OSError:  # old kernel or seccomp: fall back to polling
+                self.pidfd = -1
+        if self.stop is not None:
+            self.poller.register(self.wake_fd, select.POLLIN)
+            self.stop._subscribe(self.wake_w)
+
+    def _loop(self) -> None:
+        timeout = self.command.timeout
+        deadline = None if timeout is None else self.started + timeout
+        drain_until: float | None = None
+        while True:
+            now = time.monotonic()
+            ending_due = deadline is not None and now >= deadline
+            if ending_due and not self.exited and self.ending is None:
+                self._end("timeout", now)
+            if self.kill_at is not None and not self.killed and now >= self.kill_at:
+                self._kill(signal.SIGKILL)
+                self.killed = True
+            if self.exited:
+                if self.out_fd < 0 or self.killed:
+                    return
+                if self.ending is None:
+                    if drain_until is None:
+                        drain_until = now + DRAIN_AFTER_EXIT
+                    elif now >= drain_until:
+                        return
+
+            wake = [t for t in (drain_until, self.kill_at) if t is not None]
+            if deadline is not None and self.ending is None and not self.exited:
+                wake.append(deadline)
+            if self.pidfd < 0 and not self.exited:
+                wake.append(now + _EXIT_POLL_SECONDS)
+            ms = -1 if not wake else max(0, math.ceil((min(wake) - now) * 1000))
+            for fd, _ in self.poller.poll(ms):
+                if fd == self.out_fd:
+                    self._read()
+                elif fd == self.in_fd:
+                    self._write()
+                elif fd == self.pidfd:
+                    self.exited = True
+                    self._forget(self.pidfd)
+                    self.pidfd = -2  # known exited; no polling fallback
+                elif fd == self.wake_fd:
+                    # Stays open (Stop may still poke it) until we unsubscribe.
+                    self.poller.unregister(self.wake_fd)
+                    self.wake_fd = -1
+                    if not self.exited and self.ending is None:
+                        self._end("stop", time.monotonic())
+            if self.pidfd == -1 and not self.exited:
+                self.exited = _has_exited(self.pid)
+
+    def _end(self, why: str, now: float) -> None:
+        self.ending = why
+        self._kill(signal.SIGTERM)
+        self.kill_at = now + self.term_grace
+
+    def _kill(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def _read(self) -> None:
+        try:
+            chunk = os.read(self.out_fd, _READ_SIZE)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self._forget(self.out_fd)
+            self.out_fd = -1
+            return
+        self._keep(chunk)
+
+    def _drain(self) -> None:
+        """Read what is already in the output pipe, then stop reading."""
+        if self.out_fd < 0:
+            return
+        os.set_blocking(self.out_fd, False)
+        for _ in range(64):  # bounded: a runaway writer may never stop
+            try:
+                chunk = os.read(self.out_fd, _READ_SIZE)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self._keep(chunk)
+
+    def _keep(self, chunk: bytes) -> None:
+        self.output_bytes += len(chunk)
+        if len(chunk) >= TAIL_BYTES:
+            self.tail[:] = chunk[-TAIL_BYTES:]
+        else:
+            self.tail += chunk
+            if len(self.tail) > TAIL_BYTES:
+                del self.tail[:-TAIL_BYTES]
+        if self.on_line is not None:
+            self._lines(chunk)
+
+    def _lines(self, chunk: bytes) -> None:
+        data = self.partial + chunk if self.partial else chunk
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            self._emit(data[start:end])
+            start = end + 1
+        rest = data[start:]
+        while len(rest) > MAX_LINE_BYTES:
+            self._emit(rest[:MAX_LINE_BYTES])
+            rest = rest[MAX_LINE_BYTES:]
+        self.partial = rest
+
+    def _emit(self, line: bytes) -> None:
+        assert self.on_line is not None
+        for i in range(0, max(len(line), 1), MAX_LINE_BYTES):
+            self.on_line(line[i : i + MAX_LINE_BYTES].decode("utf-8", "replace"))
+        self.partial = b""
+
+    def _write(self) -> None:
+        try:
+            while self.pending:
+                written = os.write(self.in_fd, self.pending[:_READ_SIZE])
+                self.pending = self.pending[written:]
+        except BlockingIOError:
+            return
+        except OSError:  # EPIPE: the child stopped reading; not our failure
+            pass
+        self._forget(self.in_fd)
+        self.in_fd = -1
+
+    def _pipe(self) -> tuple[int, int]:
+        r, w = os.pipe()
+        self.fds.update((r, w))
+        return r, w
+
+    def _wakeup(self) -> tuple[int, int]:
+        """An fd poll() can wait on, and one `Stop` writes to wake it."""
+        if _eventfd is not None:
+            fd = _eventfd(0, _EVENTFD_FLAGS)
+            self.fds.add(fd)
+            return fd, fd
+        r, w = self._pipe()
+        os.set_blocking(w, False)
+        return r, w
+
+    def _forget(self, fd: int) -> None:
+        with contextlib.suppress(KeyError):
+            self.poller.unregister(fd)
+        self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        if fd in self.fds:
+            self.fds.discard(fd)
+            os.close(fd)
+
+    def _close_all(self) -> None:
+        for fd in list(self.fds):
+            self._close(fd)
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether the child has exited, leaving it unreaped (so its group id stays pinned)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _poke(fd: int) -> None:
+    # A full pipe is already readable: the waiter wakes either way.
+    with contextlib.suppress(OSError):
+        os.write(fd, _ONE)
+
+
+def _start_error(exc: Exception, command: Command) -> str:
+    program = command.argv[0] if command.argv else ""
+    if isinstance(exc, ValueError):
+        return f"cannot start {program}: {exc}"
+    assert isinstance(exc, OSError)
+    where = command.cwd
+    if where is not None and exc.filename == where and exc.filename != program:
+        if isinstance(exc, FileNotFoundError):
+            return f"working directory not found: {where}"
+        if isinstance(exc, NotADirectoryError):
+            return f"working directory is not a directory: {where}"
+        if isinstance(exc, PermissionError):
+            return f"cannot enter working directory {where}: permission denied"
+        return f"cannot enter working directory {where}: {exc.strerror}"
+    if isinstance(exc, FileNotFoundError):
+        if "/" in program and os.path.exists(program):
+            return f"cannot run {program}: its #! interpreter was not found"
+        return f"command not found: {program}"
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {program} (is it executable?)"
+    if exc.errno == errno.ENOEXEC:
+        return f"cannot run {program}: not an executable (missing #! line?)"
+    return f"cannot start {program}: {exc.strerror or exc}"
+
+
+def _decode_tail(tail: bytearray, total: int) -> str:
+    data = bytes(tail)
+    if total > len(data):
+        # The cut may have split a UTF-8 character: drop its loose end.
+        skip = 0
+        while skip < min(3, len(data)) and 0x80 <= data[skip] < 0xC0:
+            skip += 1
+        data = data[skip:]
+    return data.decode("utf-8", "replace")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _handler_hint(kind: str) -> str:
+    return f"or run kind {kind!r} with `pgqctl worker --handler {kind}=CMD`"
+
+
+def _close_key(unknown: Sequence[str], known: Sequence[str]) -> str | None:
+    for key in unknown:
+        match = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
+        if match:
+            return f' (did you mean "{match[0]}" instead of "{key}"?)'
+    return None
+
+
+def _no_nul(text: str, where: str) -> None:
+    if "\0" in text:
+        raise PayloadRejected(
+            f"{where} contains a NUL character, which no process can receive: remove it"
+        )
+
+
+def _argv(argv: object) -> tuple[str, ...]:
+    example = '{"argv": ["ls", "-l"]}'
+    if isinstance(argv, str):
+        raise PayloadRejected(
+            f'"argv" must be an array of strings, got a string: split the command into '
+            f'words, e.g. {example}, or use {{"shell": "..."}}'
+        )
+    if not isinstance(argv, list):
+        raise PayloadRejected(
+            f'"argv" must be an array of strings, e.g. {example}, got {_json_type(argv)}'
+        )
+    if not argv:
+        raise PayloadRejected(f'"argv" is empty: put the program first, e.g. {example}')
+    for i, item in enumerate(argv):
+        if not isinstance(item, str):
+            raise PayloadRejected(
+                f'"argv"[{i}] is {_json_type(item)}, not a string: quote it, e.g. "42"'
+            )
+        _no_nul(item, f'"argv"[{i}]')
+    if not argv[0]:
+        raise PayloadRejected('"argv"[0] is an empty string: it must name the program to run')
+    return tuple(argv)
+
+
+def _env(env: object) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise PayloadRejected(
+            f'"env" must be an object of strings, e.g. {{"env": {{"LANG": "C"}}}}, '
+            f"got {_json_type(env)}"
+        )
+    for name, value in env.items():
+        if not name or "=" in name:
+            raise PayloadRejected(
+                f'"env" name {json.dumps(name)} is not a variable name: '
+                'names are non-empty and have no "="'
+            )
+        _no_nul(name, f'"env" name {json.dumps(name)}')
+        if not isinstance(value, str):
+            raise PayloadRejected(
+                f'"env"["{name}"] is {_json_type(value)}, not a string: quote it, e.g. "42"'
+            )
+        _no_nul(value, f'"env"["{name}"]')
+    return dict(env)
+
+
+def _cwd(cwd: object) -> str | None:
+    if cwd is None:
+        return None
+    if not isinstance(cwd, str) or not cwd:
+        got = "an empty string" if cwd == "" else _json_type(cwd)
+        raise PayloadRejected(
+            f'"cwd" must be a directory path, e.g. {{"cwd": "/srv/app"}}, got {got}'
+        )
+    _no_nul(cwd, '"cwd"')
+    return cwd
+
+
+def _timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        shown = (
+            json.dumps(timeout) if isinstance(timeout, (str, int, float)) else _json_type(timeout)
+        )
+        raise PayloadRejected(
+            f'"timeout" must be a positive number of seconds, e.g. {{"timeout": 30}}, got {shown}'
+        )
+    return float(timeout)

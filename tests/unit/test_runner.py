@@ -1,0 +1,592 @@
+"""pgqctl.runner: payloads, the child's environment, and running real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pgqctl.runner import (
+    MAX_LINE_BYTES,
+    TAIL_BYTES,
+    Command,
+    Outcome,
+    PayloadRejected,
+    Stop,
+    child_environment,
+    command_for_job,
+    run,
+)
+
+ENV = dict(os.environ)
+
+
+def parse(payload: object, *, allow_shell: bool = False, **handlers: list[str]) -> Command:
+    return command_for_job(
+        payload, kind="resize", handlers=handlers, allow_shell=allow_shell, default_timeout=60.0
+    )
+
+
+def sh(script: str, *, timeout: float | None = None) -> Command:
+    return Command(("/bin/sh", "-c", script), timeout=timeout)
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting for init to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def gone(pid: int, within: float = 2.0) -> bool:
+    deadline = time.monotonic() + within
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def pidfile(tmp_path: Path) -> Iterator[Path]:
+    """A file a child writes a grandchild's pid to; that pid is killed after the test."""
+    path = tmp_path / "grandchild.pid"
+    yield path
+    if path.exists():
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            os.kill(int(path.read_text()), signal.SIGKILL)
+
+
+def grandchild(pidfile: Path) -> int:
+    return int(pidfile.read_text())
+
+
+# -- payloads -----------------------------------------------------------------
+
+
+def test_argv_payload_runs_directly_with_the_worker_default_timeout() -> None:
+    assert parse({"argv": ["convert", "a.png", "b.png"]}) == Command(
+        ("convert", "a.png", "b.png"), timeout=60.0
+    )
+
+
+def test_optional_keys_fill_the_command() -> None:
+    command = parse(
+        {
+            "argv": ["make"],
+            "env": {"LANG": "C"},
+            "cwd": "/srv/app",
+            "timeout": 2,
+            "stdin": "héllo",
+        }
+    )
+    assert command == Command(
+        ("make",), env={"LANG": "C"}, cwd="/srv/app", stdin="héllo".encode(), timeout=2.0
+    )
+
+
+def test_null_optional_keys_count_as_absent() -> None:
+    payload = {"argv": ["ls"], "env": None, "cwd": None, "timeout": None, "stdin": None}
+    assert parse(payload) == Command(("ls",), timeout=60.0)
+
+
+def test_handler_wins_over_the_payload_and_gets_it_as_compact_json() -> None:
+    payload = {"argv": ["rm", "-rf", "/"], "order_id": 1, "note": "é"}
+    command = parse(payload, resize=["bin/resize", "--fast"])
+    assert command == Command(
+        ("bin/resize", "--fast"),
+        stdin='{"argv":["rm","-rf","/"],"order_id":1,"note":"é"}'.encode(),
+        timeout=60.0,
+    )
+
+
+def test_handler_accepts_any_payload() -> None:
+    assert parse([1, 2], resize=["cat"]).stdin == b"[1,2]"
+    assert parse("text", resize=["cat"]).stdin == b'"text"'
+
+
+def test_handler_receives_the_payload_on_stdin() -> None:
+    command = parse({"order_id": 7}, resize=["cat"])
+    assert run(command, ENV).output_tail == '{"order_id":7}'
+
+
+def test_shell_payload_refused_without_allow_shell() -> None:
+    with pytest.raises(PayloadRejected) as caught:
+        parse({"shell": "echo hi | wc -c"})
+    assert caught.value.reason == (
+        "shell payloads need `pgqctl worker --allow-shell`; "
+        'or enqueue {"argv": [...]} to run without a shell'
+    )
+    assert str(caught.value) == caught.value.reason
+
+
+def test_shell_payload_runs_with_sh_when_allowed() -> None:
+    command = parse({"shell": "echo hi | tr h H"}, allow_shell=True)
+    assert command.argv == ("/bin/sh", "-c", "echo hi | tr h H")
+    assert run(command, ENV).output_tail == "Hi\n"
+
+
+HANDLER_HINT = "or run kind 'resize' with `pgqctl worker --handler resize=CMD`"
+ARGV_EXAMPLE = '{"argv": ["ls", "-l"]}'
+TIMEOUT_RULE = '"timeout" must be a positive number of seconds, e.g. {"timeout": 30}, got'
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (
+            ["convert"],
+            'payload is an array, not an object: enqueue {"argv": [...]} or {"shell": "..."}, '
+            + HANDLER_HINT,
+        ),
+        (
+            None,
+            'payload is null, not an object: enqueue {"argv": [...]} or {"shell": "..."}, '
+            + HANDLER_HINT,
+        ),
+        (
+            {"order_id": 1},
+            'payload has neither "argv" nor "shell": enqueue {"argv": [...]}, ' + HANDLER_HINT,
+        ),
+        (
+            {"argvs": ["ls"]},
+            'payload has neither "argv" nor "shell" (did you mean "argv" instead of "argvs"?)',
+        ),
+        (
+            {"argv": ["ls"], "timout": 5},
+            'unknown payload key "timout" (did you mean "timeout" instead of "timout"?): '
+            "allowed keys are argv or shell, env, cwd, timeout, stdin",
+        ),
+        (
+            {"argv": ["ls"], "x": 1, "y": 2},
+            'unknown payload keys "x", "y": '
+            "allowed keys are argv or shell, env, cwd, timeout, stdin",
+        ),
+        ({"argv": ["ls"], "shell": "ls"}, 'payload has both "argv" and "shell": keep only one'),
+        (
+            {"argv": "ls -l"},
+            '"argv" must be an array of strings, got a string: split the command into words, '
+            f'e.g. {ARGV_EXAMPLE}, or use {{"shell": "..."}}',
+        ),
+        (
+            {"argv": {"0": "ls"}},
+            f'"argv" must be an array of strings, e.g. {ARGV_EXAMPLE}, got an object',
+        ),
+        ({"argv": []}, f'"argv" is empty: put the program first, e.g. {ARGV_EXAMPLE}'),
+        ({"argv": ["sleep", 5]}, '"argv"[1] is a number, not a string: quote it, e.g. "42"'),
+        ({"argv": [""]}, '"argv"[0] is an empty string: it must name the program to run'),
+        (
+            {"argv": ["ls", "a\0b"]},
+            '"argv"[1] contains a NUL character, which no process can receive: remove it',
+        ),
+        (
+            {"argv": ["ls"], "env": ["LANG=C"]},
+            '"env" must be an object of strings, e.g. {"env": {"LANG": "C"}}, got an array',
+        ),
+        (
+            {"argv": ["ls"], "env": {"WORKERS": 4}},
+            '"env"["WORKERS"] is a number, not a string: quote it, e.g. "42"',
+        ),
+        (
+            {"argv": ["ls"], "env": {"A=B": "1"}},
+            '"env" name "A=B" is not a variable name: names are non-empty and have no "="',
+        ),
+        (
+            {"argv": ["ls"], "cwd": 5},
+            '"cwd" must be a directory path, e.g. {"cwd": "/srv/app"}, got a number',
+        ),
+        (
+            {"argv": ["ls"], "cwd": ""},
+            '"cwd" must be a directory path, e.g. {"cwd": "/srv/app"}, got an empty string',
+        ),
+        ({"argv": ["ls"], "timeout": 0}, f"{TIMEOUT_RULE} 0"),
+        ({"argv": ["ls"], "timeout": -1.5}, f"{TIMEOUT_RULE} -1.5"),
+        ({"argv": ["ls"], "timeout": "30s"}, f'{TIMEOUT_RULE} "30s"'),
+        ({"argv": ["ls"], "timeout": True}, f"{TIMEOUT_RULE} true"),
+        ({"argv": ["ls"], "timeout": float("inf")}, f"{TIMEOUT_RULE} Infinity"),
+        (
+            {"argv": ["ls"], "stdin": {"a": 1}},
+            '"stdin" must be a string, got an object: encode structured data as a string, '
+            "or use a handler to get the payload as JSON on stdin",
+        ),
+    ],
+)
+def test_payload_rejected_with_reason(payload: object, reason: str) -> None:
+    with pytest.raises(PayloadRejected) as caught:
+        parse(payload)
+    assert caught.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        (5, '"shell" must be a command line, e.g. {"shell": "ls | wc -l"}, got a number'),
+        ("  ", '"shell" must be a command line, e.g. {"shell": "ls | wc -l"}, got a blank string'),
+    ],
+)
+def test_bad_shell_payload_rejected_even_when_allowed(script: object, reason: str) -> None:
+    with pytest.raises(PayloadRejected) as caught:
+        parse({"shell": script}, allow_shell=True)
+    assert caught.value.reason == reason
+
+
+# -- environment ----------------------------------------------------------------
+
+SECRETS = {
+    "PGQCTL_DSN": "postgresql://queue:secret@db/queue",
+    "PGQCTL_CONCURRENCY": "4",
+    "DATABASE_URL": "postgresql://queue:secret@db/queue",
+    "PGPASSWORD": "secret",
+    "PGPASSFILE": "/etc/queue.pgpass",
+    "PGHOST": "db",
+    "PGHOSTADDR": "10.0.0.5",
+    "PGPORT": "5433",
+    "PGDATABASE": "queue",
+    "PGUSER": "queue",
+    "PGSERVICE": "queue",
+    "PGSERVICEFILE": "/etc/pg_service.conf",
+    "PGSSLMODE": "verify-full",
+    "PGSSLKEY": "/etc/queue.key",
+    "PGGSSENCMODE": "disable",
+    "PGOPTIONS": "-c search_path=queue",
+}
+
+
+def job_environment(base: dict[str, str], extra: dict[str, str] | None = None) -> dict[str, str]:
+    return child_environment(
+        base, job_id=42, kind="resize", queue="images", attempt=2, extra=extra or {}
+    )
+
+
+def test_child_environment_drops_database_credentials_and_keeps_the_rest() -> None:
+    base = {"PATH": "/usr/bin", "HOME": "/home/app", "PGTZ": "UTC", **SECRETS}
+    assert job_environment(base) == {
+        "PATH": "/usr/bin",
+        "HOME": "/home/app",
+        "PGTZ": "UTC",
+        "PGQCTL_JOB_ID": "42",
+        "PGQCTL_JOB_KIND": "resize",
+        "PGQCTL_JOB_QUEUE": "images",
+        "PGQCTL_JOB_ATTEMPT": "2",
+    }
+
+
+def test_job_env_applies_but_cannot_override_job_variables() -> None:
+    env = job_environment(
+        {"LANG": "en_US.UTF-8", "PGQCTL_JOB_ID": "1"},
+        {"LANG": "C", "PGQCTL_JOB_ID": "999", "PGHOST": "reports-db"},
+    )
+    assert env["LANG"] == "C"
+    assert env["PGQCTL_JOB_ID"] == "42"
+    assert env["PGHOST"] == "reports-db"  # a job may name its own database
+
+
+def test_child_sees_job_variables_and_no_credentials() -> None:
+    env = job_environment({"PATH": ENV["PATH"], **SECRETS})
+    script = (
+        'echo "$PGQCTL_JOB_ID $PGQCTL_JOB_KIND $PGQCTL_JOB_QUEUE $PGQCTL_JOB_ATTEMPT"; '
+        "env | grep -E '^(PGQCTL_DSN|DATABASE_URL|PGPASSWORD|PGHOST|PGSSL)' || echo clean"
+    )
+    assert run(sh(script), env).output_tail == "42 resize images 2\nclean\n"
+
+
+# -- running ----------------------------------------------------------------------
+
+
+def test_exit_zero_succeeds() -> None:
+    outcome = run(sh("echo hello"), ENV)
+    assert outcome.succeeded
+    assert (outcome.exit_code, outcome.signal, outcome.output_tail) == (0, None, "hello\n")
+    assert outcome.describe() == "exit status 0"
+    assert outcome.duration > 0
+
+
+def test_non_zero_exit_fails_with_stdout_and_stderr_in_the_tail() -> None:
+    outcome = run(sh("echo out; echo err >&2; exit 3"), ENV)
+    assert not outcome.succeeded
+    assert outcome.exit_code == 3
+    assert outcome.output_tail == "out\nerr\n"
+    assert outcome.last_error() == "exit status 3\nout\nerr"
+
+
+def test_death_by_signal() -> None:
+    outcome = run(sh("kill -9 $$"), ENV)
+    assert (outcome.exit_code, outcome.signal) == (None, signal.SIGKILL)
+    assert outcome.describe() == "killed by signal 9 (SIGKILL)"
+    assert not outcome.succeeded
+
+
+def test_child_leads_its_own_session() -> None:
+    script = "import os; print(os.getsid(0) == os.getpid() == os.getpgid(0))"
+    assert run(Command((sys.executable, "-c", script)), ENV).output_tail == "True\n"
+
+
+def test_timeout_kills_the_child_and_its_grandchild(pidfile: Path) -> None:
+    outcome = run(sh(f"sleep 100 & echo $! > {pidfile}; wait", timeout=0.5), ENV, term_grace=5)
+    assert outcome.timed_out and not outcome.succeeded
+    assert outcome.signal == signal.SIGTERM
+    assert outcome.describe() == "timed out after 0.5s"
+    assert outcome.duration < 3  # SIGTERM sufficed; no wait for the grace
+    assert gone(grandchild(pidfile))
+
+
+def test_child_ignoring_sigterm_is_killed_after_the_grace(pidfile: Path) -> None:
+    script = f"trap '' TERM; sleep 100 & echo $! > {pidfile}; wait"
+    outcome = run(sh(script, timeout=0.3), ENV, term_grace=0.3)
+    assert outcome.timed_out
+    assert outcome.signal == signal.SIGKILL
+    assert outcome.describe() == "timed out after 0.3s (still running after SIGTERM, killed)"
+    assert outcome.duration >= 0.6
+    assert gone(grandchild(pidfile))
+
+
+def test_grandchild_ignoring_sigterm_is_killed_after_the_grace(pidfile: Path) -> None:
+    # The child dies of SIGTERM at once; its grandchild holds the output open.
+    script = f"(trap '' TERM; exec sleep 100) & echo $! > {pidfile}; wait"
+    outcome = run(sh(script, timeout=0.3), ENV, term_grace=0.3)
+    assert outcome.timed_out
+    assert outcome.signal == signal.SIGTERM
+    assert outcome.duration >= 0.6
+    assert gone(grandchild(pidfile))
+
+
+def test_stop_from_another_thread_ends_the_child_and_its_group(pidfile: Path) -> None:
+    stop = Stop()
+    threading.Timer(0.2, stop.request, ("lease lost",)).start()
+    outcome = run(sh(f"sleep 100 & echo $! > {pidfile}; wait"), ENV, stop=stop)
+    assert outcome.stopped and not outcome.succeeded and not outcome.timed_out
+    assert outcome.stop_reason == "lease lost"
+    assert outcome.describe() == "stopped: lease lost"
+    assert outcome.duration < 3
+    assert gone(grandchild(pidfile))
+
+
+def test_one_stop_ends_several_children() -> None:
+    stop = Stop()
+    outcomes: list[Outcome] = []
+    threads = [
+        threading.Thread(target=lambda: outcomes.append(run(sh("sleep 100"), ENV, stop=stop)))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    stop.request("shutdown")
+    for thread in threads:
+        thread.join(5)
+    assert [o.describe() for o in outcomes] == ["stopped: shutdown"] * 3
+
+
+def test_stop_requested_before_start_runs_nothing(tmp_path: Path) -> None:
+    stop = Stop()
+    assert stop.request("shutdown") is True
+    assert stop.request("lease lost") is False  # the first reason stays
+    outcome = run(sh(f"touch {tmp_path / 'ran'}"), ENV, stop=stop)
+    assert outcome.stopped and outcome.exit_code is None
+    assert outcome.describe() == "stopped before start: shutdown"
+    assert not (tmp_path / "ran").exists()
+
+
+def test_stop_wait_returns_when_requested() -> None:
+    stop = Stop()
+    assert stop.wait(0.01) is False and not stop.requested
+    threading.Timer(0.1, stop.request, ("shutdown",)).start()
+    assert stop.wait(5) is True
+    assert stop.requested and stop.reason == "shutdown"
+    assert stop.wait() is True
+
+
+def test_stop_after_the_child_ended_changes_nothing() -> None:
+    stop = Stop()
+    outcome = run(sh("true"), ENV, stop=stop)
+    stop.request("late")
+    assert outcome.succeeded
+
+
+def test_command_not_found() -> None:
+    outcome = run(Command(("pgqctl-no-such-command", "x")), ENV)
+    assert outcome.start_error == "command not found: pgqctl-no-such-command"
+    assert (outcome.exit_code, outcome.signal, outcome.succeeded) == (None, None, False)
+    assert outcome.describe() == outcome.last_error() == "command not found: pgqctl-no-such-command"
+
+
+def test_program_looked_up_in_the_child_path(tmp_path: Path) -> None:
+    program = tmp_path / "only-here"
+    program.write_text("#!/bin/sh\necho found\n")
+    program.chmod(0o755)
+    env = {**ENV, "PATH": f"{tmp_path}:{ENV['PATH']}"}
+    assert run(Command(("only-here",)), env).output_tail == "found\n"
+
+
+def test_missing_working_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    outcome = run(Command(("true",), cwd=str(missing)), ENV)
+    assert outcome.start_error == f"working directory not found: {missing}"
+
+
+def test_working_directory_that_is_a_file(tmp_path: Path) -> None:
+    file = tmp_path / "file"
+    file.write_text("")
+    outcome = run(Command(("true",), cwd=str(file)), ENV)
+    assert outcome.start_error == f"working directory is not a directory: {file}"
+
+
+def test_working_directory_is_used(tmp_path: Path) -> None:
+    assert run(Command(("pwd",), cwd=str(tmp_path)), ENV).output_tail == f"{tmp_path}\n"
+
+
+def test_program_not_executable(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o644)
+    outcome = run(Command((str(script),)), ENV)
+    assert outcome.start_error == f"permission denied: {script} (is it executable?)"
+
+
+def test_script_with_missing_interpreter(tmp_path: Path) -> None:
+    script = tmp_path / "job"
+    script.write_text("#!/nonexistent/interpreter\n")
+    script.chmod(0o755)
+    outcome = run(Command((str(script),)), ENV)
+    assert outcome.start_error == f"cannot run {script}: its #! interpreter was not found"
+
+
+def test_empty_command_is_a_start_error() -> None:
+    assert run(Command(()), ENV).start_error == "empty command: nothing to run"
+
+
+def test_stdin_is_delivered() -> None:
+    assert run(Command(("cat",), stdin=b"line one\nline two"), ENV).output_tail == (
+        "line one\nline two"
+    )
+
+
+def test_no_stdin_means_end_of_file_at_once() -> None:
+    outcome = run(Command(("cat",), timeout=5), ENV)
+    assert outcome.succeeded and outcome.output_tail == ""
+
+
+def test_large_stdin_while_the_child_floods_output() -> None:
+    # cat writes back all it reads: a runner that wrote stdin before reading
+    # output would deadlock with both pipes full.
+    data = os.urandom(3_000_000)
+    outcome = run(Command(("cat",), stdin=data, timeout=20), ENV)
+    assert outcome.succeeded
+    assert outcome.output_bytes == len(data)
+
+
+def test_child_that_ignores_its_stdin() -> None:
+    outcome = run(Command(("true",), stdin=b"x" * 1_000_000, timeout=10), ENV)
+    assert outcome.succeeded
+
+
+def test_huge_output_keeps_only_the_tail() -> None:
+    script = "head -c 50000000 /dev/zero | tr '\\0' a; echo; echo END"
+    tracemalloc.start()
+    try:
+        outcome = run(sh(script, timeout=60), ENV)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.succeeded
+    assert outcome.output_bytes == 50_000_000 + len("\nEND\n")
+    assert len(outcome.output_tail) == TAIL_BYTES
+    assert outcome.output_tail.endswith("aaa\nEND\n")
+    assert peak < 1_000_000
+
+
+def test_huge_output_with_on_line_stays_bounded() -> None:
+    pieces = 0
+
+    def count(line: str) -> None:
+        nonlocal pieces
+        pieces += 1
+
+    tracemalloc.start()
+    try:
+        outcome = run(sh("head -c 20000000 /dev/zero | tr '\\0' a", timeout=60), ENV, on_line=count)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.succeeded
+    assert pieces == -(-20_000_000 // MAX_LINE_BYTES)
+    assert peak < 1_000_000
+
+
+def test_tail_does_not_start_with_half_a_character() -> None:
+    outcome = run(sh("i=0; while [ $i -lt 1000 ]; do printf 'ééééé'; i=$((i+1)); done"), ENV)
+    assert outcome.output_bytes == 10_000
+    assert set(outcome.output_tail) == {"é"}
+
+
+def test_on_line_gets_whole_lines() -> None:
+    lines: list[str] = []
+    script = (
+        "printf 'hel'; sleep 0.1; printf 'lo\\nwor'; sleep 0.1; printf 'ld\\n\\n'; "
+        "printf 'bad \\377 byte\\n'; printf 'no newline'"
+    )
+    outcome = run(sh(script), ENV, on_line=lines.append)
+    assert outcome.succeeded
+    assert lines == ["hello", "world", "", "bad \ufffd byte", "no newline"]
+
+
+def test_on_line_gets_a_very_long_line_in_pieces() -> None:
+    lines: list[str] = []
+    run(sh("head -c 40000 /dev/zero | tr '\\0' a; echo"), ENV, on_line=lines.append)
+    assert [len(line) for line in lines] == [MAX_LINE_BYTES, MAX_LINE_BYTES, 40000 % MAX_LINE_BYTES]
+    assert "".join(lines) == "a" * 40000
+
+
+def test_on_line_raising_kills_the_child_and_propagates(pidfile: Path) -> None:
+    def explode(line: str) -> None:
+        raise RuntimeError(f"log sink broke on {line!r}")
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="log sink broke on 'x'"):
+        run(sh(f"sleep 100 & echo $! > {pidfile}; echo x; wait"), ENV, on_line=explode)
+    assert time.monotonic() - started < 3
+    assert gone(grandchild(pidfile))
+
+
+def test_background_process_left_behind_does_not_hold_the_job(pidfile: Path) -> None:
+    outcome = run(sh(f"sleep 100 & echo $! > {pidfile}; echo done"), ENV)
+    assert outcome.succeeded and outcome.output_tail == "done\n"
+    assert outcome.duration < 2
+    assert alive(grandchild(pidfile))  # documented: left alone (the fixture kills it)
+
+
+def test_child_that_closes_its_output_is_still_waited_for() -> None:
+    outcome = run(sh("exec >/dev/null 2>&1; sleep 0.3; exit 4"), ENV)
+    assert outcome.exit_code == 4
+    assert outcome.duration >= 0.3
+
+
+def test_timeout_applies_after_the_child_closes_its_output() -> None:
+    outcome = run(sh("exec >/dev/null 2>&1; sleep 100", timeout=0.3), ENV)
+    assert outcome.timed_out and outcome.duration < 3
+
+
+def test_last_error_is_bounded() -> None:
+    outcome = run(sh("seq 1 5000; exit 1"), ENV)
+    text = outcome.last_error(limit=100)
+    first, note, tail = text.split("\n", 2)
+    assert first == "exit status 1"
+    assert note == f"[output truncated: last 100 characters of {outcome.output_bytes} bytes]"
+    assert len(tail) == 100 and tail.endswith("4999\n5000")
+    assert len(outcome.last_error()) < 2100
