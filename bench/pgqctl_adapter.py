@@ -1,0 +1,99 @@
+"""The only place the benchmarks touch pgqctl's internals.
+
+pgqctl's Python API (``enqueue_many``) and the worker's claim-and-complete
+functions are reached through here, so a renamed function is a one-line fix.
+``missing()`` says which pieces this checkout does not have yet; the harness
+skips the workloads that need them and says so.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+import psycopg
+
+
+class Missing(RuntimeError):
+    """A pgqctl piece a workload needs is not in this checkout."""
+
+
+def missing() -> dict[str, str]:
+    """Each absent piece, with what to wait for."""
+    absent = {}
+    try:
+        _api()
+    except Missing as exc:
+        absent["api"] = str(exc)
+    try:
+        _claims()
+    except Missing as exc:
+        absent["claims"] = str(exc)
+    return absent
+
+
+def _api() -> Any:
+    import pgqctl
+
+    if not hasattr(pgqctl, "enqueue_many"):
+        raise Missing("pgqctl.enqueue_many (the Python enqueue API)")
+    return pgqctl
+
+
+def _claims() -> Any:
+    try:
+        return importlib.import_module("pgqctl.claims")
+    except ImportError:
+        raise Missing("pgqctl/claims.py (the worker's claim-and-complete functions)") from None
+
+
+def enqueue_many(conn: psycopg.Connection[Any], jobs: Iterable[Mapping[str, Any]]) -> list[int]:
+    ids: list[int] = _api().enqueue_many(conn, jobs)
+    return ids
+
+
+def enqueue(conn: psycopg.Connection[Any], kind: str, payload: Mapping[str, Any]) -> int:
+    job_id: int = _api().enqueue(conn, kind, payload)
+    return job_id
+
+
+class WorkerPath:
+    """What one worker process does per batch, minus the child process.
+
+    ``claim()`` takes up to ``slots`` due jobs under a lease, as the worker
+    does when it has that many free slots; ``complete(jobs)`` reports them done
+    through the worker's fenced update.
+    """
+
+    def __init__(self, dsn: str, *, slots: int, schema: str = "public") -> None:
+        self.claims = _claims()
+        self.slots = slots
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
+
+    def claim(self) -> list[Any]:
+        raise Missing("pgqctl/claims.py: adapter not written yet")
+
+    def complete(self, jobs: list[Any]) -> None:
+        raise Missing("pgqctl/claims.py: adapter not written yet")
+
+    def __enter__(self) -> WorkerPath:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.conn.close()
+
+
+def claim_statement() -> tuple[str, dict[str, Any]]:
+    """pgqctl's claim statement and its parameters, for the history workload.
+
+    The harness runs it in a transaction it rolls back, so it changes nothing.
+    """
+    raise Missing("pgqctl/claims.py (the claim statement)")
