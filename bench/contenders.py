@@ -216,10 +216,12 @@ def drain_pgqctl(cfg: dict[str, Any]) -> None:
     """pgqctl's own claim-and-complete functions, no child process per job."""
     with pgqctl_adapter.WorkerPath(cfg["dsn"], slots=cfg["slots"]) as path:
         last = ready_then_go(cfg)
+        jobs = path.exchange([])
         done = 0
-        while jobs := path.claim():
-            path.complete(jobs)
+        while jobs:
+            # Reports this batch done and claims the next, in one round trip.
             done += len(jobs)
+            jobs = path.exchange(jobs)
             last = time.time()
         report(end=last, done=done)
 
@@ -330,19 +332,17 @@ def listen_spawn(cfg: dict[str, Any]) -> None:
 
 
 class SeedPath:
-    """The seed's claim and report with WorkerPath's shape (one job per claim)."""
+    """The seed's report and claim with WorkerPath's shape (one job per claim)."""
 
     def __init__(self, dsn: str, *, slots: int, schema: str) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
         self.conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
 
-    def claim(self) -> list[Any]:
+    def exchange(self, done: list[Any]) -> list[Any]:
+        for job in done:
+            self.conn.execute(SEED_DONE, (job[0], job[3]))
         row = self.conn.execute(SEED_CLAIM).fetchone()
         return [row] if row else []
-
-    def complete(self, jobs: list[Any]) -> None:
-        for job in jobs:
-            self.conn.execute(SEED_DONE, (job[0], job[3]))
 
     def __enter__(self) -> SeedPath:
         return self
@@ -354,9 +354,10 @@ class SeedPath:
 def purge_workers(cfg: dict[str, Any]) -> None:
     """Claims under a running purge: log how long every claim took.
 
-    Holds each batch for ``hold`` seconds (the jobs' run time), sleeps
-    ``idle`` seconds after an empty claim as a waiting worker would, and on
-    ``stop`` reports the claims as (start, seconds) pairs. ``path`` is
+    Each exchange reports the last batch and claims the next, as the worker
+    does; it holds each batch ``hold`` seconds (the jobs' run time) and sleeps
+    ``idle`` seconds after an empty claim, as a waiting worker would. On
+    ``stop`` it reports the exchanges as (start, seconds) pairs. ``path`` is
     ``pgqctl`` (the worker's functions) or ``seed`` (the seed's SQL).
     """
     stop = stop_requested()
@@ -364,15 +365,12 @@ def purge_workers(cfg: dict[str, Any]) -> None:
     kind = pgqctl_adapter.WorkerPath if cfg["path"] == "pgqctl" else SeedPath
     with kind(cfg["dsn"], slots=cfg["slots"], schema=cfg["schema"]) as path:
         print("ready", flush=True)
+        jobs: list[Any] = []
         while not stop.is_set():
             began = time.time()
-            jobs = path.claim()
+            jobs = path.exchange(jobs)
             claims.append((began, time.time() - began))
-            if jobs:
-                time.sleep(cfg["hold"])
-                path.complete(jobs)
-            else:
-                time.sleep(cfg["idle"])
+            time.sleep(cfg["hold"] if jobs else cfg["idle"])
     report(claims=claims)
 
 

@@ -1,12 +1,64 @@
 """Why a lead ratio falls short, and what would close it: the closing note.
 
 Keyed by ratio name; printed only for a ratio whose median misses its target
-in the run being reported. Written from measurements, and revised when the
-figures move.
+in the run being reported. Written from measurements on the 2-core machines
+(the figures named here are printed in the same run), and to be revised when
+the code or the figures move.
 """
 
 from __future__ import annotations
 
 NO_ANALYSIS = "no analysis recorded for this shortfall yet: profile it before quoting the figure."
 
-SHORTFALLS: dict[str, str] = {}
+_ENQUEUE_CLI = (
+    "the CLI figure is timed from exec to exit: about 0.3 s of interpreter start-up and "
+    "imports (`python -X importtime -c 'import pgqctl.cli'`: psycopg alone is half), then "
+    "every line is decoded and validated in Python before COPY; bulk_enqueue.pgqctl_api, "
+    "the same COPY path with the jobs already in memory, is the library's own rate. What "
+    "would close it: import psycopg and rich only once a command needs them, and validate "
+    "lines with one json.loads and no re-encode of payloads that are already JSON text."
+)
+
+SHORTFALLS: dict[str, str] = {
+    "bulk_enqueue.pgqctl_cli/pgqueuer": _ENQUEUE_CLI,
+    "bulk_enqueue.pgqctl_cli/procrastinate": _ENQUEUE_CLI,
+    "bulk_enqueue.pgqctl_api/pgqueuer": (
+        "the API validates each job in Python (types, sizes, NUL characters) and stages the "
+        "rows through a temporary table so it can return ids in order; pgqueuer sends its "
+        "lists as arrays with no checks. What would close it: COPY straight into jobs when "
+        "the caller does not need the ids, and a cheaper per-job check."
+    ),
+    "drain.pgqctl/procrastinate": (
+        "procrastinate drains a few hundred jobs/s (one stored-procedure call and one event "
+        "row per job), pgqctl several thousand; with both this far apart a loaded machine "
+        "moves the ratio by more than its margin (see min .. max). What would close it: more "
+        "jobs per round trip on the pgqctl side (the exchange commits once per batch of up "
+        "to 10), measured on a quiet machine."
+    ),
+    "drain.pgqctl/pgqueuer_asyncpg": (
+        "both sides are bound by commits and by Python on 2 cores; compare "
+        "drain.pgqctl/seed_loop to see how much batching already buys. What would close it: "
+        "fewer statements per exchange (complete and claim in one statement)."
+    ),
+    "e2e.c4.pgqctl_worker/spawn_limit": (
+        "the spawn limit runs `true` with no queue at all. The worker adds, per job, its "
+        "runner (process group, output pipes, environment: bench/spawn_overhead.py measures "
+        "runner.run at about 0.75x of plain subprocess.run) and its share of a database "
+        "exchange (a commit, with a WAL flush on a durable server); on 2 cores PostgreSQL's "
+        "CPU comes out of the same budget as the spawns. e2e.c4.seed_loop shows what a "
+        "plain queue loop reaches at the same concurrency. What would close it: the "
+        "hot-path profiling of the worker (issue item 4): a leaner spawn (no output pipes "
+        "when nobody reads them, posix_spawn), and reports of several slots batched into "
+        "one exchange."
+    ),
+    "purge.claim_stall/batch_time": (
+        "the purge takes only finished rows, FOR UPDATE SKIP LOCKED, and claims read only "
+        "the pending partial index, so the workers do not wait on its row locks. What they "
+        "do share: every worker commit must flush WAL that already holds the purge batch's "
+        "deletions, and on 2 cores the purge's backend competes with them for CPU. "
+        "purge.claim_quiet_max is the longest exchange the same workers saw in the second "
+        "before the purge; on a loaded machine it is of the same order. What would close "
+        "it: a pause between batches (or a smaller --batch-size) so worker commits are not "
+        "queued behind a batch's WAL, and a measurement on a quiet machine."
+    ),
+}

@@ -9,6 +9,7 @@ skips the workloads that need them and says so.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
@@ -60,24 +61,31 @@ def enqueue(conn: psycopg.Connection[Any], kind: str, payload: Mapping[str, Any]
 
 
 class WorkerPath:
-    """What one worker process does per batch, minus the child process.
+    """What one worker process does per batch, minus the child processes.
 
-    ``claim()`` takes up to ``slots`` due jobs under a lease, as the worker
-    does when it has that many free slots; ``complete(jobs)`` reports them done
-    through the worker's fenced update.
+    ``exchange(done)`` is the worker's one round trip: report the finished
+    jobs done (fenced) and claim up to ``slots`` due jobs under a lease, in one
+    transaction, as the worker does when all its slots come free.
     """
+
+    LEASE_S = 300.0  # the worker's default lease
 
     def __init__(self, dsn: str, *, slots: int, schema: str = "public") -> None:
         self.claims = _claims()
         self.slots = slots
+        self.worker = f"bench:{os.getpid()}"
         self.conn = psycopg.connect(dsn, autocommit=True)
         self.conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
 
-    def claim(self) -> list[Any]:
-        raise Missing("pgqctl/claims.py: adapter not written yet")
-
-    def complete(self, jobs: list[Any]) -> None:
-        raise Missing("pgqctl/claims.py: adapter not written yet")
+    def exchange(self, done: list[Any]) -> list[Any]:
+        claims, conn = self.claims, self.conn
+        with claims.round_trip(conn):
+            reported = claims.complete(conn, [job.held for job in done])
+            claimed = claims.claim(conn, limit=self.slots, lease=self.LEASE_S, worker=self.worker)
+        if len(reported.result()) != len(done):
+            raise RuntimeError("a fenced report matched fewer jobs than it reported")
+        jobs: list[Any] = claimed.result()
+        return jobs
 
     def __enter__(self) -> WorkerPath:
         return self
@@ -91,9 +99,14 @@ class WorkerPath:
         self.conn.close()
 
 
-def claim_statement() -> tuple[str, dict[str, Any]]:
+def claim_statement(slots: int) -> tuple[str, dict[str, Any]]:
     """pgqctl's claim statement and its parameters, for the history workload.
 
     The harness runs it in a transaction it rolls back, so it changes nothing.
     """
-    raise Missing("pgqctl/claims.py (the claim statement)")
+    _claims()
+    from pgqctl.sql import query
+
+    params = {"limit": slots, "lease": WorkerPath.LEASE_S, "worker": "bench",
+              "queues": None, "kinds": None}  # fmt: skip
+    return query("job_claim"), params
