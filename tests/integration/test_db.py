@@ -15,7 +15,7 @@ def test_connections_name_pgqctl_and_use_the_queue_schema(dsn: str) -> None:
             "SELECT current_setting('application_name'), current_setting('search_path')"
         ).fetchone() or ("", "")
     assert name == "pgqctl"
-    assert path == "public"
+    assert path == '"public"'
 
 
 def test_a_quoted_schema_name_reaches_search_path_intact(empty_dsn: str) -> None:
