@@ -99,31 +99,24 @@ class TableEstimate:
 
 def stats(conn: Connection, *, exact: bool = False) -> Stats:
     """Counts per status and queue; done is estimated on a long history unless `exact`."""
-    queues = live_counts(conn)
-    done = done_counts(conn, bound=None if exact else EXACT_DONE_BOUND + 1)
-    estimated = sum(done.values()) > EXACT_DONE_BOUND and not exact
+    queues = counts(conn, done_bound=None if exact else EXACT_DONE_BOUND + 1)
+    estimated = not exact and sum(c.done for c in queues.values()) > EXACT_DONE_BOUND
     if estimated:
-        done = estimate_done(queues, done, table_estimate(conn))
-    for name, n in done.items():
-        queues.setdefault(name, Counts()).done = n
+        for name, n in estimate_done(queues, table_estimate(conn)).items():
+            queues.setdefault(name, Counts()).done = n
     totals = Counts()
     for c in queues.values():
         totals.add(c)
     return Stats(totals, dict(sorted(queues.items())), estimated)
 
 
-def live_counts(conn: Connection) -> dict[str, Counts]:
-    """Exact pending, running, failed, expired leases, oldest due job, per queue."""
-    counts = {}
-    for row in _jobs(conn, "stats_live"):
+def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:
+    """Exact counts per queue, done among at most `done_bound` jobs (None: all)."""
+    found = {}
+    for row in _jobs(conn, "stats_counts", {"bound": done_bound}):
         name = row.pop("queue")
-        counts[name] = Counts(**row)
-    return counts
-
-
-def done_counts(conn: Connection, *, bound: int | None) -> dict[str, int]:
-    """Done jobs per queue among at most `bound` of them (None: all, exact)."""
-    return {r["queue"]: r["done"] for r in _jobs(conn, "stats_done", {"bound": bound})}
+        found[name] = Counts(**row)
+    return found
 
 
 def table_estimate(conn: Connection) -> TableEstimate:
@@ -141,26 +134,26 @@ def table_estimate(conn: Connection) -> TableEstimate:
     return TableEstimate(rows, True, shares, rest / others)
 
 
-def estimate_done(
-    live: Mapping[str, Counts], seen: Mapping[str, int], table: TableEstimate
-) -> dict[str, int]:
+def estimate_done(counted: Mapping[str, Counts], table: TableEstimate) -> dict[str, int]:
     """Done jobs per queue: the queue's estimated rows less its exact other counts.
 
-    `seen` holds the done jobs actually counted (a bounded sample), a floor
-    for each queue. Before the table was ever analyzed, the whole estimated
-    done count is split in the sample's proportions.
+    The done jobs in `counted` come from a bounded sample: a floor for each
+    queue. Before the table was ever analyzed, the estimated done total is
+    split in the sample's proportions.
     """
-    names = set(live) | set(seen) | set(table.queue_shares)
-    not_done = {q: _not_done(live.get(q)) for q in names}
+    names = set(counted) | set(table.queue_shares)
+    seen = {q: counted[q].done if q in counted else 0 for q in names}
+    others = {q: _not_done(counted.get(q)) for q in names}
     if not table.analyzed:
-        total = max(sum(seen.values()), table.rows - sum(not_done.values()))
+        total = max(sum(seen.values()), table.rows - sum(others.values()))
         sampled = sum(seen.values()) or 1
-        return {q: max(seen.get(q, 0), round(total * seen.get(q, 0) / sampled)) for q in names}
-    estimate = {}
-    for q in names:
-        share = table.queue_shares.get(q, table.other_share)
-        estimate[q] = max(seen.get(q, 0), round(table.rows * share) - not_done[q])
-    return estimate
+        return {q: max(seen[q], round(total * seen[q] / sampled)) for q in names}
+    return {
+        q: max(
+            seen[q], round(table.rows * table.queue_shares.get(q, table.other_share)) - others[q]
+        )
+        for q in names
+    }
 
 
 def _not_done(c: Counts | None) -> int:

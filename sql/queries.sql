@@ -10,12 +10,15 @@
 -- asked to (`stats --exact`, `purge`, `list` without --status).
 -- ---------------------------------------------------------------------------
 
--- name: stats_live
--- Exact counts of everything but done, per queue. One arm per status so each
--- uses its partial index; failed is the dead-letter set and is counted too.
+-- name: stats_counts
+-- Per queue: exact pending, running, failed, expired leases and oldest due
+-- pending job, one arm per status so each reads its own partial index. Done
+-- jobs are counted among at most `bound` of them (NULL: all of them, exact),
+-- so a long history is never read unless asked for.
 SELECT queue,
        count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'done') AS done,
        count(*) FILTER (WHERE status = 'failed') AS failed,
        count(*) FILTER (WHERE status = 'running' AND locked_until < now()) AS expired_leases,
        extract(epoch FROM now() - min(run_at) FILTER (
@@ -26,27 +29,24 @@ FROM (
     SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'running'
     UNION ALL
     SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'failed'
-) AS live
-GROUP BY queue;
-
--- name: stats_done
--- Done jobs per queue, reading at most `bound` rows (NULL: no bound, exact).
-SELECT queue, count(*) AS done
-FROM (SELECT queue FROM jobs WHERE status = 'done' LIMIT %(bound)s) AS d
+    UNION ALL
+    (SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'done'
+     LIMIT %(bound)s)
+) AS counted
 GROUP BY queue;
 
 -- name: stats_table_estimate
--- What the planner knows: live rows in the table (the statistics counter,
--- else the last ANALYZE's count) and the most common queues with their share
--- of rows. Reads catalogs only.
-SELECT coalesce(nullif(s.n_live_tup, 0), greatest(c.reltuples, 0)::bigint) AS rows,
+-- What the planner knows, from catalogs only: the live rows in the table
+-- (the statistics counter, else the last ANALYZE's count) and the most
+-- common queues with their share of rows.
+SELECT coalesce(nullif(pg_stat_get_live_tuples(c.oid), 0),
+                greatest(c.reltuples, 0)::bigint) AS rows,
        st.null_frac,
        st.n_distinct,
        st.most_common_vals::text::text[] AS common_queues,
        st.most_common_freqs AS common_shares,
        st.attname IS NOT NULL AS analyzed
 FROM pg_class AS c
-LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
 LEFT JOIN pg_stats AS st
        ON st.schemaname = current_schema() AND st.tablename = 'jobs'
       AND st.attname = 'queue' AND NOT st.inherited
