@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import select
 import signal
 import subprocess
@@ -141,6 +142,32 @@ def test_stats_watch_refreshes_until_ctrl_c(dsn: str, conn: psycopg.Connection[A
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
     assert [s["totals"]["pending"] for s in snapshots] == [3, 3]
+
+
+def test_stats_watch_redraws_in_place_on_a_terminal(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    add_jobs(conn, 3)
+    terminal, side = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgqctl", "stats", "--watch", "0.2", "--dsn", dsn],
+        stdin=side,
+        stdout=side,
+        stderr=side,
+        env={**os.environ, "COLUMNS": "100"},
+    )
+    os.close(side)
+    screen = b""
+    deadline = time.monotonic() + 60
+    # Two redraws: the table drawn, moved up over, and drawn again.
+    while screen.count(b"(total)") < 3 and time.monotonic() < deadline:
+        if select.select([terminal], [], [], 1)[0]:
+            screen += os.read(terminal, 65536)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    os.close(terminal)
+    assert screen.count(b"(total)") >= 3
+    assert b"\x1b[1A" in screen  # cursor up: redrawn in place, not appended
 
 
 # --- leases, list, show -------------------------------------------------------------
