@@ -279,9 +279,8 @@ def _human(fmt: str) -> bool:
 
 def _one_line(text: str | None, width: int = 60) -> str:
     """The first line of an error, cut to fit a table cell."""
-    if not text:
-        return ""
-    first = text.strip().splitlines()[0] if text.strip() else ""
+    lines = (text or "").strip().splitlines()
+    first = lines[0] if lines else ""
     return first if len(first) <= width else first[: width - 1] + "…"
 
 

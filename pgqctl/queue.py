@@ -28,7 +28,8 @@ FINISHED = ("done", "failed")
 EXACT_DONE_BOUND = 1000
 
 
-def _jobs(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> list[Job]:
+def _rows(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> list[Job]:
+    """Run a named query; each row as a dict."""
     # Always pass a dict, so `%%` in a query means `%` whether it has
     # placeholders or not.
     with conn.cursor(row_factory=dict_row) as cur:
@@ -113,7 +114,7 @@ def stats(conn: Connection, *, exact: bool = False) -> Stats:
 def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:
     """Exact counts per queue, done among at most `done_bound` jobs (None: all)."""
     found = {}
-    for row in _jobs(conn, "stats_counts", {"bound": done_bound}):
+    for row in _rows(conn, "stats_counts", {"bound": done_bound}):
         name = row.pop("queue")
         found[name] = Counts(**row)
     return found
@@ -121,7 +122,7 @@ def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:
 
 def table_estimate(conn: Connection) -> TableEstimate:
     """Row count and queue shares from the statistics; reads catalogs only."""
-    (row,) = _jobs(conn, "stats_table_estimate")
+    (row,) = _rows(conn, "stats_table_estimate")
     rows = int(row["rows"])
     if not row["analyzed"]:
         return TableEstimate(rows, analyzed=False)
@@ -165,12 +166,12 @@ def _not_done(c: Counts | None) -> int:
 
 def leases(conn: Connection, *, expired_only: bool = False) -> list[Job]:
     """Running jobs with `expired` and `seconds_left`, soonest lease end first."""
-    return _jobs(conn, "lease_list", {"expired_only": expired_only})
+    return _rows(conn, "lease_list", {"expired_only": expired_only})
 
 
 def reap_preview(conn: Connection) -> list[Job]:
     """The jobs `reap` would change now, each with the status it would get."""
-    jobs = _jobs(conn, "lease_reap_preview")
+    jobs = _rows(conn, "lease_reap_preview")
     for job in jobs:
         job["status"] = job.pop("reaped_status")
     return jobs
@@ -184,7 +185,7 @@ def reap(conn: Connection) -> list[Job]:
     Workers are woken in the same transaction when a job became pending.
     """
     with conn.transaction():
-        jobs = _jobs(conn, "lease_reap")
+        jobs = _rows(conn, "lease_reap")
         if any(j["status"] == "pending" for j in jobs):
             notify_workers(conn)
     return sorted(jobs, key=lambda j: j["id"])
@@ -207,12 +208,12 @@ def list_jobs(
     limit: int = 50,
 ) -> list[Job]:
     """Jobs matching every filter given, newest first."""
-    return _jobs(conn, "job_list", {"status": status, "queue": queue, "kind": kind, "limit": limit})
+    return _rows(conn, "job_list", {"status": status, "queue": queue, "kind": kind, "limit": limit})
 
 
 def get_job(conn: Connection, job_id: int) -> Job | None:
     """One job, every column; None if there is no such job."""
-    found = _jobs(conn, "job_get", {"id": job_id})
+    found = _rows(conn, "job_get", {"id": job_id})
     return found[0] if found else None
 
 
@@ -246,7 +247,7 @@ class Requeued:
 
 def failed_jobs(conn: Connection, selection: Selection) -> list[Job]:
     """The failed jobs a selection matches, by id."""
-    return _jobs(conn, "job_failed_select", selection.params())
+    return _rows(conn, "job_failed_select", selection.params())
 
 
 def requeue(
@@ -264,7 +265,7 @@ def requeue(
                 {**j, "status": "pending", "max_attempts": j["attempts"] + more} for j in matched
             ]
         else:
-            jobs = _jobs(conn, "job_requeue", {"ids": [j["id"] for j in matched], "more": more})
+            jobs = _rows(conn, "job_requeue", {"ids": [j["id"] for j in matched], "more": more})
             if jobs:
                 notify_workers(conn)
     moved = {j["id"] for j in jobs}
@@ -287,13 +288,13 @@ class PurgePlan:
 
 def purge_plan(conn: Connection, statuses: Sequence[str], older_than: float = 0.0) -> PurgePlan:
     """Fix the cutoff once, on the server's clock, so a purge always ends."""
-    (row,) = _jobs(conn, "job_purge_cutoff", {"older_than": dt.timedelta(seconds=older_than)})
+    (row,) = _rows(conn, "job_purge_cutoff", {"older_than": dt.timedelta(seconds=older_than)})
     return PurgePlan(tuple(statuses), row["cutoff"])
 
 
 def purge_count(conn: Connection, plan: PurgePlan) -> int:
     """How many rows the plan matches now."""
-    (row,) = _jobs(
+    (row,) = _rows(
         conn, "job_purge_count", {"statuses": list(plan.statuses), "cutoff": plan.cutoff}
     )
     return int(row["count"])
