@@ -34,7 +34,7 @@ from pgqctl.errors import (
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Every option also reads PGQCTL_<OPTION> from the environment.
-CONTEXT = {"auto_envvar_prefix": "PGQCTL", "help_option_names": ["-h", "--help"]}
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 def say(message: str) -> None:
@@ -141,9 +141,8 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in ne
         if isinstance(value, (int, float)):
             return float(value)
         try:
-            return parse_duration(
-                str(value), what=param.get_error_hint(ctx) if param and ctx else "duration"
-            )
+            # Click's message already names the option.
+            return parse_duration(str(value), what="value")
         except BadInput as exc:
             self.fail(str(exc), param, ctx)
 
@@ -151,9 +150,34 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in ne
 DURATION = Duration()
 
 
+def selection_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
+    """An option that chooses what a command changes: never read from the environment.
+
+    A PGQCTL_QUEUE meant for workers must not quietly narrow a `requeue`, and
+    a stray PGQCTL_DRY_RUN must not turn a cron job into a no-op.
+    """
+    return click.option(*names, allow_from_autoenv=False, **kwargs)  # type: ignore[return-value]
+
+
 def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
     """A subcommand whose options read PGQCTL_<OPTION>, not PGQCTL_<CMD>_<OPTION>."""
+
     return cli.command(name, context_settings=CONTEXT, **kwargs)  # type: ignore[return-value]
+
+
+def name_envvars(cmd: click.Command) -> None:
+    """Let every option of `cmd` and its subcommands read PGQCTL_<OPTION>.
+
+    The variable is named after the flag users type (--format: PGQCTL_FORMAT),
+    not after the Python parameter (`fmt`), and not per command, so one
+    PGQCTL_SCHEMA serves every command.
+    """
+    for param in cmd.params:
+        if isinstance(param, click.Option) and param.allow_from_autoenv and not param.envvar:
+            flag = max(param.opts, key=len)
+            param.envvar = "PGQCTL_" + flag.lstrip("-").replace("-", "_").upper()
+    for sub in getattr(cmd, "commands", {}).values():
+        name_envvars(sub)
 
 
 # --- migrate -----------------------------------------------------------------
@@ -161,9 +185,11 @@ def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
 
 @command("migrate")
 @database_options
-@click.option("--dry-run", is_flag=True, help="List what would be applied; change nothing.")
-@click.option("--check", is_flag=True, help="Exit 3 if any migration is pending, else 0.")
-@click.option("--status", "show_status", is_flag=True, help="List applied and pending migrations.")
+@selection_option("--dry-run", is_flag=True, help="List what would be applied; change nothing.")
+@selection_option("--check", is_flag=True, help="Exit 3 if any migration is pending, else 0.")
+@selection_option(
+    "--status", "show_status", is_flag=True, help="List applied and pending migrations."
+)
 @format_options
 def migrate_command(
     database: Database, dry_run: bool, check: bool, show_status: bool, fmt: str
@@ -187,8 +213,8 @@ def migrate_command(
             ]
             output.emit_rows(rows, ["name", "status", "applied_at"], fmt)
             return
-        todo = migrations.pending(conn, database.schema)
         if check:
+            todo = migrations.pending(conn, database.schema)
             if todo:
                 raise CheckFailed(
                     f"{len(todo)} migration(s) pending in schema {database.schema}: "
@@ -197,6 +223,7 @@ def migrate_command(
             say(f"schema {database.schema} is up to date")
             return
         if dry_run:
+            todo = migrations.pending(conn, database.schema)
             for m in todo:
                 click.echo(m.name)
             say(f"{len(todo)} migration(s) would be applied" if todo else "nothing to do")
@@ -431,9 +458,9 @@ def leases_command(database: Database, expired: bool, fmt: str) -> None:
 
 @command("list")
 @database_options
-@click.option("--status", type=JOB_STATUSES, help="Only jobs in this status.")
-@click.option("--queue", "queue_name", metavar="QUEUE", help="Only jobs of this queue.")
-@click.option("--kind", metavar="KIND", help="Only jobs of this kind.")
+@selection_option("--status", type=JOB_STATUSES, help="Only jobs in this status.")
+@selection_option("--queue", "queue_name", metavar="QUEUE", help="Only jobs of this queue.")
+@selection_option("--kind", metavar="KIND", help="Only jobs of this kind.")
 @click.option(
     "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many."
 )
@@ -491,7 +518,7 @@ def show_command(database: Database, job_id: int, fmt: str) -> None:
 
 @command("reap")
 @database_options
-@click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
+@selection_option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only when something changed (cron).")
 @format_options
 def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> None:
@@ -527,16 +554,16 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
 
 @command("requeue")
 @database_options
-@click.option("--failed", "all_failed", is_flag=True, help="Every failed job.")
-@click.option(
+@selection_option("--failed", "all_failed", is_flag=True, help="Every failed job.")
+@selection_option(
     "--id", "ids", type=click.IntRange(min=1), multiple=True, help="This job (repeatable)."
 )
-@click.option("--kind", metavar="KIND", help="Only failed jobs of this kind.")
-@click.option("--queue", "queue_name", metavar="QUEUE", help="Only failed jobs of this queue.")
-@click.option(
+@selection_option("--kind", metavar="KIND", help="Only failed jobs of this kind.")
+@selection_option("--queue", "queue_name", metavar="QUEUE", help="Only failed jobs of this queue.")
+@selection_option(
     "--since", type=DURATION, metavar="DURATION", help="Only jobs failed within, e.g. 1h."
 )
-@click.option(
+@selection_option(
     "--attempts",
     "more",
     type=click.IntRange(min=1),
@@ -544,7 +571,7 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
     show_default=True,
     help="Tries each job gets: max_attempts becomes attempts + N.",
 )
-@click.option("--dry-run", is_flag=True, help="Show what would move; change nothing.")
+@selection_option("--dry-run", is_flag=True, help="Show what would move; change nothing.")
 @format_options
 def requeue_command(
     database: Database,
@@ -594,7 +621,7 @@ def requeue_command(
 
 @command("purge")
 @database_options
-@click.option(
+@selection_option(
     "--status",
     "statuses",
     type=click.Choice(["done", "failed", "all"]),
@@ -603,7 +630,7 @@ def requeue_command(
     show_default=True,
     help="Finished status to delete (repeatable; all = done and failed).",
 )
-@click.option(
+@selection_option(
     "--older-than",
     type=DURATION,
     default=0.0,
@@ -617,7 +644,7 @@ def requeue_command(
     show_default=True,
     help="Rows deleted per transaction.",
 )
-@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@selection_option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @format_options
 def purge_command(
     database: Database,
@@ -657,6 +684,9 @@ def purge_command(
             deleted = queue.purge(conn, plan, batch_size=batch_size, on_batch=advance)
     _emit_object({"deleted": deleted}, fmt)
     say(f"deleted {deleted} {what}")
+
+
+name_envvars(cli)
 
 
 # --- the error boundary ------------------------------------------------------
