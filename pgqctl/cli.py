@@ -7,8 +7,10 @@ Commands parse and validate input, call the library, and hand results to
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
-from pgqctl import __version__, config, db, embedded, output
+from pgqctl import __version__, config, db, embedded, output, queue
 from pgqctl import migrate as migrations
 from pgqctl.durations import parse_duration
 from pgqctl.errors import (
@@ -25,13 +27,14 @@ from pgqctl.errors import (
     BadInput,
     CheckFailed,
     DatabaseUnavailable,
+    NotFound,
     PgqctlError,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Every option also reads PGQCTL_<OPTION> from the environment.
-CONTEXT = {"auto_envvar_prefix": "PGQCTL", "help_option_names": ["-h", "--help"]}
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 def say(message: str) -> None:
@@ -138,9 +141,8 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in ne
         if isinstance(value, (int, float)):
             return float(value)
         try:
-            return parse_duration(
-                str(value), what=param.get_error_hint(ctx) if param and ctx else "duration"
-            )
+            # Click's message already names the option.
+            return parse_duration(str(value), what="value")
         except BadInput as exc:
             self.fail(str(exc), param, ctx)
 
@@ -148,9 +150,34 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in ne
 DURATION = Duration()
 
 
+def selection_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
+    """An option that chooses what a command changes: never read from the environment.
+
+    A PGQCTL_QUEUE meant for workers must not quietly narrow a `requeue`, and
+    a stray PGQCTL_DRY_RUN must not turn a cron job into a no-op.
+    """
+    return click.option(*names, allow_from_autoenv=False, **kwargs)  # type: ignore[return-value]
+
+
 def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
     """A subcommand whose options read PGQCTL_<OPTION>, not PGQCTL_<CMD>_<OPTION>."""
+
     return cli.command(name, context_settings=CONTEXT, **kwargs)  # type: ignore[return-value]
+
+
+def name_envvars(cmd: click.Command) -> None:
+    """Let every option of `cmd` and its subcommands read PGQCTL_<OPTION>.
+
+    The variable is named after the flag users type (--format: PGQCTL_FORMAT),
+    not after the Python parameter (`fmt`), and not per command, so one
+    PGQCTL_SCHEMA serves every command.
+    """
+    for param in cmd.params:
+        if isinstance(param, click.Option) and param.allow_from_autoenv and not param.envvar:
+            flag = max(param.opts, key=len)
+            param.envvar = "PGQCTL_" + flag.lstrip("-").replace("-", "_").upper()
+    for sub in getattr(cmd, "commands", {}).values():
+        name_envvars(sub)
 
 
 # --- migrate -----------------------------------------------------------------
@@ -158,9 +185,11 @@ def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
 
 @command("migrate")
 @database_options
-@click.option("--dry-run", is_flag=True, help="List what would be applied; change nothing.")
-@click.option("--check", is_flag=True, help="Exit 3 if any migration is pending, else 0.")
-@click.option("--status", "show_status", is_flag=True, help="List applied and pending migrations.")
+@selection_option("--dry-run", is_flag=True, help="List what would be applied; change nothing.")
+@selection_option("--check", is_flag=True, help="Exit 3 if any migration is pending, else 0.")
+@selection_option(
+    "--status", "show_status", is_flag=True, help="List applied and pending migrations."
+)
 @format_options
 def migrate_command(
     database: Database, dry_run: bool, check: bool, show_status: bool, fmt: str
@@ -184,8 +213,8 @@ def migrate_command(
             ]
             output.emit_rows(rows, ["name", "status", "applied_at"], fmt)
             return
-        todo = migrations.pending(conn, database.schema)
         if check:
+            todo = migrations.pending(conn, database.schema)
             if todo:
                 raise CheckFailed(
                     f"{len(todo)} migration(s) pending in schema {database.schema}: "
@@ -194,6 +223,7 @@ def migrate_command(
             say(f"schema {database.schema} is up to date")
             return
         if dry_run:
+            todo = migrations.pending(conn, database.schema)
             for m in todo:
                 click.echo(m.name)
             say(f"{len(todo)} migration(s) would be applied" if todo else "nothing to do")
@@ -261,6 +291,402 @@ def embedded_dsn() -> None:
         export PGQCTL_DSN="$(pgqctl embedded dsn)"
     """
     click.echo(embedded.ensure_running().dsn)
+
+
+# --- operator commands: stats, leases, list, show, reap, requeue, purge --------
+
+JOB_STATUSES = click.Choice(queue.STATUSES)
+LIST_COLUMNS = ["id", "queue", "kind", "status", "attempt", "run_at", "finished_at", "error"]
+CHANGE_COLUMNS = ["id", "queue", "kind", "status", "attempt", "error"]
+
+
+def _human(fmt: str) -> bool:
+    return output.resolve_format(fmt) in output.HUMAN_FORMATS
+
+
+def _one_line(text: str | None, width: int = 60) -> str:
+    """The first line of an error, cut to fit a table cell."""
+    lines = (text or "").strip().splitlines()
+    first = lines[0] if lines else ""
+    return first if len(first) <= width else first[: width - 1] + "…"
+
+
+def _job_cells(job: queue.Job) -> dict[str, Any]:
+    """A job as the human tables show it; JSON and CSV carry the job itself."""
+    left = job.get("seconds_left")
+    return {
+        **job,
+        "attempt": f"{job['attempts']}/{job['max_attempts']}",
+        "left": "" if left is None else output.format_seconds(float(left)),
+        "error": _one_line(job.get("last_error")),
+    }
+
+
+def _emit_jobs(jobs: list[queue.Job], columns: list[str], fmt: str) -> None:
+    rows = [_job_cells(j) for j in jobs] if _human(fmt) else jobs
+    output.emit_rows(rows, columns, fmt)
+
+
+def _emit_object(obj: dict[str, Any], fmt: str) -> None:
+    """A one-object result: JSON, or a one-row CSV/TSV. Human formats say it on stderr."""
+    if output.resolve_format(fmt) in ("csv", "tsv"):
+        output.emit_rows([obj], list(obj), fmt)
+    elif not _human(fmt):
+        output.emit_object(obj)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+@command("stats")
+@database_options
+@click.option(
+    "--exact", is_flag=True, help="Count done jobs exactly (reads the whole finished history)."
+)
+@click.option(
+    "--watch",
+    type=DURATION,
+    metavar="SECONDS",
+    help="Refresh every SECONDS (in place on a terminal) until Ctrl-C.",
+)
+@format_options
+def stats_command(database: Database, exact: bool, watch: float | None, fmt: str) -> None:
+    """Jobs per status, in total and per queue, with expired leases and the
+    age of the oldest due pending job.
+
+    Pending, running and failed counts are exact. Done counts are exact up to
+    1,000 done jobs; beyond that they are estimated from PostgreSQL's table
+    statistics (marked ~, and "estimated": true in JSON), so stats stays cheap
+    on a long history. --exact counts them.
+
+    \b
+    Example:
+        pgqctl stats
+        pgqctl stats --watch 2
+        pgqctl stats --json | jq '.totals.failed'
+    """
+    if watch is not None and watch <= 0:
+        raise BadInput("--watch needs a positive number of seconds, such as --watch 2")
+    with database.connect() as conn:
+
+        def snapshot() -> queue.Stats:
+            return queue.stats(conn, exact=exact)
+
+        if watch is None:
+            _show_stats(snapshot(), fmt)
+        elif output.resolve_format(fmt) == "table":
+            output.live(lambda: _stats_table(snapshot()), watch)
+        else:
+            try:
+                while True:
+                    _show_stats(snapshot(), fmt)
+                    sys.stdout.flush()
+                    time.sleep(watch)
+            except KeyboardInterrupt:
+                return
+
+
+STATS_COLUMNS = ["queue", "pending", "running", "expired", "done", "failed", "oldest_pending"]
+
+
+def _stats_rows(stats: queue.Stats) -> list[dict[str, Any]]:
+    """One row per queue and a total row, as the human tables show them."""
+    mark = "~" if stats.estimated else ""
+    scopes = [*stats.queues.items(), ("(total)", stats.totals)]
+    return [
+        {
+            "queue": name,
+            "pending": c.pending,
+            "running": c.running,
+            "expired": c.expired_leases,
+            "done": f"{mark}{c.done}",
+            "failed": c.failed,
+            "oldest_pending": (
+                ""
+                if c.oldest_pending_age_seconds is None
+                else output.format_seconds(c.oldest_pending_age_seconds)
+            ),
+        }
+        for name, c in scopes
+    ]
+
+
+ESTIMATE_NOTE = "~ marks estimated done counts; --exact counts them"
+
+
+def _stats_table(stats: queue.Stats) -> Any:
+    caption = ESTIMATE_NOTE if stats.estimated else None
+    return output.rich_table(_stats_rows(stats), STATS_COLUMNS, caption=caption)
+
+
+def _show_stats(stats: queue.Stats, fmt: str) -> None:
+    data = stats.as_json()
+    resolved = output.resolve_format(fmt)
+    if resolved in ("json", "ndjson"):
+        output.emit_object(data)
+    elif resolved in ("csv", "tsv"):
+        total = {"queue": "(total)", **vars(stats.totals)}
+        rows = [{**r, "estimated": stats.estimated} for r in [*data["queues"], total]]
+        output.emit_rows(rows, list(rows[0]), fmt)
+    else:
+        output.emit_rows(_stats_rows(stats), STATS_COLUMNS, fmt)
+        if stats.estimated:
+            say(ESTIMATE_NOTE)
+
+
+@command("leases")
+@database_options
+@click.option("--expired", is_flag=True, help="Only leases that are over (what reap takes).")
+@format_options
+def leases_command(database: Database, expired: bool, fmt: str) -> None:
+    """Running jobs: who holds each lease, when it ends, and the time left
+    (negative when overdue), soonest end first.
+
+    \b
+    Example:
+        pgqctl leases
+        pgqctl leases --expired --json | jq '.[].id'
+    """
+    with database.connect() as conn:
+        jobs = queue.leases(conn, expired_only=expired)
+    columns = ["id", "queue", "kind", "attempt", "locked_by", "locked_until", "left"]
+    _emit_jobs(jobs, columns, fmt)
+    if not jobs:
+        say("no expired leases" if expired else "no running jobs")
+
+
+@command("list")
+@database_options
+@selection_option("--status", type=JOB_STATUSES, help="Only jobs in this status.")
+@selection_option("--queue", "queue_name", metavar="QUEUE", help="Only jobs of this queue.")
+@selection_option("--kind", metavar="KIND", help="Only jobs of this kind.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many."
+)
+@format_options
+def list_command(
+    database: Database,
+    status: str | None,
+    queue_name: str | None,
+    kind: str | None,
+    limit: int,
+    fmt: str,
+) -> None:
+    """Jobs, newest first, with the first line of their last error.
+
+    \b
+    Example:
+        pgqctl list --status failed
+        pgqctl list --queue emails --kind send_receipt --limit 10
+        pgqctl list --status pending --json | jq length
+    """
+    with database.connect() as conn:
+        jobs = queue.list_jobs(conn, status=status, queue=queue_name, kind=kind, limit=limit)
+    _emit_jobs(jobs, LIST_COLUMNS, fmt)
+    if not jobs:
+        say("no jobs match")
+
+
+@command("show")
+@database_options
+@click.argument("job_id", metavar="ID", type=click.IntRange(min=1))
+@format_options
+def show_command(database: Database, job_id: int, fmt: str) -> None:
+    """One job, whole: every column, the payload pretty-printed and the full
+    last error.
+
+    \b
+    Example:
+        pgqctl show 42
+        pgqctl show 42 --json | jq .payload
+    """
+    with database.connect() as conn:
+        job = queue.get_job(conn, job_id)
+    if job is None:
+        raise NotFound(
+            f"job {job_id} not found in schema {database.schema}: "
+            "`pgqctl list` shows the jobs there"
+        )
+    if _human(fmt):
+        shown = {**job, "payload": json.dumps(job["payload"], indent=2, ensure_ascii=False)}
+        rows = [{"field": k, "value": v} for k, v in shown.items()]
+        output.emit_rows(rows, ["field", "value"], fmt)
+    else:
+        _emit_object(job, fmt)
+
+
+@command("reap")
+@database_options
+@selection_option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only when something changed (cron).")
+@format_options
+def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> None:
+    """Reclaim expired leases: each job goes back to pending, or to failed
+    when it has used all its attempts.
+
+    Jobs a worker is updating at this instant are skipped, not waited on, so
+    reap is safe to run from cron while workers run; concurrent reaps never
+    handle the same job twice. Workers are woken for the jobs made pending.
+
+    \b
+    Example:
+        pgqctl reap --dry-run
+        * * * * *  pgqctl reap --quiet      # crontab: every minute
+    """
+    with database.connect() as conn:
+        jobs = queue.reap_preview(conn) if dry_run else queue.reap(conn)
+    if not jobs and quiet:
+        return
+    _emit_jobs(jobs, CHANGE_COLUMNS, fmt)
+    if quiet:
+        return
+    if not jobs:
+        say("no expired leases")
+        return
+    failed = sum(1 for j in jobs if j["status"] == "failed")
+    verb = "would reap" if dry_run else "reaped"
+    say(
+        f"{verb} {_plural(len(jobs), 'expired lease')}: "
+        f"{len(jobs) - failed} back to pending, {failed} failed (out of attempts)"
+    )
+
+
+@command("requeue")
+@database_options
+@selection_option("--failed", "all_failed", is_flag=True, help="Every failed job.")
+@selection_option(
+    "--id", "ids", type=click.IntRange(min=1), multiple=True, help="This job (repeatable)."
+)
+@selection_option("--kind", metavar="KIND", help="Only failed jobs of this kind.")
+@selection_option("--queue", "queue_name", metavar="QUEUE", help="Only failed jobs of this queue.")
+@selection_option(
+    "--since", type=DURATION, metavar="DURATION", help="Only jobs failed within, e.g. 1h."
+)
+@selection_option(
+    "--attempts",
+    "more",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Tries each job gets: max_attempts becomes attempts + N.",
+)
+@selection_option("--dry-run", is_flag=True, help="Show what would move; change nothing.")
+@format_options
+def requeue_command(
+    database: Database,
+    all_failed: bool,
+    ids: tuple[int, ...],
+    kind: str | None,
+    queue_name: str | None,
+    since: float | None,
+    more: int,
+    dry_run: bool,
+    fmt: str,
+) -> None:
+    """Move failed jobs back to pending, due now.
+
+    Select every failed job with --failed, or narrow with --id, --kind,
+    --queue and --since (each given narrows further). Each job gets --attempts
+    more tries: attempts is kept (it fences stale workers) and max_attempts is
+    raised. last_error is kept until the next attempt replaces it.
+
+    \b
+    Example:
+        pgqctl requeue --id 5
+        pgqctl requeue --failed --kind send_receipt --since 1h --dry-run
+        pgqctl requeue --queue emails --attempts 3
+    """
+    selection = queue.Selection(ids=ids, kind=kind, queue=queue_name, since=since)
+    if not all_failed and selection == queue.Selection():
+        raise BadInput(
+            "nothing selected: give --failed to requeue every failed job, "
+            "or narrow with --id, --kind, --queue or --since"
+        )
+    with database.connect() as conn:
+        result = queue.requeue(conn, selection, more=more, dry_run=dry_run)
+    _emit_jobs(result.jobs, CHANGE_COLUMNS, fmt)
+    for job_id, status in result.left.items():
+        if status is None:
+            say(f"job {job_id} not found")
+        elif status == "failed":
+            say(f"job {job_id} is failed but does not match the other filters: left as it is")
+        else:
+            say(f"job {job_id} is {status}, not failed: left as it is")
+    verb = "would requeue" if dry_run else "requeued"
+    say(f"{verb} {_plural(len(result.jobs), 'job')}" if result.jobs else "no failed jobs match")
+    if None in result.left.values():
+        raise NotFound("some --id jobs do not exist: `pgqctl list --status failed` lists them")
+
+
+@command("purge")
+@database_options
+@selection_option(
+    "--status",
+    "statuses",
+    type=click.Choice(["done", "failed", "all"]),
+    multiple=True,
+    default=["done"],
+    show_default=True,
+    help="Finished status to delete (repeatable; all = done and failed).",
+)
+@selection_option(
+    "--older-than",
+    type=DURATION,
+    default=0.0,
+    metavar="DURATION",
+    help="Only jobs finished longer ago than this, e.g. 7d.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="Rows deleted per transaction.",
+)
+@selection_option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@format_options
+def purge_command(
+    database: Database,
+    statuses: tuple[str, ...],
+    older_than: float,
+    batch_size: int,
+    dry_run: bool,
+    fmt: str,
+) -> None:
+    """Delete finished jobs, done by default, in batches of short transactions
+    so workers never wait on more than one batch.
+
+    Only jobs that finished before the purge started are deleted; pending and
+    running jobs are never touched.
+
+    \b
+    Example:
+        pgqctl purge --older-than 7d
+        pgqctl purge --status failed --older-than 30d --dry-run
+        pgqctl purge --status all --json
+    """
+    chosen = sorted(
+        {s for choice in statuses for s in (queue.FINISHED if choice == "all" else [choice])}
+    )
+    what = f"{' and '.join(chosen)} jobs" + (
+        f" finished more than {output.format_seconds(older_than)} ago" if older_than else ""
+    )
+    with database.connect() as conn:
+        plan = queue.purge_plan(conn, chosen, older_than)
+        if dry_run:
+            matched = queue.purge_count(conn, plan)
+            _emit_object({"deleted": 0, "dry_run": True, "matched": matched}, fmt)
+            say(f"would delete {matched} {what}")
+            return
+        total = queue.purge_count(conn, plan) if sys.stderr.isatty() else None
+        with output.progress(total, f"deleting {what}") as advance:
+            deleted = queue.purge(conn, plan, batch_size=batch_size, on_batch=advance)
+    _emit_object({"deleted": deleted}, fmt)
+    say(f"deleted {deleted} {what}")
+
+
+name_envvars(cli)
 
 
 # --- the error boundary ------------------------------------------------------

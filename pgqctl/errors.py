@@ -43,5 +43,9 @@ class MigrationError(PgqctlError):
     """Migrations cannot be applied safely (changed file, foreign table...)."""
 
 
+class NotFound(PgqctlError):
+    """A job (or other object) the user named does not exist."""
+
+
 class EmbeddedError(PgqctlError):
     """The embedded PostgreSQL could not be created, started or stopped."""

@@ -46,9 +46,13 @@ def status(conn: psycopg.Connection[Any], schema: str) -> list[MigrationState]:
 
 def pending(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
     """Migrations still to apply; refuses when an applied one has changed."""
-    applied = _applied(conn, schema)
-    _refuse_changed(applied)
-    _refuse_foreign_jobs_table(conn, schema, applied)
+    # One snapshot for both reads: a migrate committing in between must not make
+    # its new jobs table look like one pgqctl did not create.
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        applied = _applied(conn, schema)
+        _refuse_changed(applied)
+        _refuse_foreign_jobs_table(conn, schema, applied)
     return [m for m in migrations() if m.name not in applied]
 
 

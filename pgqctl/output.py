@@ -7,12 +7,14 @@ human formats show the columns a command chose. Data goes to stdout only.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
 import decimal
 import json
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 FORMATS = ("auto", "table", "plain", "json", "ndjson", "csv", "tsv")
@@ -140,15 +142,55 @@ def _write_rich(
     rows: Sequence[Mapping[str, Any]], columns: Sequence[str], stream: IO[str], title: str | None
 ) -> None:
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     if not rows:
         return
-    table = Table(title=title, header_style="bold", show_edge=False)
+    Console(file=stream).print(rich_table(rows, columns, title=title))
+
+
+def rich_table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+) -> Any:
+    """The rich Table of `table` output, to print or to show live."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, caption=caption, header_style="bold", show_edge=False)
     for c in columns:
         table.add_column(c, overflow="fold")
     for r in rows:
         # Text, not str: job data must never be read as rich markup.
         table.add_row(*(Text(human(r.get(c))) for c in columns))
-    Console(file=stream).print(table)
+    return table
+
+
+def live(render: Callable[[], Any], interval: float, stream: IO[str] | None = None) -> None:
+    """Redraw `render()` in place every `interval` seconds; returns on Ctrl-C."""
+    from rich.console import Console
+    from rich.live import Live
+
+    try:
+        with Live(render(), console=Console(file=stream or sys.stdout), auto_refresh=False) as view:
+            while True:
+                time.sleep(interval)
+                view.update(render(), refresh=True)
+    except KeyboardInterrupt:
+        return
+
+
+@contextlib.contextmanager
+def progress(total: int | None, description: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr when it is a terminal; yields `advance(n)`."""
+    if not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(file=sys.stderr), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n: bar.advance(task, n)

@@ -67,6 +67,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pgqctl.config import LIBPQ_SELECTORS
+
 # Bytes of output kept for `Outcome.output_tail`.
 TAIL_BYTES = 4096
 # Characters of output `Outcome.last_error` includes by default.
@@ -98,15 +100,10 @@ _CREDENTIAL_NAMES = frozenset(
         "DATABASE_URL",
         # libpq's connection variables (PostgreSQL 18 docs, "Environment
         # Variables"), minus the ones that only shape a session (PGDATESTYLE,
-        # PGTZ, PGGEQO, PGCLIENTENCODING).
-        "PGHOST",
-        "PGHOSTADDR",
-        "PGPORT",
-        "PGDATABASE",
-        "PGUSER",
-        "PGPASSWORD",
+        # PGTZ, PGGEQO, PGCLIENTENCODING): those that choose the server and
+        # login, then the rest.
+        *LIBPQ_SELECTORS,
         "PGPASSFILE",
-        "PGSERVICE",
         "PGSERVICEFILE",
         "PGSYSCONFDIR",  # where libpq looks for pg_service.conf
         "PGOPTIONS",

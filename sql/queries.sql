@@ -2,3 +2,161 @@
 --
 -- Every value is a psycopg placeholder (%(name)s); nothing is pasted in.
 -- Queries are unqualified: the connection's search_path names the schema.
+
+-- ---------------------------------------------------------------------------
+-- Operator commands: stats, leases, list, show, reap, requeue, purge.
+-- Used by pgqctl/queue.py. Each status is read through its own partial index
+-- (claim, lease, finished), so none of these scans the done history unless
+-- asked to (`stats --exact`, `purge`, `list` without --status).
+-- ---------------------------------------------------------------------------
+
+-- name: stats_counts
+-- Per queue: exact pending, running, failed, expired leases and oldest due
+-- pending job, one arm per status so each reads its own partial index. Done
+-- jobs are counted among at most `bound` of them (NULL: all of them, exact),
+-- so a long history is never read unless asked for.
+SELECT queue,
+       count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'done') AS done,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'running' AND locked_until < now()) AS expired_leases,
+       extract(epoch FROM now() - min(run_at) FILTER (
+           WHERE status = 'pending' AND run_at <= now()))::float8 AS oldest_pending_age_seconds
+FROM (
+    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'pending'
+    UNION ALL
+    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'running'
+    UNION ALL
+    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'failed'
+    UNION ALL
+    (SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'done'
+     LIMIT %(bound)s)
+) AS counted
+GROUP BY queue;
+
+-- name: stats_table_estimate
+-- What the planner knows, from catalogs only: the live rows in the table
+-- (the statistics counter, else the last ANALYZE's count) and the most
+-- common queues with their share of rows.
+SELECT coalesce(nullif(pg_stat_get_live_tuples(c.oid), 0),
+                greatest(c.reltuples, 0)::bigint) AS rows,
+       st.null_frac,
+       st.n_distinct,
+       st.most_common_vals::text::text[] AS common_queues,
+       st.most_common_freqs AS common_shares,
+       st.attname IS NOT NULL AS analyzed
+FROM pg_class AS c
+LEFT JOIN pg_stats AS st
+       ON st.schemaname = current_schema() AND st.tablename = 'jobs'
+      AND st.attname = 'queue' AND NOT st.inherited
+WHERE c.oid = 'jobs'::regclass;
+
+-- name: lease_list
+-- Running jobs, soonest lease end first (jobs_lease_idx order).
+SELECT *,
+       locked_until < now() AS expired,
+       round(extract(epoch FROM locked_until - now())::numeric, 3) AS seconds_left
+FROM jobs
+WHERE status = 'running'
+  AND (locked_until < now() OR NOT %(expired_only)s)
+ORDER BY locked_until, id;
+
+-- name: lease_reap_preview
+-- What lease_reap would do now, without locking or writing anything.
+SELECT *,
+       CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END AS reaped_status,
+       locked_by AS held_by
+FROM jobs
+WHERE status = 'running' AND locked_until < now()
+ORDER BY locked_until, id;
+
+-- name: lease_reap
+-- The seed's reclaim in one statement. SKIP LOCKED: rows a worker is updating
+-- right now (renewal, report) are left for the next run instead of waited on,
+-- and two reaps at once never take the same row.
+UPDATE jobs
+SET status = CASE WHEN jobs.attempts >= jobs.max_attempts THEN 'failed' ELSE 'pending' END,
+    finished_at = CASE WHEN jobs.attempts >= jobs.max_attempts THEN now() END,
+    last_error = format('lease expired at %%s (held by %%s)',
+                        expired.locked_until, coalesce(expired.locked_by, 'an unnamed worker')),
+    locked_until = NULL,
+    locked_by = NULL
+FROM (
+    SELECT id, locked_by, locked_until
+    FROM jobs
+    WHERE status = 'running' AND locked_until < now()
+    FOR UPDATE SKIP LOCKED
+) AS expired
+WHERE jobs.id = expired.id
+RETURNING jobs.*, expired.locked_by AS held_by;
+
+-- name: workers_notify
+-- Wake listening workers; delivered when the surrounding transaction commits.
+SELECT pg_notify('pgqctl_jobs', current_schema());
+
+-- name: job_list
+SELECT *
+FROM jobs
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+-- Newest first. The CASE folds to a constant (and drops out) for done or no
+-- status: the primary key is walked backwards. For pending, running and
+-- failed it forces a sort of the matching rows, which come from their small
+-- partial index, instead of a backward walk through the done history that
+-- the planner may pick when those rows are old.
+ORDER BY CASE WHEN %(status)s::text <> 'done' THEN -id END, id DESC
+LIMIT %(limit)s;
+
+-- name: job_get
+SELECT * FROM jobs WHERE id = %(id)s;
+
+-- name: job_failed_select
+-- Failed jobs matching a requeue selection (each filter optional).
+SELECT *
+FROM jobs
+WHERE status = 'failed'
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(since)s::interval IS NULL OR finished_at >= now() - %(since)s::interval)
+ORDER BY id;
+
+-- name: job_requeue
+-- Failed -> pending, due now, with `more` new tries. attempts is the
+-- fencing token and never goes down: max_attempts goes up instead. The status
+-- guard skips a job someone else requeued or purged since it was selected.
+UPDATE jobs
+SET status = 'pending',
+    run_at = now(),
+    max_attempts = attempts + %(more)s,
+    finished_at = NULL,
+    locked_until = NULL,
+    locked_by = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'failed'
+RETURNING *;
+
+-- name: job_purge_cutoff
+-- Purge deletes rows finished before this instant, fixed when it starts, so
+-- it ends even while workers keep finishing jobs.
+SELECT now() - %(older_than)s::interval AS cutoff;
+
+-- name: job_purge_count
+SELECT count(*)
+FROM jobs
+WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s;
+
+-- name: job_purge_batch
+-- One short transaction per batch; SKIP LOCKED so it never waits on a row
+-- someone is updating (a requeue), and workers never wait on more than this.
+-- ARRAY(...) makes the delete a primary-key lookup of the batch's ids, never a
+-- join the planner might run as a scan of the whole table.
+DELETE FROM jobs
+WHERE id = ANY(ARRAY(
+    SELECT id
+    FROM jobs
+    WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+));

@@ -10,6 +10,7 @@ import pytest
 
 from pgqctl.sql import migrations
 from tests.conftest import run_cli
+from tests.integration.seed import SEED_ROWS
 
 
 def applied_names(dsn: str, schema: str = "public") -> list[str]:
@@ -122,26 +123,15 @@ def test_schema_option_puts_the_queue_in_its_own_schema(empty_dsn: str) -> None:
 
 
 def test_the_seeds_inserts_run_verbatim(dsn: str) -> None:
-    # Copied unchanged from the design this queue follows: three waiting jobs
-    # and two running jobs whose leases expired five minutes ago.
-    seed = """
-    INSERT INTO jobs (kind, payload)
-    VALUES
-      ('send_receipt', '{"order_id": 1}'),
-      ('send_receipt', '{"order_id": 2}'),
-      ('create_invoice', '{"order_id": 3}');
-
-    INSERT INTO jobs (kind, payload, status, attempts, run_at, locked_until)
-    VALUES
-      ('send_receipt', '{"order_id": 3}', 'running', 1,
-       now() - interval '10 minutes', now() - interval '5 minutes'),
-      ('sync_crm', '{"customer": "carol"}', 'running', 3,
-       now() - interval '10 minutes', now() - interval '5 minutes');
-
+    # Plus the design's "one event, many consumers" INSERT.
+    seed = (
+        SEED_ROWS
+        + """
     INSERT INTO jobs (kind, payload)
     SELECT kind, '{"order_id": 4}'
     FROM unnest(ARRAY['send_receipt', 'create_invoice', 'sync_crm']) AS kind;
     """
+    )
     with psycopg.connect(dsn) as c:
         c.execute(seed)
         rows = c.execute(

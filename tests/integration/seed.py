@@ -1,0 +1,18 @@
+"""The rows of the design this queue follows, copied verbatim: plain SQL."""
+
+SEED_ROWS = """
+-- Three jobs waiting to run.
+INSERT INTO jobs (kind, payload)
+VALUES
+  ('send_receipt', '{"order_id": 1}'),
+  ('send_receipt', '{"order_id": 2}'),
+  ('create_invoice', '{"order_id": 3}');
+
+-- Two jobs whose workers died ten minutes ago, so their leases have expired.
+INSERT INTO jobs (kind, payload, status, attempts, run_at, locked_until)
+VALUES
+  ('send_receipt', '{"order_id": 3}', 'running', 1,
+   now() - interval '10 minutes', now() - interval '5 minutes'),
+  ('sync_crm', '{"customer": "carol"}', 'running', 3,
+   now() - interval '10 minutes', now() - interval '5 minutes');
+"""

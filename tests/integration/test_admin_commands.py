@@ -1,0 +1,473 @@
+"""stats, leases, list, show, reap, requeue and purge as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import run_cli
+from tests.integration.jobrows import add_jobs, ago, expired, snapshot
+
+
+def cli_json(dsn: str, *args: str) -> Any:
+    result = run_cli(*args, "--json", "--dsn", dsn)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+# --- stats -----------------------------------------------------------------------
+
+
+def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    add_jobs(conn, 2, run_at=ago("1 minute"))
+    add_jobs(conn, 1, queue="emails", run_at=ago("1 hour"))
+    add_jobs(conn, 1, queue="emails", run_at=ago("-1 hour"))  # not due yet
+    expired(conn, 1, queue="emails")
+    add_jobs(conn, 1, status="running", attempts=1, locked_until=ago("-5 minutes"))
+    add_jobs(conn, 3, status="done", attempts=1)
+    add_jobs(conn, 1, queue="emails", status="failed", attempts=3)
+
+    stats = cli_json(dsn, "stats")
+
+    assert 3590 < stats.pop("oldest_pending_age_seconds") < 3700
+    queues = stats.pop("queues")
+    assert stats == {
+        "totals": {"pending": 4, "running": 2, "done": 3, "failed": 1},
+        "expired_leases": 1,
+        "estimated": False,
+    }
+    ages = [q.pop("oldest_pending_age_seconds") for q in queues]
+    assert 55 < ages[0] < 120 and 3590 < ages[1] < 3700
+    assert queues == [
+        {
+            "queue": "default",
+            "pending": 2,
+            "running": 1,
+            "done": 3,
+            "failed": 0,
+            "expired_leases": 0,
+        },
+        {
+            "queue": "emails",
+            "pending": 2,
+            "running": 1,
+            "done": 0,
+            "failed": 1,
+            "expired_leases": 1,
+        },
+    ]
+
+
+def test_stats_of_an_empty_queue(dsn: str) -> None:
+    assert cli_json(dsn, "stats") == {
+        "totals": {"pending": 0, "running": 0, "done": 0, "failed": 0},
+        "expired_leases": 0,
+        "oldest_pending_age_seconds": None,
+        "estimated": False,
+        "queues": [],
+    }
+    table = run_cli("stats", "--format", "plain", "--dsn", dsn)
+    assert table.exit_code == 0
+    assert table.stdout.splitlines()[-1].split() == ["(total)", "0", "0", "0", "0", "0"]
+
+
+def test_stats_on_an_unmigrated_database_says_to_migrate(empty_dsn: str) -> None:
+    result = run_cli("stats", "--dsn", empty_dsn)
+    assert result.exit_code == 1
+    assert "run `pgqctl migrate`" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def analyze(conn: psycopg.Connection[Any]) -> None:
+    # Publish this session's row counts first, so ANALYZE's are not added to later.
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("ANALYZE jobs")
+
+
+def test_stats_estimates_done_on_a_long_history_and_exact_counts_it(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    add_jobs(conn, 1200, status="done", attempts=1)
+    add_jobs(conn, 600, queue="emails", status="done", attempts=1)
+    add_jobs(conn, 50, queue="emails")
+    add_jobs(conn, 10, status="failed", attempts=3)
+    analyze(conn)
+
+    estimate = cli_json(dsn, "stats")
+    assert estimate["estimated"] is True
+    done = {q["queue"]: q["done"] for q in estimate["queues"]}
+    assert done["default"] == pytest.approx(1200, rel=0.05)
+    assert done["emails"] == pytest.approx(600, rel=0.05)
+    # Everything but done stays exact.
+    assert {k: v for k, v in estimate["totals"].items() if k != "done"} == {
+        "pending": 50,
+        "running": 0,
+        "failed": 10,
+    }
+
+    exact = cli_json(dsn, "stats", "--exact")
+    assert exact["estimated"] is False
+    assert exact["totals"] == {"pending": 50, "running": 0, "done": 1800, "failed": 10}
+    assert [q["done"] for q in exact["queues"]] == [1200, 600]
+
+    table = run_cli("stats", "--format", "plain", "--dsn", dsn)
+    assert "~" in table.stdout.splitlines()[-1]
+    assert "--exact" in table.stderr
+
+
+def test_stats_watch_refreshes_until_ctrl_c(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    add_jobs(conn, 3)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgqctl", "stats", "--watch", "0.2", "--json", "--dsn", dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    snapshots = []
+    deadline = time.monotonic() + 60
+    while len(snapshots) < 2 and time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 1)[0]:
+            snapshots.append(json.loads(proc.stdout.readline()))
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    assert [s["totals"]["pending"] for s in snapshots] == [3, 3]
+
+
+def test_stats_watch_redraws_in_place_on_a_terminal(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    add_jobs(conn, 3)
+    terminal, side = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgqctl", "stats", "--watch", "0.2", "--dsn", dsn],
+        stdin=side,
+        stdout=side,
+        stderr=side,
+        env={**os.environ, "COLUMNS": "100"},
+    )
+    os.close(side)
+    screen = b""
+    deadline = time.monotonic() + 60
+    # Two redraws: the table drawn, moved up over, and drawn again.
+    while screen.count(b"(total)") < 3 and time.monotonic() < deadline:
+        if select.select([terminal], [], [], 1)[0]:
+            screen += os.read(terminal, 65536)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    os.close(terminal)
+    assert screen.count(b"(total)") >= 3
+    assert b"\x1b[1A" in screen  # cursor up: redrawn in place, not appended
+
+
+# --- leases, list, show -------------------------------------------------------------
+
+
+def test_leases_human_table_shows_holder_and_time_left(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    (late,) = expired(conn, kind="resize", locked_by="web-1:42:0")
+    (fine,) = add_jobs(
+        conn, status="running", attempts=2, locked_until=ago("-10 minutes"), locked_by="web-2:7:1"
+    )
+    result = run_cli("leases", "--format", "plain", "--dsn", dsn)
+    assert result.exit_code == 0
+    header, _, first, second = result.stdout.splitlines()
+    assert header.split() == ["id", "queue", "kind", "attempt", "locked_by", "locked_until", "left"]
+    assert first.split()[:5] == [str(late), "default", "resize", "1/3", "web-1:42:0"]
+    assert first.split()[-1].startswith("-5m")
+    assert second.split()[0] == str(fine) and second.split()[-1].startswith("9m")
+
+    only = run_cli("leases", "--expired", "--format", "plain", "--dsn", dsn)
+    assert len(only.stdout.splitlines()) == 3
+
+    conn.execute("DELETE FROM jobs")
+    none = run_cli("leases", "--expired", "--dsn", dsn)
+    assert none.exit_code == 0 and none.stdout == ""
+    assert "no expired leases" in none.stderr
+
+
+def test_list_filters_newest_first_with_a_short_error(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    old, new = add_jobs(conn, 2, status="failed", attempts=3, last_error="boom\nTraceback...")
+    add_jobs(conn, 1, queue="emails", status="failed", attempts=3)
+    add_jobs(conn, 1, kind="other", status="failed", attempts=3)
+    add_jobs(conn, 5)
+
+    jobs = cli_json(dsn, "list", "--status", "failed", "--queue", "default", "--kind", "test")
+    assert [j["id"] for j in jobs] == [new, old]
+    assert jobs[0]["last_error"] == "boom\nTraceback..."
+
+    plain = run_cli(
+        "list", "--status", "failed", "--kind", "test", "--format", "plain", "--dsn", dsn
+    )
+    lines = plain.stdout.splitlines()
+    assert lines[0].split() == [
+        "id",
+        "queue",
+        "kind",
+        "status",
+        "attempt",
+        "run_at",
+        "finished_at",
+        "error",
+    ]
+    assert lines[3].startswith(str(new)) and lines[3].endswith("boom")
+    assert "Traceback" not in plain.stdout
+
+    assert len(cli_json(dsn, "list")) == 9
+    assert len(cli_json(dsn, "list", "--limit", "3")) == 3
+    assert cli_json(dsn, "list", "--status", "running") == []
+
+
+def test_show_prints_every_column_with_the_payload_pretty(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    payload = json.dumps({"argv": ["convert", "a.png", "b.png"], "env": {"Q": "1"}})
+    error = "exit status 1\nconvert: no such file a.png"
+    (job_id,) = add_jobs(conn, payload=payload, status="failed", attempts=3, last_error=error)
+
+    whole = cli_json(dsn, "show", str(job_id))
+    columns = [r[0] for r in conn.execute("SELECT * FROM jobs LIMIT 0").description or []]
+    assert list(whole) == columns
+    assert whole["payload"] == json.loads(payload)
+    assert whole["last_error"] == error
+
+    table = run_cli("show", str(job_id), "--format", "plain", "--dsn", dsn)
+    assert table.exit_code == 0
+    assert '    "convert",' in table.stdout  # indented: pretty-printed
+    assert "convert: no such file a.png" in table.stdout  # the whole error
+    fields = [line.split()[0] for line in table.stdout.splitlines()[2:] if line[:1].strip()]
+    assert fields == columns
+
+
+# --- reap ---------------------------------------------------------------------------
+
+
+def test_reap_dry_run_shows_the_outcome_and_changes_nothing(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    retry, dead = expired(conn, 2, attempts=sql_case_attempts())
+    before = snapshot(conn)
+    preview = cli_json(dsn, "reap", "--dry-run")
+    assert [(j["id"], j["status"], j["held_by"]) for j in preview] == [
+        (retry, "pending", "host:1:0"),
+        (dead, "failed", "host:1:0"),
+    ]
+    assert snapshot(conn) == before
+
+    plain = run_cli("reap", "--dry-run", "--format", "plain", "--dsn", dsn)
+    assert "would reap 2 expired leases: 1 back to pending, 1 failed" in plain.stderr
+
+
+def sql_case_attempts() -> Any:
+    from psycopg import sql
+
+    # First job attempt 1 of 3, second attempt 3 of 3.
+    return sql.SQL("CASE WHEN generate_series = 1 THEN 1 ELSE 3 END")
+
+
+def test_reap_says_what_it_did_and_records_the_holder(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    (job_id,) = expired(conn, locked_by="web-1:42:3")
+    result = run_cli("reap", "--format", "plain", "--dsn", dsn)
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[2].split()[:5] == [
+        str(job_id),
+        "default",
+        "test",
+        "pending",
+        "1/3",
+    ]
+    assert "reaped 1 expired lease: 1 back to pending, 0 failed" in result.stderr
+    error = conn.execute("SELECT last_error FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    assert error is not None and "(held by web-1:42:3)" in error[0]
+
+
+def test_reap_with_nothing_expired_exits_0(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    add_jobs(conn, status="running", attempts=1, locked_until=ago("-5 minutes"))
+    result = run_cli("reap", "--dsn", dsn)
+    assert (result.exit_code, result.stdout) == (0, "")
+    assert result.stderr == "pgqctl: no expired leases\n"
+    assert cli_json(dsn, "reap") == []
+
+    quiet = run_cli("reap", "--quiet", "--json", "--dsn", dsn)
+    assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", "")
+
+    expired(conn)
+    changed = run_cli("reap", "--quiet", "--json", "--dsn", dsn)
+    assert changed.exit_code == 0 and changed.stderr == ""
+    assert len(json.loads(changed.stdout)) == 1
+
+
+def test_reap_and_requeue_wake_listening_workers(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    expired(conn)
+    add_jobs(conn, status="failed", attempts=3)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN pgqctl_jobs")
+        assert run_cli("reap", "--dsn", dsn).exit_code == 0
+        assert [n.payload for n in listener.notifies(timeout=5, stop_after=1)] == ["public"]
+        assert run_cli("requeue", "--failed", "--dsn", dsn).exit_code == 0
+        assert [n.payload for n in listener.notifies(timeout=5, stop_after=1)] == ["public"]
+
+
+# --- requeue ------------------------------------------------------------------------
+
+
+def test_requeue_narrows_by_kind_queue_and_since(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    recent = add_jobs(conn, 2, kind="mail", status="failed", attempts=3)
+    (old,) = add_jobs(conn, kind="mail", status="failed", attempts=3, finished_at=ago("2 days"))
+    (other_queue,) = add_jobs(conn, kind="mail", queue="bulk", status="failed", attempts=3)
+    (other_kind,) = add_jobs(conn, kind="sms", status="failed", attempts=3)
+
+    moved = cli_json(dsn, "requeue", "--kind", "mail", "--queue", "default", "--since", "1h")
+    assert [j["id"] for j in moved] == recent
+    assert {(j["status"], j["attempts"], j["max_attempts"]) for j in moved} == {("pending", 3, 4)}
+    rows = conn.execute(
+        "SELECT id, status, finished_at IS NULL, run_at <= now() FROM jobs ORDER BY id"
+    ).fetchall()
+    assert rows == [
+        (recent[0], "pending", True, True),
+        (recent[1], "pending", True, True),
+        (old, "failed", False, True),
+        (other_queue, "failed", False, True),
+        (other_kind, "failed", False, True),
+    ]
+
+    again = cli_json(dsn, "requeue", "--failed", "--attempts", "3")
+    assert [(j["id"], j["max_attempts"]) for j in again] == [
+        (old, 6),
+        (other_queue, 6),
+        (other_kind, 6),
+    ]
+
+
+def test_requeue_keeps_attempts_and_the_last_error(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    (job_id,) = add_jobs(conn, status="failed", attempts=5, max_attempts=5, last_error="boom")
+    (moved,) = cli_json(dsn, "requeue", "--id", str(job_id), "--attempts", "2")
+    assert (moved["attempts"], moved["max_attempts"], moved["last_error"]) == (5, 7, "boom")
+
+
+def test_requeue_id_of_a_job_that_is_not_failed_says_so(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    (failed,) = add_jobs(conn, status="failed", attempts=3)
+    (pending,) = add_jobs(conn)
+    result = run_cli("requeue", "--id", str(failed), "--id", str(pending), "--json", "--dsn", dsn)
+    assert result.exit_code == 0
+    assert [j["id"] for j in json.loads(result.stdout)] == [failed]
+    assert f"job {pending} is pending, not failed: left as it is" in result.stderr
+
+    missing = run_cli("requeue", "--id", "999999", "--dsn", dsn)
+    assert missing.exit_code == 1
+    assert "job 999999 not found" in missing.stderr
+
+
+def test_requeue_dry_run_shows_what_would_move_and_changes_nothing(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    add_jobs(conn, 3, status="failed", attempts=3)
+    before = snapshot(conn)
+    preview = cli_json(dsn, "requeue", "--failed", "--dry-run")
+    assert [(j["status"], j["max_attempts"]) for j in preview] == [("pending", 4)] * 3
+    assert snapshot(conn) == before
+
+
+# --- purge --------------------------------------------------------------------------
+
+
+def test_purge_deletes_old_done_rows_in_batches_and_nothing_else(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    add_jobs(conn, 25, status="done", attempts=1, finished_at=ago("8 days"))
+    recent = add_jobs(conn, 2, status="done", attempts=1)
+    failed = add_jobs(conn, 3, status="failed", attempts=3, finished_at=ago("8 days"))
+    live = add_jobs(conn, 4) + expired(conn, 2)
+
+    dry = cli_json(dsn, "purge", "--older-than", "7d", "--dry-run")
+    assert dry == {"deleted": 0, "dry_run": True, "matched": 25}
+
+    result = run_cli("purge", "--older-than", "7d", "--batch-size", "7", "--json", "--dsn", dsn)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == {"deleted": 25}
+    assert "deleted 25 done jobs finished more than 7d00h ago" in result.stderr
+    remaining = [r[0] for r in conn.execute("SELECT id FROM jobs ORDER BY id")]
+    assert remaining == sorted(recent + failed + live)
+
+    assert cli_json(dsn, "purge", "--status", "failed") == {"deleted": 3}
+    assert cli_json(dsn, "purge", "--status", "all") == {"deleted": 2}
+    remaining = [r[0] for r in conn.execute("SELECT id FROM jobs ORDER BY id")]
+    assert remaining == sorted(live)
+
+
+# --- every command ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["requeue"], 2, "nothing selected"),
+        (["requeue", "--failed", "--attempts", "0"], 2, "--attempts"),
+        (["requeue", "--failed", "--since", "yesterday"], 2, "not a duration"),
+        (["purge", "--older-than", "soon"], 2, "not a duration"),
+        (["purge", "--status", "pending"], 2, "--status"),
+        (["purge", "--batch-size", "0"], 2, "--batch-size"),
+        (["list", "--status", "bogus"], 2, "--status"),
+        (["list", "--limit", "0"], 2, "--limit"),
+        (["show", "424242"], 1, "job 424242 not found"),
+        (["show", "abc"], 2, "ID"),
+        (["stats", "--watch", "0"], 2, "--watch"),
+    ],
+)
+def test_bad_input_exits_with_its_code_and_writes_nothing(
+    dsn: str, conn: psycopg.Connection[Any], args: list[str], code: int, message: str
+) -> None:
+    add_jobs(conn, 2, status="failed", attempts=3)
+    add_jobs(conn, 2, status="done", attempts=1)
+    before = snapshot(conn)
+    result = run_cli(*args, "--dsn", dsn)
+    assert result.exit_code == code
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+    assert snapshot(conn) == before
+
+
+COMMANDS = ["stats", "leases", "list", "show", "reap", "requeue", "purge"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_help_has_an_example(command: str) -> None:
+    result = run_cli(command, "--help")
+    assert result.exit_code == 0
+    example = result.stdout.split("Example:", 1)[1]
+    assert f"pgqctl {command}" in example
+
+
+def test_commands_work_in_another_schema(empty_dsn: str) -> None:
+    assert run_cli("migrate", "--schema", "Work Queue", "--dsn", empty_dsn).exit_code == 0
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute('SET search_path = "Work Queue"')
+        expired(c)
+        add_jobs(c, 2, status="failed", attempts=3)
+    env = {"PGQCTL_SCHEMA": "Work Queue"}
+    stats = run_cli("stats", "--json", "--dsn", empty_dsn, env=env)
+    assert json.loads(stats.stdout)["totals"]["failed"] == 2
+    reaped = run_cli("reap", "--json", "--dsn", empty_dsn, env=env)
+    assert len(json.loads(reaped.stdout)) == 1
+    assert json.loads(
+        run_cli("purge", "--status", "failed", "--json", "--dsn", empty_dsn, env=env).stdout
+    ) == {"deleted": 2}
+    assert os.environ.get("PGQCTL_SCHEMA") is None

@@ -1,0 +1,38 @@
+"""Connections: application_name, search_path, and the not-migrated check."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from pgqctl import db
+from pgqctl.errors import NotMigrated
+
+
+def test_connections_name_pgqctl_and_use_the_queue_schema(dsn: str) -> None:
+    with db.connect(dsn, schema="public") as conn:
+        name, path = conn.execute(
+            "SELECT current_setting('application_name'), current_setting('search_path')"
+        ).fetchone() or ("", "")
+    assert name == "pgqctl"
+    assert path == '"public"'
+
+
+def test_a_quoted_schema_name_reaches_search_path_intact(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute('CREATE SCHEMA "Odd ""name"""')
+    with db.connect(empty_dsn, schema='Odd "name"') as conn:
+        row = conn.execute("SELECT current_schema()").fetchone()
+    assert row == ('Odd "name"',)
+
+
+def test_an_unmigrated_database_says_to_run_migrate(empty_dsn: str) -> None:
+    with db.connect(empty_dsn, schema="public") as conn, pytest.raises(NotMigrated) as err:
+        db.require_migrated(conn, "public")
+    assert "run `pgqctl migrate`" in str(err.value)
+    assert err.value.exit_code == 1
+
+
+def test_a_migrated_database_passes_the_check(dsn: str) -> None:
+    with db.connect(dsn, schema="public") as conn:
+        db.require_migrated(conn, "public")
