@@ -25,7 +25,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -73,6 +72,10 @@ def main() -> int:
     if args.rounds:
         sizes = dataclasses.replace(sizes, rounds=args.rounds)
     workloads = [kind() for kind in WORKLOADS if not args.only or kind.name in args.only]
+    # pgqctl reads PGQCTL_<OPTION> for every flag: a caller's settings must not
+    # change what the workloads run.
+    for name in [name for name in os.environ if name.startswith("PGQCTL_")]:
+        del os.environ[name]
     record = Record()
     started = time.time()
     with (
@@ -101,12 +104,12 @@ def main() -> int:
                 )
         meta = describe_run(args, sizes, dsns["pgqctl"], server_kind, started)
     ratios = [ratio for workload in workloads for ratio in workload.ratios]
-    text = render_text(meta, record, ratios)
-    print(text)
-    path = write_json(meta, record, ratios)
+    doc = build_document(meta, record, ratios)
+    print(render_text(doc))
+    path = write_json(doc)
     say(f"wrote {path.relative_to(ROOT)}")
     if args.results_md:
-        RESULTS_MD.write_text(render_markdown(meta, record, ratios))
+        RESULTS_MD.write_text(render_markdown(doc))
         say(f"wrote {RESULTS_MD.relative_to(ROOT)}")
     return 0
 
@@ -283,18 +286,52 @@ def machine() -> dict[str, Any]:
 # ------------------------------------------------------------------ output
 
 
-@dataclass(frozen=True)
-class RatioLine:
-    ratio: Ratio
-    values: list[float]
-
-    @property
-    def median(self) -> float:
-        return summary(self.values)[0]
-
-    @property
-    def met(self) -> bool | None:
-        return self.ratio.met(self.median)
+def build_document(meta: dict[str, Any], record: Record, ratios: list[Ratio]) -> dict[str, Any]:
+    """Every figure and ratio of the run: the JSON file, and what the outputs render."""
+    figures = {}
+    for name, figure in record.figures.items():
+        median, low, high = summary(list(figure.values.values()))
+        figures[name] = {
+            "unit": figure.unit,
+            "higher_is_better": figure.higher_is_better,
+            "rounds": [figure.values.get(r) for r in range(meta["sizes"]["rounds"])],
+            "median": median,
+            "min": low,
+            "max": high,
+        }
+    measured = {}
+    closing = []
+    for ratio in ratios:
+        values = record.ratio_values(ratio)
+        if not values:
+            if ratio.target:
+                closing.append(f"{ratio.name} not measured in this run (see skipped).")
+            continue
+        median, low, high = summary(values)
+        met = ratio.met(median)
+        measured[ratio.name] = {
+            "numerator": ratio.numerator,
+            "denominator": ratio.denominator,
+            "target": ratio.describe_target() or None,
+            "met": met,
+            "rounds": values,
+            "median": median,
+            "min": low,
+            "max": high,
+        }
+        if met is False:
+            why = notes.SHORTFALLS.get(ratio.name, notes.NO_ANALYSIS)
+            closing.append(
+                f"{ratio.name} is {median:.2f} x, target {ratio.describe_target()}: {why}"
+            )
+    return {
+        "meta": meta,
+        "figures": figures,
+        "ratios": measured,
+        "skipped": record.skipped,
+        "notes": record.notes,
+        "closing": closing,
+    }
 
 
 def number(value: float) -> str:
@@ -305,99 +342,47 @@ def number(value: float) -> str:
     return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
 
 
-def ratio_lines(record: Record, ratios: list[Ratio]) -> list[RatioLine]:
-    return [RatioLine(r, record.ratio_values(r)) for r in ratios if record.ratio_values(r)]
-
-
-def verdict(line: RatioLine) -> str:
-    if line.met is None:
+def verdict(ratio: dict[str, Any]) -> str:
+    if ratio["met"] is None:
         return ""
-    return f"  [target {line.ratio.describe_target()}: {'met' if line.met else 'NOT MET'}]"
+    return f"  [target {ratio['target']}: {'met' if ratio['met'] else 'NOT MET'}]"
 
 
-def render_text(meta: dict[str, Any], record: Record, ratios: list[Ratio]) -> str:
+def render_text(doc: dict[str, Any]) -> str:
+    meta = doc["meta"]
     out = [
         f"== {meta['mode']} run: {meta['sizes']['rounds']} rounds, PostgreSQL "
         f"{meta['postgresql']['version']} ({meta['postgresql']['server']}), "
         f"pgqctl {meta['pgqctl']['commit']}, {meta['seconds']:.0f} s",
         "== figures: median (min .. max) over rounds",
     ]
-    for name, figure in record.figures.items():
-        median, low, high = summary(list(figure.values.values()))
-        out.append(f"{name}: {number(median)} {figure.unit} ({number(low)} .. {number(high)})")
-    out.append("== ratios: computed within each round, then median (min .. max)")
-    lines = ratio_lines(record, ratios)
-    for line in lines:
-        median, low, high = summary(line.values)
+    for name, f in doc["figures"].items():
         out.append(
-            f"ratio {line.ratio.name}: {median:.2f} x ({low:.2f} .. {high:.2f}){verdict(line)}"
+            f"{name}: {number(f['median'])} {f['unit']} ({number(f['min'])} .. {number(f['max'])})"
         )
-    if record.skipped:
+    out.append("== ratios: computed within each round, then median (min .. max)")
+    for name, r in doc["ratios"].items():
+        out.append(
+            f"ratio {name}: {r['median']:.2f} x ({r['min']:.2f} .. {r['max']:.2f}){verdict(r)}"
+        )
+    if doc["skipped"]:
         out.append("== skipped: waiting for")
-        out.extend(f"{name}: {reason}" for name, reason in record.skipped.items())
+        out.extend(f"{name}: {reason}" for name, reason in doc["skipped"].items())
     out.append("== notes")
-    out.extend(f"- {text}" for text in record.notes)
-    out.extend(f"- {text}" for text in closing_notes(lines, record, ratios))
+    out.extend(f"- {text}" for text in (*doc["notes"], *doc["closing"]))
     return "\n".join(out)
 
 
-def closing_notes(lines: list[RatioLine], record: Record, ratios: list[Ratio]) -> list[str]:
-    """Why each missed target is missed and what would close it; what is unmeasured."""
-    result = []
-    for line in lines:
-        if line.met is False:
-            why = notes.SHORTFALLS.get(line.ratio.name, notes.NO_ANALYSIS)
-            result.append(
-                f"{line.ratio.name} is {line.median:.2f} x, target "
-                f"{line.ratio.describe_target()}: {why}"
-            )
-    measured = {line.ratio.name for line in lines}
-    for ratio in ratios:
-        if ratio.target and ratio.name not in measured:
-            result.append(f"{ratio.name} not measured in this run (see skipped).")
-    return result
-
-
-def write_json(meta: dict[str, Any], record: Record, ratios: list[Ratio]) -> Path:
+def write_json(doc: dict[str, Any]) -> Path:
     OUT_DIR.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = OUT_DIR / f"results-{stamp}.json"
-    figures = {
-        name: {
-            "unit": figure.unit,
-            "higher_is_better": figure.higher_is_better,
-            "rounds": [figure.values.get(r) for r in range(meta["sizes"]["rounds"])],
-            **dict(
-                zip(("median", "min", "max"), summary(list(figure.values.values())), strict=True)
-            ),
-        }
-        for name, figure in record.figures.items()
-    }
-    ratio_data = {
-        line.ratio.name: {
-            "numerator": line.ratio.numerator,
-            "denominator": line.ratio.denominator,
-            "target": line.ratio.describe_target() or None,
-            "met": line.met,
-            "rounds": line.values,
-            **dict(zip(("median", "min", "max"), summary(line.values), strict=True)),
-        }
-        for line in ratio_lines(record, ratios)
-    }
-    document = {
-        "meta": meta,
-        "figures": figures,
-        "ratios": ratio_data,
-        "skipped": record.skipped,
-        "notes": record.notes,
-    }
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    path = OUT_DIR / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
 
 
-def render_markdown(meta: dict[str, Any], record: Record, ratios: list[Ratio]) -> str:
-    pg, machine_info = meta["postgresql"], meta["machine"]
-    lines = ratio_lines(record, ratios)
+def render_markdown(doc: dict[str, Any]) -> str:
+    meta = doc["meta"]
+    pg, box = meta["postgresql"], meta["machine"]
     out = [
         "# Benchmark results",
         "",
@@ -406,8 +391,8 @@ def render_markdown(meta: dict[str, Any], record: Record, ratios: list[Ratio]) -
         f"One full run of `{meta['command']}`, started {meta['started']}, "
         f"{meta['seconds'] / 60:.1f} minutes. Each figure is the median over "
         f"{meta['sizes']['rounds']} rounds, with the lowest and highest round; each ratio is "
-        "computed within a round, then summarised the same way. See "
-        "[README.md](README.md) for what each workload does.",
+        "computed within a round, then summarised the same way. "
+        "[README.md](README.md) says what each workload does.",
         "",
         "## Versions and machine",
         "",
@@ -417,40 +402,33 @@ def render_markdown(meta: dict[str, Any], record: Record, ratios: list[Ratio]) -
         *(f"| {name} | {value} |" for name, value in meta["packages"].items()),
         f"| PostgreSQL | {pg['version']}, {pg['server']}, {pg['target']} |",
         f"| Python | {meta['python']} |",
-        f"| machine | {machine_info['cpu']}, {machine_info['cores']} cores, "
-        f"{machine_info['memory_gib']} GiB, Linux {machine_info['kernel']}, load average "
-        f"at the end {', '.join(map(str, machine_info['load_average_at_end']))} |",
+        f"| machine | {box['cpu']}, {box['cores']} cores, {box['memory_gib']} GiB, "
+        f"Linux {box['kernel']}; load average at the end "
+        f"{', '.join(map(str, box['load_average_at_end']))} |",
         "",
         "## Ratios",
         "",
         "| ratio | median | min | max | target | |",
         "| --- | ---: | ---: | ---: | --- | --- |",
     ]
-    for line in lines:
-        median, low, high = summary(line.values)
-        met = {True: "met", False: "**not met**", None: ""}[line.met]
+    for name, r in doc["ratios"].items():
+        met = {True: "met", False: "**not met**", None: ""}[r["met"]]
         out.append(
-            f"| {line.ratio.name} | {median:.2f} | {low:.2f} | {high:.2f} | "
-            f"{line.ratio.describe_target()} | {met} |"
+            f"| {name} | {r['median']:.2f} | {r['min']:.2f} | {r['max']:.2f} | "
+            f"{r['target'] or ''} | {met} |"
         )
-    out += [
-        "",
-        "## Figures",
-        "",
-        "| figure | median | min | max | unit |",
-        "| --- | ---: | ---: | ---: | --- |",
-    ]
-    for name, figure in record.figures.items():
-        median, low, high = summary(list(figure.values.values()))
+    out += ["", "## Figures", "", "| figure | median | min | max | unit |"]
+    out.append("| --- | ---: | ---: | ---: | --- |")
+    for name, f in doc["figures"].items():
         out.append(
-            f"| {name} | {number(median)} | {number(low)} | {number(high)} | {figure.unit} |"
+            f"| {name} | {number(f['median'])} | {number(f['min'])} | {number(f['max'])} | "
+            f"{f['unit']} |"
         )
     out += ["", "## Notes", ""]
-    out += [f"- {text}" for text in record.notes]
-    out += [f"- {text}" for text in closing_notes(lines, record, ratios)]
-    if record.skipped:
+    out += [f"- {text}" for text in (*doc["notes"], *doc["closing"])]
+    if doc["skipped"]:
         out += ["", "## Not measured", ""]
-        out += [f"- {name}: waiting for {reason}" for name, reason in record.skipped.items()]
+        out += [f"- {name}: waiting for {reason}" for name, reason in doc["skipped"].items()]
     return "\n".join(out) + "\n"
 
 
