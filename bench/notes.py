@@ -36,20 +36,25 @@ SHORTFALLS: dict[str, str] = {
         "to 10), measured on a quiet machine."
     ),
     "drain.pgqctl/pgqueuer_asyncpg": (
-        "both sides are bound by commits and by Python on 2 cores; compare "
-        "drain.pgqctl/seed_loop to see how much batching already buys. What would close it: "
-        "fewer statements per exchange (complete and claim in one statement)."
+        "both take 10 jobs per round trip and both are bound by Python and commits on 2 "
+        "cores, so the ratio sits near its target and moves with the machine's load (see "
+        "min .. max); drain.pgqctl/seed_loop shows what batching already buys. What would "
+        "close it: less Python per job on the claim path (the exchange builds a dataclass "
+        "per claimed row and parameter arrays per report), and the report and the claim as "
+        "one statement."
     ),
     "e2e.c4.pgqctl_worker/spawn_limit": (
-        "the spawn limit runs `true` with no queue at all. The worker adds, per job, its "
-        "runner (process group, output pipes, environment: bench/spawn_overhead.py measures "
-        "runner.run at about 0.75x of plain subprocess.run) and its share of a database "
-        "exchange (a commit, with a WAL flush on a durable server); on 2 cores PostgreSQL's "
-        "CPU comes out of the same budget as the spawns. e2e.c4.seed_loop shows what a "
-        "plain queue loop reaches at the same concurrency. What would close it: the "
-        "hot-path profiling of the worker (issue item 4): a leaner spawn (no output pipes "
-        "when nobody reads them, posix_spawn), and reports of several slots batched into "
-        "one exchange."
+        "the spawn limit is one Python process whose threads only run `true`; the worker is "
+        "one Python process too, so the gap is the Python work it adds per job under the "
+        "same GIL: its runner (process group, output pipes, environment: "
+        "bench/spawn_overhead.py measures runner.run at about 0.75x of plain "
+        "subprocess.run), handing the job to a slot thread and the result back to the main "
+        "loop, and its share of a database exchange; on 2 cores PostgreSQL's CPU for each "
+        "commit comes out of the same budget. e2e.c4.pgqctl_worker/seed_loop compares it "
+        "with 4 plain processes each running the seed's loop. What would close it: the "
+        "worker's hot-path profiling (issue item 4): a leaner spawn (no output pipes when "
+        "nobody reads them, posix_spawn), fewer thread hand-offs per job, and reports of "
+        "several slots batched into one exchange."
     ),
     "purge.claim_stall/batch_time": (
         "the purge takes only finished rows, FOR UPDATE SKIP LOCKED, and claims read only "
