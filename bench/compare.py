@@ -111,7 +111,7 @@ def main() -> int:
     if args.results_md:
         RESULTS_MD.write_text(render_markdown(doc))
         say(f"wrote {RESULTS_MD.relative_to(ROOT)}")
-    return 0
+    return 1 if record.failed else 0
 
 
 def parse_args() -> argparse.Namespace:
@@ -329,6 +329,7 @@ def build_document(meta: dict[str, Any], record: Record, ratios: list[Ratio]) ->
         "figures": figures,
         "ratios": measured,
         "skipped": record.skipped,
+        "failed": record.failed,
         "notes": record.notes,
         "closing": closing,
     }
@@ -368,6 +369,9 @@ def render_text(doc: dict[str, Any]) -> str:
     if doc["skipped"]:
         out.append("== skipped: waiting for")
         out.extend(f"{name}: {reason}" for name, reason in doc["skipped"].items())
+    if doc["failed"]:
+        out.append("== failed (round by round)")
+        out.extend(f"{name}: {e}" for name, errors in doc["failed"].items() for e in errors)
     out.append("== notes")
     out.extend(f"- {text}" for text in (*doc["notes"], *doc["closing"]))
     return "\n".join(out)
@@ -426,9 +430,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         )
     out += ["", "## Notes", ""]
     out += [f"- {text}" for text in (*doc["notes"], *doc["closing"])]
-    if doc["skipped"]:
+    if doc["skipped"] or doc["failed"]:
         out += ["", "## Not measured", ""]
         out += [f"- {name}: waiting for {reason}" for name, reason in doc["skipped"].items()]
+        out += [f"- {name}: failed: {errors[0]}" for name, errors in doc["failed"].items()]
     return "\n".join(out) + "\n"
 
 

@@ -137,6 +137,7 @@ class Record:
     def __init__(self) -> None:
         self.figures: dict[str, Figure] = {}
         self.skipped: dict[str, str] = {}
+        self.failed: dict[str, list[str]] = {}
         self.notes: list[str] = []
 
     def add(self, name: str, round_no: int, value: float, unit: str, *, higher: bool) -> None:
@@ -145,6 +146,9 @@ class Record:
 
     def skip(self, name: str, reason: str) -> None:
         self.skipped.setdefault(name, reason)
+
+    def fail(self, name: str, error: str) -> None:
+        self.failed.setdefault(name, []).append(error)
 
     def note(self, text: str) -> None:
         if text not in self.notes:

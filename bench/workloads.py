@@ -55,11 +55,17 @@ FROM generate_series(1, %(n)s) AS i
 
 
 def attempt(record: Record, name: str, measure: Callable[[], None]) -> None:
-    """Run one contender; a Skip is recorded as what it waits for."""
+    """Run one contender; a Skip is recorded as what it waits for, a failure as such.
+
+    A failure does not stop the run: the other figures are still worth having.
+    """
     try:
         measure()
     except Skip as exc:
         record.skip(name, str(exc))
+    except Exception as exc:
+        say(f"  {name} failed: {exc}")
+        record.fail(name, f"{type(exc).__name__}: {exc}")
 
 
 def load_pgqctl_jobs(dsn: str, schema: str, n: int, payload: dict[str, Any]) -> None:
