@@ -252,7 +252,8 @@ def _reject(message: str) -> Any:
 
 def _decode_line(raw: bytes, number: int) -> Any:
     try:
-        text = raw.decode("utf-8")
+        # Without its line end, so that an error's column is within the line.
+        text = raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         raise BadInput(f"not valid UTF-8 (byte {exc.start + 1})") from None
     if number == 1:
