@@ -7,7 +7,8 @@ Measures, each round on an emptied table:
   a. `pgqctl enqueue --file F --format json` as a subprocess, process start
      included, loading a JSON-lines file of --jobs jobs;
   b. the Python API, `pgqctl.enqueue_many(conn, jobs)`, for --jobs jobs;
-  c. one plain INSERT per transaction (autocommit) for --single-jobs jobs.
+  c. one plain INSERT per transaction (autocommit) for --single-jobs jobs,
+     half before a and half after b.
 
 Prints `name: value unit` lines: each rate's median, min and max over the
 rounds, and the ratios a/c and b/c (computed within each round, then
@@ -61,10 +62,18 @@ def main() -> int:
         with psycopg.connect(dsn, autocommit=True) as conn:
             _describe(conn, args)
             rates: dict[str, list[float]] = {"a": [], "b": [], "c": []}
+            first_half = args.single_jobs // 2
+            second_half = args.single_jobs - first_half
             for round_number in range(1, args.rounds + 1):
-                a = _rate(args.jobs, conn, lambda: _cli_file(dsn, path))
-                b = _rate(args.jobs, conn, lambda: pgqctl.enqueue_many(conn, records))
-                c = _rate(args.single_jobs, conn, lambda: _single_inserts(conn, args.single_jobs))
+                # c runs half before a and half after b, so that a change of
+                # load during the round weighs on both sides of the ratios.
+                c_time = _seconds(first_half, conn, lambda: _single_inserts(conn, first_half))
+                a = args.jobs / _seconds(args.jobs, conn, lambda: _cli_file(dsn, path))
+                b = args.jobs / _seconds(
+                    args.jobs, conn, lambda: pgqctl.enqueue_many(conn, records)
+                )
+                c_time += _seconds(second_half, conn, lambda: _single_inserts(conn, second_half))
+                c = args.single_jobs / c_time
                 for key, value in zip("abc", (a, b, c), strict=True):
                     rates[key].append(value)
                 print(
@@ -83,8 +92,8 @@ def _records(count: int) -> list[dict[str, Any]]:
     return [{"kind": "echo", "payload": {"argv": ["echo", f"job {i}"]}} for i in range(count)]
 
 
-def _rate(expected: int, conn: psycopg.Connection[Any], run: Callable[[], object]) -> float:
-    """Jobs per second of one run, on an emptied table, checked by counting."""
+def _seconds(expected: int, conn: psycopg.Connection[Any], run: Callable[[], object]) -> float:
+    """How long one run takes on an emptied table; its jobs are checked by counting."""
     conn.execute("TRUNCATE jobs")
     # So that no run pays for the previous run's dirty pages (needs superuser).
     with suppress(psycopg.errors.InsufficientPrivilege):
@@ -95,7 +104,7 @@ def _rate(expected: int, conn: psycopg.Connection[Any], run: Callable[[], object
     row = conn.execute("SELECT count(*) FROM jobs").fetchone()
     if not row or row[0] != expected:
         raise SystemExit(f"expected {expected} jobs, found {row[0] if row else None}")
-    return expected / elapsed
+    return elapsed
 
 
 def _cli_file(dsn: str, path: Path) -> None:
