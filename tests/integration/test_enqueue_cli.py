@@ -137,7 +137,8 @@ def test_bulk_loads_1000_lines_and_prints_their_ids_in_order(
     in_table = conn.execute("SELECT id, (payload->>'i')::int FROM jobs ORDER BY id").fetchall()
     assert ids == [job_id for job_id, _ in in_table]
     assert [i for _, i in in_table] == list(range(1000))
-    assert f"enqueued 1000 jobs (ids {ids[0]}..{ids[-1]})" in result.stderr
+    # Not a terminal: no progress bar, just the summary.
+    assert result.stderr == f"pgqctl: enqueued 1000 jobs (ids {ids[0]}..{ids[-1]})\n"
 
 
 def test_bulk_json_output_and_every_field(
@@ -294,22 +295,35 @@ def test_a_bulk_load_sends_one_notification(
 
 def test_on_a_terminal_ids_are_summarised(dsn: str, tmp_path: Path) -> None:
     path = write_lines(tmp_path / "jobs.jsonl", [{"kind": "n"}] * 250)
-    controller, terminal = pty.openpty()
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "pgqctl", "enqueue", "--file", str(path), "--dsn", dsn],
-            stdout=terminal,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-        )
-        os.close(terminal)
-        shown = _read_all(controller)
-    finally:
-        os.close(controller)
+    done, shown = run_on_terminal("enqueue", "--file", str(path), "--dsn", dsn, stdout=True)
     assert done.returncode == 0, done.stderr
     assert shown == ""
     assert "enqueued 250 jobs (ids " in done.stderr
+
+
+def test_progress_bar_on_a_terminal_stderr(dsn: str, tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "jobs.jsonl", [{"kind": "n"}] * 250)
+    done, shown = run_on_terminal("enqueue", "--file", str(path), "--dsn", dsn, stdout=False)
+    assert done.returncode == 0, shown
+    assert "enqueueing" in shown
+    assert "enqueued 250 jobs (ids " in shown
+    assert len(done.stdout.split()) == 250
+
+
+def run_on_terminal(*args: str, stdout: bool) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run pgqctl with stdout (else stderr) on a terminal; return what the terminal got."""
+    controller, terminal = pty.openpty()
+    streams: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    streams["stdout" if stdout else "stderr"] = terminal
+    command = [sys.executable, "-m", "pgqctl", *args]
+    try:
+        with subprocess.Popen(command, text=True, **streams) as proc:
+            os.close(terminal)
+            shown = _read_all(controller)  # drained as it comes: a full terminal would block
+            out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(controller)
+    return subprocess.CompletedProcess(command, proc.returncode, out, err), shown
 
 
 def _read_all(fd: int) -> str:
