@@ -8,27 +8,15 @@ import os
 import pty
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.conftest import _counter, _create_database, _drop_database, _dsn_for, run_cli
+from tests.conftest import run_cli
 
 ENQUEUE = sys.modules["pgqctl.enqueue"]  # the package's `enqueue` is the function
-
-
-@pytest.fixture(scope="module")
-def untouched_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
-    """One migrated database for the many bad-input cases, each of which must leave it empty."""
-    name = f"pgqctl_u{os.getpid()}_{next(_counter)}"
-    _create_database(server_dsn, name, template=template_db)
-    try:
-        yield _dsn_for(server_dsn, name)
-    finally:
-        _drop_database(server_dsn, name)
 
 
 def count_in(dsn: str) -> int:
@@ -123,14 +111,14 @@ def test_naive_run_at_is_the_local_time(dsn: str, conn: psycopg.Connection[Any])
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_and_inserts_nothing(
-    untouched_dsn: str, args: tuple[str, ...], message: str
+    module_dsn: str, args: tuple[str, ...], message: str
 ) -> None:
-    result = run_cli("enqueue", *args, "--dsn", untouched_dsn)
+    result = run_cli("enqueue", *args, "--dsn", module_dsn)
     assert result.exit_code == 2, result.stderr
     assert message in result.stderr
     assert len(result.stderr.splitlines()) == 1
     assert result.stdout == ""
-    assert count_in(untouched_dsn) == 0
+    assert count_in(module_dsn) == 0
 
 
 def test_unmigrated_database_says_to_migrate(empty_dsn: str) -> None:
@@ -241,14 +229,14 @@ def test_bad_line_500_of_1000_exits_2_naming_it_and_inserts_nothing(
     ],
 )
 def test_bad_line_says_what_is_wrong(
-    untouched_dsn: str, tmp_path: Path, line: str, message: str
+    module_dsn: str, tmp_path: Path, line: str, message: str
 ) -> None:
     path = tmp_path / "jobs.jsonl"
     path.write_text('{"kind": "ok"}\n\n' + line + "\n")
-    result = run_cli("enqueue", "--file", str(path), "--dsn", untouched_dsn)
+    result = run_cli("enqueue", "--file", str(path), "--dsn", module_dsn)
     assert result.exit_code == 2
     assert f"line 3: {message}" in result.stderr
-    assert count_in(untouched_dsn) == 0
+    assert count_in(module_dsn) == 0
 
 
 def test_stdin_dash(dsn: str, conn: psycopg.Connection[Any]) -> None:
@@ -276,22 +264,22 @@ def test_empty_input_enqueues_nothing(dsn: str, conn: psycopg.Connection[Any]) -
     assert count(conn) == 0
 
 
-def test_missing_file_exits_2(untouched_dsn: str, tmp_path: Path) -> None:
-    result = run_cli("enqueue", "--file", str(tmp_path / "nope.jsonl"), "--dsn", untouched_dsn)
+def test_missing_file_exits_2(module_dsn: str, tmp_path: Path) -> None:
+    result = run_cli("enqueue", "--file", str(tmp_path / "nope.jsonl"), "--dsn", module_dsn)
     assert result.exit_code == 2
     assert "nope.jsonl' does not exist" in result.stderr
 
 
-def test_kind_and_file_together_is_bad_usage(untouched_dsn: str, tmp_path: Path) -> None:
+def test_kind_and_file_together_is_bad_usage(module_dsn: str, tmp_path: Path) -> None:
     path = write_lines(tmp_path / "jobs.jsonl", [{"kind": "a"}])
-    result = run_cli("enqueue", "k", "--file", str(path), "--dsn", untouched_dsn)
+    result = run_cli("enqueue", "k", "--file", str(path), "--dsn", module_dsn)
     assert result.exit_code == 2
     assert "KIND [PAYLOAD] or --file, not both" in result.stderr
 
 
-def test_bad_option_with_a_file_is_reported_once(untouched_dsn: str, tmp_path: Path) -> None:
+def test_bad_option_with_a_file_is_reported_once(module_dsn: str, tmp_path: Path) -> None:
     path = write_lines(tmp_path / "jobs.jsonl", [{"kind": "a"}])
-    result = run_cli("enqueue", "--file", str(path), "--queue", "", "--dsn", untouched_dsn)
+    result = run_cli("enqueue", "--file", str(path), "--queue", "", "--dsn", module_dsn)
     assert result.exit_code == 2
     assert result.stderr == "pgqctl: error: queue must not be empty\n"
 
