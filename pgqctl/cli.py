@@ -249,6 +249,7 @@ class Timestamp(click.ParamType):  # type: ignore[type-arg]  # generic only in n
     "--file",
     "path",
     type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    allow_from_autoenv=False,  # a PGQCTL_FILE in the environment would hijack every enqueue
     help="Bulk-load JSON lines from this file (- for stdin).",
 )
 @format_options

@@ -106,7 +106,7 @@ def enqueue_many(
     *,
     schema: str | None = None,
 ) -> list[int]:
-    """Insert many jobs in one statement's worth of work; return their ids in order.
+    """Insert many jobs (through COPY from COPY_MIN_JOBS on); return their ids in order.
 
     Each job is a mapping with the keys of `enqueue`'s arguments: ``kind``
     (required), ``payload``, ``queue``, ``priority``, ``run_at``, ``delay``,
@@ -384,17 +384,17 @@ def insert_jobs(
     schema: str | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> list[int]:
-    """Insert jobs with one INSERT statement; return their ids in order.
+    """Insert jobs in the connection's transaction; return their ids in order.
 
-    One statement fires the table's statement-level trigger once, so workers
-    get one notification however many jobs there are. Never commits an open
-    transaction; in autocommit mode the bulk path wraps its statements in a
-    transaction of its own.
-
-    A list of fewer than COPY_MIN_JOBS goes in one INSERT from arrays; other
-    jobs stream through COPY, so ``jobs`` may be a lazy iterator that
-    validates as it goes: an exception it raises aborts the transaction.
+    A list of fewer than COPY_MIN_JOBS goes in one INSERT from arrays. Other
+    jobs stream through COPY in chunks, so ``jobs`` may be a lazy iterator
+    that validates as it goes: an exception it raises aborts the transaction.
     ``on_progress`` gets the number of jobs sent so far, now and then.
+
+    Never commits an open transaction; in autocommit mode the bulk path wraps
+    its statements in a transaction of its own. Workers get one notification
+    however many jobs and statements: the table's statement trigger sends the
+    same one each time, and PostgreSQL delivers a transaction's duplicates once.
     """
     table = _jobs_table(schema)
     if isinstance(jobs, Sequence) and len(jobs) < COPY_MIN_JOBS:
