@@ -14,8 +14,8 @@ become visible, and workers are woken, when the caller's transaction commits
 ``BadInput`` (a ``ValueError``) before anything is sent to the database.
 
 One validation (`make_job`) serves the CLI's single job, its bulk file and the
-API; one writer (`insert_jobs`) inserts them all. psycopg is imported only
-when a job is inserted, so ``import pgqctl`` stays cheap.
+API; one writer (`insert_jobs`) inserts them all. psycopg and threads are
+imported only when jobs are inserted, so ``import pgqctl`` stays cheap.
 
 Note: the package exports the *function* ``enqueue`` under the name of this
 module, so import from it with ``from pgqctl.enqueue import ...``.
@@ -29,7 +29,6 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -38,6 +37,8 @@ from pgqctl.errors import BadInput
 from pgqctl.sql import query
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import psycopg
     from psycopg import sql
 
@@ -434,6 +435,8 @@ def _insert_by_copy(
     # moved with INSERT ... SELECT ... RETURNING id. A thread loads one chunk
     # while this one reads and validates the next, so that the client's and
     # the server's work overlap (psycopg releases the GIL while it waits).
+    from concurrent.futures import ThreadPoolExecutor
+
     insert = _statement("jobs_insert_loaded", table)
     ids: list[int] = []
     with conn.cursor() as cur, ThreadPoolExecutor(1) as loader:
