@@ -243,28 +243,7 @@ def read_jobs(
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def _encoder() -> Callable[[object], str]:
-    """_ENCODER.encode, minus the C encoder it builds anew on every call.
-
-    That construction is two thirds of the cost of encoding a small payload,
-    paid once per line of a bulk load. The C encoder is CPython's private
-    json.encoder.c_make_encoder, so fall back to the public path without it.
-    """
-    try:
-        make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
-        # markers=None: no circular-reference bookkeeping; a cycle ends in RecursionError.
-        encode = make(
-            None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",",
-            False, False, False,
-        )  # fmt: skip
-        if "".join(encode({"a": [1.5, "é"]}, 0)) != '{"a":[1.5,"é"]}':
-            raise TypeError("unexpected output")
-    except (AttributeError, TypeError):
-        return _ENCODER.encode
-    return lambda value: "".join(encode(value, 0))
-
-
-_encode = _encoder()
+_encode = _ENCODER.encode
 _DECODER = json.JSONDecoder(
     # Python accepts NaN and Infinity; JSON and PostgreSQL do not.
     parse_constant=lambda name: _reject(f"{name} is not a JSON value"),
