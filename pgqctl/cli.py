@@ -6,22 +6,27 @@ Commands parse and validate input, call the library, and hand results to
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
+import itertools
 import json
 import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
 import psycopg
+from click.core import ParameterSource
 
 from pgqctl import __version__, config, db, embedded, output, queue
 from pgqctl import migrate as migrations
 from pgqctl.durations import parse_duration
+from pgqctl.enqueue import insert_jobs, make_job, parse_payload, parse_run_at, read_jobs
 from pgqctl.errors import (
     EXIT_FAILURE,
     BadInput,
@@ -233,6 +238,190 @@ def migrate_command(
         )
         if not applied:
             say(f"nothing to do: schema {database.schema} is up to date")
+
+
+# --- enqueue -----------------------------------------------------------------
+
+
+class Timestamp(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """An ISO 8601 time; a naive one is local time."""
+
+    name = "timestamp"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> dt.datetime:
+        try:
+            hint = param.get_error_hint(ctx) if param and ctx else "time"
+            return parse_run_at(value, what=hint)
+        except BadInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@command("enqueue")
+@database_options
+@click.argument("kind", required=False)
+@click.argument("payload", required=False)
+@click.option("--queue", default="default", show_default=True, help="Queue to put the job in.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--delay", type=DURATION, help="Due after this long: 30s, 5m, 2h, 1d or seconds.")
+@click.option(
+    "--run-at", type=Timestamp(), help="Due at this ISO 8601 time (without offset: local time)."
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Attempts before the job fails for good.",
+)
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    allow_from_autoenv=False,  # a PGQCTL_FILE in the environment would hijack every enqueue
+    help="Bulk-load JSON lines from this file (- for stdin).",
+)
+@format_options
+def enqueue_command(
+    database: Database,
+    kind: str | None,
+    payload: str | None,
+    queue: str,
+    priority: int,
+    delay: float | None,
+    run_at: dt.datetime | None,
+    max_attempts: int,
+    path: str | None,
+    fmt: str,
+) -> None:
+    """Add a job (KIND, with a JSON object PAYLOAD, default {}) and print its id.
+
+    With --file, add one job per line of a JSON-lines file instead, each an
+    object with "kind" and optionally "payload", "queue", "priority",
+    "run_at", "delay", "max_attempts"; the options above fill what a line
+    leaves out. The whole file goes in one transaction: one bad line and
+    nothing is added.
+
+    \b
+    Example:
+        pgqctl enqueue hello '{"argv": ["echo", "hello"]}'
+        pgqctl enqueue report '{"argv": ["./report.sh"]}' --delay 5m --queue slow
+        pgqctl enqueue --file jobs.jsonl
+        printf '%s\\n' '{"kind": "ping", "payload": {"argv": ["true"]}}' | pgqctl enqueue --file -
+    """
+    if delay is not None and run_at is not None:
+        raise click.UsageError("give --delay or --run-at, not both")
+    options = {
+        "queue": queue,
+        "priority": priority,
+        "run_at": run_at,
+        "delay": delay,
+        "max_attempts": max_attempts,
+    }
+    if path is not None:
+        if kind is not None:
+            raise click.UsageError("give KIND [PAYLOAD] or --file, not both")
+        # Options given (on the command line or as PGQCTL_*) fill what lines leave out.
+        source = click.get_current_context().get_parameter_source
+        given = {k: v for k, v in options.items() if source(k) is not ParameterSource.DEFAULT}
+        make_job("-", **given)  # a bad option is reported once, not on every line
+        _enqueue_file(database, path, given, fmt)
+        return
+    if kind is None:
+        raise click.UsageError("missing KIND (or --file F to load many jobs)")
+    job = make_job(kind, parse_payload(payload) if payload is not None else None, **options)
+    with database.connect() as conn:
+        ids = insert_jobs(conn, [job])
+    _emit_ids(ids, fmt)
+
+
+def _enqueue_file(database: Database, path: str, defaults: dict[str, Any], fmt: str) -> None:
+    source = "stdin" if path == "-" else path
+    try:
+        with click.open_file(path, "rb") as f, _progress(f) as progress:
+            lines = f if progress is None else progress.lines(f)
+            # Lines are validated while they stream to the server; a bad one
+            # aborts the transaction. The first job is read before connecting,
+            # so an empty or plainly wrong file never touches the database.
+            jobs = read_jobs(lines, source=source, defaults=defaults)
+            first = next(jobs, None)
+            if first is None:
+                say(f"nothing to enqueue: {source} has no jobs")
+                _emit_ids([], fmt)
+                return
+            with database.connect() as conn:
+                ids = insert_jobs(
+                    conn,
+                    itertools.chain([first], jobs),
+                    on_progress=None if progress is None else progress.sent,
+                )
+    except BadInput as exc:
+        raise BadInput(f"{exc}; nothing was enqueued") from None
+    say(f"enqueued {len(ids)} job{'' if len(ids) == 1 else 's'} {_id_span(ids)}")
+    # Thousands of ids on a terminal are noise: there, the line above says it all.
+    if not (sys.stdout.isatty() and fmt in ("auto", *output.HUMAN_FORMATS)):
+        _emit_ids(ids, fmt)
+
+
+def _emit_ids(ids: list[int], fmt: str) -> None:
+    if fmt in ("auto", *output.HUMAN_FORMATS):
+        # Bare ids, one a line, so that `id=$(pgqctl enqueue ...)` works.
+        if ids:
+            click.echo("\n".join(map(str, ids)))
+    else:
+        output.emit_rows([{"id": i} for i in ids], ["id"], fmt)
+
+
+def _id_span(ids: list[int]) -> str:
+    if len(ids) == 1:
+        return f"(id {ids[0]})"
+    contiguous = ids[-1] - ids[0] == len(ids) - 1
+    return f"(ids {ids[0]}..{ids[-1]})" if contiguous else f"(ids from {ids[0]} to {ids[-1]})"
+
+
+class _Progress:
+    """A progress bar on stderr over the bytes of the file read so far."""
+
+    def __init__(self, size: int | None) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
+        self.bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self.task = self.bar.add_task("enqueueing", total=size)
+
+    def lines(self, f: Iterable[bytes]) -> Iterator[bytes]:
+        done = 0
+        for number, line in enumerate(f, start=1):
+            done += len(line)
+            if number % 10000 == 0:
+                self.bar.update(self.task, completed=done)
+            yield line
+        self.bar.update(self.task, completed=done)
+
+    def sent(self, count: int) -> None:
+        self.bar.update(self.task, description=f"enqueueing: {count:,} jobs")
+
+
+@contextmanager
+def _progress(f: Any) -> Iterator[_Progress | None]:
+    """A progress bar when stderr is a terminal, else None."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    try:
+        size = os.fstat(f.fileno()).st_size  # 0 for a pipe: the bar then just pulses
+    except (OSError, ValueError):
+        size = 0
+    progress = _Progress(size or None)
+    with progress.bar:
+        yield progress
 
 
 # --- embedded ----------------------------------------------------------------

@@ -19,8 +19,11 @@ class PgqctlError(Exception):
     exit_code = EXIT_FAILURE
 
 
-class BadInput(PgqctlError):
-    """The user gave something pgqctl cannot use; nothing was written."""
+class BadInput(PgqctlError, ValueError):
+    """The user gave something pgqctl cannot use; nothing was written.
+
+    Also a ValueError, which is what Python callers of the API expect.
+    """
 
     exit_code = EXIT_USAGE
 

@@ -84,17 +84,29 @@ def emit_rows(
     stream = stream or sys.stdout
     fmt = resolve_format(fmt, stream)
     if fmt == "json":
-        json.dump([jsonable(dict(r)) for r in rows], stream, ensure_ascii=False)
-        stream.write("\n")
+        # One C-encoded string: listings may hold 100,000 rows.
+        stream.write(_json([dict(r) for r in rows]) + "\n")
     elif fmt == "ndjson":
         for r in rows:
-            stream.write(json.dumps(jsonable(dict(r)), ensure_ascii=False) + "\n")
+            stream.write(_json(dict(r)) + "\n")
     elif fmt in ("csv", "tsv"):
         _write_delimited(rows, columns, stream, "," if fmt == "csv" else "\t")
     elif fmt == "table":
         _write_rich(rows, columns, stream, title)
     else:
         _write_plain(rows, columns, stream)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    """What the encoder cannot write itself (timestamps, durations...), made JSON."""
+    converted = jsonable(value)
+    if converted is value:
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    return converted
 
 
 def emit_object(obj: Mapping[str, Any], stream: IO[str] | None = None) -> None:

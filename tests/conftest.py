@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,15 +107,29 @@ def template_db(server_dsn: str) -> Iterator[str]:
         _drop_database(server_dsn, name)
 
 
-@pytest.fixture
-def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
-    """A fresh, migrated database for one test."""
+@contextmanager
+def _migrated_database(server_dsn: str, template_db: str) -> Iterator[str]:
     name = f"pgqctl_t{os.getpid()}_{next(_counter)}"
     _create_database(server_dsn, name, template=template_db)
     try:
         yield _dsn_for(server_dsn, name)
     finally:
         _drop_database(server_dsn, name)
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    with _migrated_database(server_dsn, template_db) as fresh:
+        yield fresh
+
+
+@pytest.fixture(scope="module")
+def module_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A migrated database shared by a module's tests that must leave it as they found it
+    (bad-input cases, say): cheaper than a database per test."""
+    with _migrated_database(server_dsn, template_db) as fresh:
+        yield fresh
 
 
 @pytest.fixture

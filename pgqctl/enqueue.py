@@ -1,0 +1,453 @@
+"""Enqueue jobs inside the caller's transaction: one, many, or a JSON-lines file.
+
+The public API, re-exported by the package::
+
+    import pgqctl
+
+    with conn.transaction():
+        conn.execute("INSERT INTO orders ...")
+        pgqctl.enqueue(conn, "send_receipt", {"order_id": 42})
+
+Both functions use the caller's psycopg connection and never commit: the jobs
+become visible, and workers are woken, when the caller's transaction commits
+(in autocommit mode each call is its own transaction). Bad input raises
+``BadInput`` (a ``ValueError``) before anything is sent to the database.
+
+One validation (`make_job`) serves the CLI's single job, its bulk file and the
+API; one writer (`insert_jobs`) inserts them all. psycopg and threads are
+imported only when jobs are inserted, so ``import pgqctl`` stays cheap.
+
+Note: the package exports the *function* ``enqueue`` under the name of this
+module, so import from it with ``from pgqctl.enqueue import ...``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pgqctl.durations import parse_duration
+from pgqctl.errors import BadInput
+from pgqctl.sql import query
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    import psycopg
+    from psycopg import sql
+
+# The keys a job record may have (a JSON line, or a mapping given to enqueue_many).
+FIELDS = ("kind", "payload", "queue", "priority", "run_at", "delay", "max_attempts")
+_FIELD_SET = frozenset(FIELDS)
+INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
+# Longer delays are typos, and would overflow timestamps.
+MAX_DELAY_SECONDS = 100 * 365 * 86400
+# Below this many jobs, one INSERT from arrays; from it on, COPY into a
+# temporary table, whose few milliseconds of setup pay off only in bulk.
+COPY_MIN_JOBS = 200
+CHUNK_JOBS = 10_000
+
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+class Job(NamedTuple):
+    """One validated job, ready to insert (a tuple: cheap by the hundred thousand)."""
+
+    kind: str
+    payload: str  # JSON text of an object
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int = 3
+    run_at: dt.datetime | None = None  # timezone-aware; None means now() + delay
+    delay: float = 0.0  # seconds after the inserting transaction's now()
+
+
+# ---------------------------------------------------------------- public API
+
+
+def enqueue(
+    conn: psycopg.Connection[Any],
+    kind: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: dt.datetime | str | None = None,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int = 3,
+    schema: str | None = None,
+) -> int:
+    """Insert one job in the connection's current transaction; return its id.
+
+    ``run_at`` (a datetime or ISO 8601 text; naive means local time) or
+    ``delay`` (seconds or a timedelta) set when it becomes due; default now.
+    ``schema=None`` uses the connection's search_path.
+    """
+    job = make_job(
+        kind,
+        payload,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        delay=delay,
+        max_attempts=max_attempts,
+    )
+    return insert_jobs(conn, [job], schema=schema)[0]
+
+
+def enqueue_many(
+    conn: psycopg.Connection[Any],
+    jobs: Iterable[Mapping[str, Any]],
+    *,
+    schema: str | None = None,
+) -> list[int]:
+    """Insert many jobs (through COPY from COPY_MIN_JOBS on); return their ids in order.
+
+    Each job is a mapping with the keys of `enqueue`'s arguments: ``kind``
+    (required), ``payload``, ``queue``, ``priority``, ``run_at``, ``delay``,
+    ``max_attempts``. All are validated before anything is sent; a bad one
+    raises BadInput naming its index.
+    """
+    valid = []
+    for index, record in enumerate(jobs):
+        try:
+            valid.append(job_from_record(record))
+        except BadInput as exc:
+            raise BadInput(f"jobs[{index}]: {exc}") from None
+    return insert_jobs(conn, valid, schema=schema)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def make_job(
+    kind: object,
+    payload: object = None,
+    *,
+    queue: object = "default",
+    priority: object = 0,
+    run_at: object = None,
+    delay: object = None,
+    max_attempts: object = 3,
+) -> Job:
+    """Validate one job's fields; BadInput names the field and what is wrong."""
+    if run_at is not None and delay is not None:
+        raise BadInput("give run_at or delay, not both")
+    return Job(
+        _text("kind", kind),
+        _payload_text(payload),
+        _text("queue", queue),
+        _int4("priority", priority, INT4_MIN),
+        _int4("max_attempts", max_attempts, 1),
+        None if run_at is None else parse_run_at(run_at),
+        0.0 if delay is None else _delay_seconds(delay),
+    )
+
+
+def job_from_record(record: object, defaults: Mapping[str, Any] | None = None) -> Job:
+    """A job from a mapping of FIELDS; null values count as absent.
+
+    ``defaults`` fill keys the record lacks; a record that sets its own
+    run_at or delay ignores both timing defaults.
+    """
+    if not isinstance(record, (dict, Mapping)):
+        raise BadInput(
+            f'expected an object like {{"kind": "...", "payload": {{}}}}, got {_kind_of(record)}'
+        )
+    if not _FIELD_SET.issuperset(record):
+        unknown = next(k for k in record if k not in _FIELD_SET)
+        raise BadInput(f"unknown key {unknown!r}; known keys: {', '.join(FIELDS)}")
+    # The common case, a record without nulls, is used as it is: this runs per line.
+    values = record if None not in record.values() else _without_nulls(record)
+    if defaults:
+        values = _with_defaults(values, defaults)
+    if "kind" not in values:
+        raise BadInput('missing "kind"')
+    return make_job(**values)
+
+
+def _without_nulls(record: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if v is not None}
+
+
+def _with_defaults(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults under values; values that set run_at or delay drop both timing defaults."""
+    timing = ("run_at", "delay")
+    if any(k in values for k in timing):
+        defaults = {k: v for k, v in defaults.items() if k not in timing}
+    return {**_without_nulls(defaults), **values}
+
+
+def parse_payload(text: str) -> dict[str, Any]:
+    """The JSON object a user typed as a payload, or BadInput saying where it breaks."""
+    try:
+        value = _DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(
+            f"payload is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; "
+            """give an object such as '{"n": 1}'"""
+        ) from None
+    except ValueError as exc:
+        raise BadInput(f"payload is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadInput(
+            f"""payload must be a JSON object such as '{{"n": 1}}', not {_kind_of(value)}"""
+        )
+    return value
+
+
+def parse_run_at(value: object, *, what: str = "run_at") -> dt.datetime:
+    """An aware datetime from a datetime or ISO 8601 text; naive means local time."""
+    if isinstance(value, str):
+        text = value.strip()
+        # Python 3.10's fromisoformat does not know the Z suffix.
+        if text[-1:] in ("Z", "z"):
+            text = text[:-1] + "+00:00"
+        try:
+            value = dt.datetime.fromisoformat(text)
+        except ValueError:
+            raise BadInput(
+                f"{what} {value!r} is not an ISO 8601 time such as 2030-01-31T09:00:00+01:00"
+            ) from None
+    if not isinstance(value, dt.datetime):
+        raise BadInput(f"{what} must be an ISO 8601 time or a datetime, not {_kind_of(value)}")
+    # astimezone() reads a naive time as local time, the least surprising reading.
+    return value if value.tzinfo is not None else value.astimezone()
+
+
+def read_jobs(
+    lines: Iterable[bytes],
+    *,
+    source: str = "input",
+    defaults: Mapping[str, Any] | None = None,
+) -> Iterator[Job]:
+    """The jobs of a JSON-lines input, lazily; blank lines are skipped.
+
+    BadInput names the first bad line (counting every physical line from 1).
+    """
+    for number, raw in enumerate(lines, start=1):
+        if not raw or raw.isspace():
+            continue
+        try:
+            yield job_from_record(_decode_line(raw, number), defaults)
+        except BadInput as exc:
+            raise BadInput(f"{source}, line {number}: {exc}") from None
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+_encode = _ENCODER.encode
+_DECODER = json.JSONDecoder(
+    # Python accepts NaN and Infinity; JSON and PostgreSQL do not.
+    parse_constant=lambda name: _reject(f"{name} is not a JSON value"),
+)
+
+
+def _reject(message: str) -> Any:
+    raise ValueError(message)
+
+
+def _decode_line(raw: bytes, number: int) -> Any:
+    try:
+        # Without its line end, so that an error's column is within the line.
+        text = raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"not valid UTF-8 (byte {exc.start + 1})") from None
+    if number == 1:
+        text = text.removeprefix("\ufeff")
+    try:
+        # raw_decode skips decode's two whitespace regexes; a line it does not
+        # take whole goes through decode, for its exact error.
+        value, end = _DECODER.raw_decode(text)
+        if end == len(text):
+            return value
+    except ValueError:
+        pass
+    try:
+        return _DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+    except ValueError as exc:
+        raise BadInput(f"invalid JSON: {exc}") from None
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise BadInput(f"{name} must be a string, not {_kind_of(value)}")
+    if not value:
+        raise BadInput(f"{name} must not be empty")
+    _check_storable(name, value)
+    return value
+
+
+def _check_storable(name: str, text: str) -> None:
+    """PostgreSQL text holds neither NUL nor unpaired surrogates."""
+    if "\x00" in text:
+        raise BadInput(f"{name} contains a NUL character, which PostgreSQL cannot store")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadInput(f"{name} contains an unpaired surrogate (not valid Unicode)") from None
+
+
+def _payload_text(payload: object) -> str:
+    if payload is None:
+        return "{}"
+    if not isinstance(payload, (dict, Mapping)):  # dict first: the ABC check is slow
+        raise BadInput(f"payload must be a JSON object, not {_kind_of(payload)}")
+    try:
+        text = _encode(payload)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise BadInput(f"payload cannot be stored as JSON: {exc}") from None
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise BadInput("payload contains a NUL character (\\u0000), which jsonb cannot store")
+    _check_storable("payload", text)
+    return text
+
+
+def _int4(name: str, value: object, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadInput(f"{name} must be an integer, not {_kind_of(value)}")
+    if not low <= value <= INT4_MAX:
+        raise BadInput(f"{name} must be from {low} to {INT4_MAX}, got {value}")
+    return value
+
+
+def _delay_seconds(value: object) -> float:
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, str):
+        seconds = parse_duration(value, what="delay")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise BadInput(
+            f"delay must be seconds or a duration like 30s, 5m, 2h, not {_kind_of(value)}"
+        )
+    if not math.isfinite(seconds) or seconds < 0:
+        raise BadInput(f"delay must be a non-negative number of seconds, got {value!r}")
+    if seconds > MAX_DELAY_SECONDS:
+        raise BadInput(f"delay {value!r} is more than 100 years")
+    return seconds
+
+
+def _kind_of(value: object) -> str:
+    """How a JSON user would name the type of a value."""
+    names = {
+        type(None): "null",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        tuple: "an array",
+        dict: "an object",
+    }
+    return names.get(type(value), type(value).__name__)
+
+
+# ------------------------------------------------------------------ inserting
+
+
+def insert_jobs(
+    conn: psycopg.Connection[Any],
+    jobs: Iterable[Job],
+    *,
+    schema: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[int]:
+    """Insert jobs in the connection's transaction; return their ids in order.
+
+    A list of fewer than COPY_MIN_JOBS goes in one INSERT from arrays. Other
+    jobs stream through COPY in chunks, so ``jobs`` may be a lazy iterator
+    that validates as it goes: an exception it raises aborts the transaction.
+    ``on_progress`` gets the number of jobs sent so far, now and then.
+
+    Never commits an open transaction; in autocommit mode the bulk path wraps
+    its statements in a transaction of its own. Workers get one notification
+    however many jobs and statements: the table's statement trigger sends the
+    same one each time, and PostgreSQL delivers a transaction's duplicates once.
+    """
+    table = _jobs_table(schema)
+    if isinstance(jobs, Sequence) and len(jobs) < COPY_MIN_JOBS:
+        return _insert_from_arrays(conn, jobs, table) if jobs else []
+    with conn.transaction() if conn.autocommit else nullcontext():
+        return _insert_by_copy(conn, jobs, table, on_progress)
+
+
+def _jobs_table(schema: str | None) -> sql.Identifier:
+    from psycopg import sql
+
+    return sql.Identifier("jobs") if schema is None else sql.Identifier(schema, "jobs")
+
+
+def _statement(name: str, table: sql.Identifier) -> sql.Composed:
+    from psycopg import sql
+
+    return sql.SQL(query(name)).format(jobs=table)
+
+
+def _insert_from_arrays(
+    conn: psycopg.Connection[Any], jobs: Sequence[Job], table: sql.Identifier
+) -> list[int]:
+    columns = dict(zip(Job._fields, map(list, zip(*jobs, strict=True)), strict=True))
+    with conn.cursor() as cur:
+        cur.execute(_statement("jobs_insert_arrays", table), columns)
+        return [row[0] for row in cur.fetchall()]
+
+
+def _insert_by_copy(
+    conn: psycopg.Connection[Any],
+    jobs: Iterable[Job],
+    table: sql.Identifier,
+    on_progress: Callable[[int], None] | None,
+) -> list[int]:
+    # COPY has no RETURNING: each chunk is staged in a temporary table and
+    # moved with INSERT ... SELECT ... RETURNING id. A thread loads one chunk
+    # while this one reads and validates the next, so that the client's and
+    # the server's work overlap (psycopg releases the GIL while it waits).
+    from concurrent.futures import ThreadPoolExecutor
+
+    insert = _statement("jobs_insert_loaded", table)
+    ids: list[int] = []
+    with conn.cursor() as cur, ThreadPoolExecutor(1) as loader:
+        cur.execute(query("jobs_load_create"))
+        loading: Future[list[int]] | None = None
+        sent = 0
+        for chunk in _chunks(jobs, CHUNK_JOBS):
+            if loading is not None:
+                ids += loading.result()
+            loading = loader.submit(_load_chunk, cur, chunk, sent, insert)
+            sent += len(chunk)
+            if on_progress is not None:
+                on_progress(sent)
+        if loading is not None:
+            ids += loading.result()
+        cur.execute(query("jobs_load_drop"))
+    return ids
+
+
+def _load_chunk(
+    cur: psycopg.Cursor[Any], chunk: list[Job], first: int, insert: sql.Composed
+) -> list[int]:
+    with cur.copy(query("jobs_load_copy")) as copy:
+        for n, job in enumerate(chunk, start=first + 1):
+            copy.write_row((n, *job))
+    cur.execute(insert)
+    ids = [row[0] for row in cur.fetchall()]
+    cur.execute(query("jobs_load_truncate"))
+    return ids
+
+
+def _chunks(jobs: Iterable[Job], size: int) -> Iterator[list[Job]]:
+    it = iter(jobs)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk

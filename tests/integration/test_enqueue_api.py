@@ -1,0 +1,133 @@
+"""The Python API: enqueue inside the caller's own transaction (the outbox pattern)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import pgqctl
+from pgqctl.errors import BadInput
+from tests.conftest import run_cli
+
+
+@pytest.fixture
+def listener(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection of its own listening on the channel workers listen on."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("LISTEN pgqctl_jobs")
+        yield c
+
+
+@pytest.fixture
+def tx_conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection as an application has it: not in autocommit."""
+    with psycopg.connect(dsn) as c:
+        yield c
+
+
+def notifications(listener: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    return [(n.channel, n.payload) for n in listener.notifies(timeout=0.5)]
+
+
+def job_count(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM jobs").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_committed_transaction_inserts_and_notifies_after_commit(
+    tx_conn: psycopg.Connection[Any], conn: psycopg.Connection[Any], listener: Any
+) -> None:
+    job_id = pgqctl.enqueue(tx_conn, "send_receipt", {"order_id": 42}, priority=2)
+    assert tx_conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    assert job_count(conn) == 0  # not visible, nobody woken, until the caller commits
+    assert notifications(listener) == []
+    tx_conn.commit()
+    assert notifications(listener) == [("pgqctl_jobs", "public")]
+    row = conn.execute("SELECT id, kind, payload, priority, status FROM jobs").fetchone()
+    assert row == (job_id, "send_receipt", {"order_id": 42}, 2, "pending")
+
+
+@pytest.mark.parametrize("how_many", [1, 5, 500])  # one INSERT from arrays; COPY from 200
+def test_rolled_back_transaction_leaves_no_job_and_no_notification(
+    tx_conn: psycopg.Connection[Any], conn: psycopg.Connection[Any], listener: Any, how_many: int
+) -> None:
+    with pytest.raises(RuntimeError), tx_conn.transaction():
+        tx_conn.execute("CREATE TABLE orders (id int)")
+        pgqctl.enqueue_many(tx_conn, [{"kind": "k", "payload": {"i": i}} for i in range(how_many)])
+        raise RuntimeError("the request failed")
+    assert job_count(conn) == 0
+    assert notifications(listener) == []
+
+
+@pytest.mark.parametrize("how_many", [3, 500])
+def test_enqueue_many_returns_ids_in_order_and_wakes_workers_once(
+    tx_conn: psycopg.Connection[Any], conn: psycopg.Connection[Any], listener: Any, how_many: int
+) -> None:
+    jobs = [{"kind": "k", "payload": {"i": i}, "queue": f"q{i % 2}"} for i in range(how_many)]
+    with tx_conn.transaction():
+        ids = pgqctl.enqueue_many(tx_conn, jobs)
+    assert notifications(listener) == [("pgqctl_jobs", "public")]
+    table = conn.execute("SELECT id, (payload->>'i')::int, queue FROM jobs ORDER BY id").fetchall()
+    assert ids == [r[0] for r in table]
+    assert [(r[1], r[2]) for r in table] == [(i, f"q{i % 2}") for i in range(how_many)]
+
+
+def test_two_bulk_loads_in_one_transaction(tx_conn: psycopg.Connection[Any]) -> None:
+    first = pgqctl.enqueue_many(tx_conn, [{"kind": "a"}] * 300)
+    second = pgqctl.enqueue_many(tx_conn, [{"kind": "b"}] * 300)
+    tx_conn.commit()
+    assert len(set(first + second)) == 600
+    assert job_count(tx_conn) == 600
+
+
+def test_autocommit_each_call_is_its_own_transaction(
+    conn: psycopg.Connection[Any], dsn: str, listener: Any
+) -> None:
+    pgqctl.enqueue(conn, "one")
+    pgqctl.enqueue_many(conn, [{"kind": "many"}] * 250)
+    assert notifications(listener) == [("pgqctl_jobs", "public")] * 2
+    with psycopg.connect(dsn) as other:
+        assert job_count(other) == 251
+
+
+def test_timing_arguments(conn: psycopg.Connection[Any]) -> None:
+    at = dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    ids = [
+        pgqctl.enqueue(conn, "later", delay=dt.timedelta(minutes=5)),
+        pgqctl.enqueue(conn, "later", delay=30),
+        pgqctl.enqueue(conn, "at", run_at=at),
+        pgqctl.enqueue(conn, "at", run_at="2030-01-02T03:04:05Z"),
+    ]
+    got = conn.execute(
+        "SELECT run_at - created_at, run_at FROM jobs WHERE id = ANY(%s) ORDER BY id", (ids,)
+    ).fetchall()
+    assert [g[0] for g in got[:2]] == [dt.timedelta(minutes=5), dt.timedelta(seconds=30)]
+    assert [g[1] for g in got[2:]] == [at, at]
+
+
+def test_bad_input_raises_before_anything_is_sent(tx_conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(BadInput, match=r"^jobs\[1\]: priority must be an integer"):
+        pgqctl.enqueue_many(tx_conn, [{"kind": "a"}, {"kind": "b", "priority": "high"}])
+    with pytest.raises(ValueError, match="payload must be a JSON object"):
+        pgqctl.enqueue(tx_conn, "k", ["not", "an", "object"])  # type: ignore[arg-type]
+    # The caller's transaction is untouched and usable.
+    assert tx_conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert job_count(tx_conn) == 0
+
+
+def test_schema_argument_names_the_table(server_dsn: str, empty_dsn: str) -> None:
+    schema = 'Odd "queue"'
+    assert run_cli("migrate", "--schema", schema, "--dsn", empty_dsn).exit_code == 0
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        one = pgqctl.enqueue(c, "k", schema=schema)
+        many = pgqctl.enqueue_many(c, [{"kind": "k"}] * 250, schema=schema)
+        table = sql.Identifier(schema, "jobs")
+        found = c.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(table)).fetchall()
+        assert [r[0] for r in found] == [one, *many]
+        assert c.execute("SELECT to_regclass('public.jobs')").fetchone() == (None,)
