@@ -7,6 +7,7 @@ Commands parse and validate input, call the library, and hand results to
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shlex
 import sys
@@ -435,6 +436,9 @@ def worker_command(
         handlers=handler_map,
         backoff=backoff,
     )
+    # psycopg logs a lost connection inside a pipeline with Python's last-resort
+    # handler (a bare stderr line); the worker logs that event itself.
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
     dsn = database.dsn()
     conn = database.connect(application_name=WORKER_APPLICATION_NAME)
     root = click.get_current_context().find_root()
