@@ -1,32 +1,32 @@
 """The worker's side of the queue: claim jobs, report how they ended, renew leases.
 
-One function per named query of the Worker section of sql/queries.sql, each
-taking a whole batch (parallel arrays that the SQL reads with ``unnest``).
+The worker's hot path is `exchange`: one statement (``worker_exchange`` in
+sql/queries.sql) that reports every job that ended since the last one,
+renews the leases of those still running, and claims as many jobs as there
+are free slots. One statement is one round trip and one commit, and costs
+the client about half of what the same five updates cost pipelined
+(bench/worker_bench.py measures the whole path). Batches travel as JSON
+arrays: serializing them is far cheaper than adapting Python lists to
+PostgreSQL arrays.
+
 Every transition out of ``running`` is fenced on (id, claimed attempt,
 status = 'running'), so a worker that lost its lease changes nothing: the
-ids a statement did not return are the ones it was fenced out of.
-
-The statement functions do not wait for their rows: each sends its statement
-and returns a `Pending` whose `result()` reads them. Inside `round_trip(conn)`
-(psycopg pipeline mode on an autocommit connection) everything sent is one
-implicit transaction, one commit and one network round trip, and results are
-read after the block; outside it each statement runs on its own. Nothing here
-prints, sleeps or retries: the worker decides what failures mean.
+jobs an exchange does not answer for are the ones it was fenced out of.
+Nothing here prints, sleeps or retries: the worker decides what failures mean.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import psycopg
 
 from pgqctl.sql import query
 
-T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 # (job id, the attempt the worker claimed): what every fence checks.
 Held = tuple[int, int]
@@ -69,84 +69,80 @@ class FailResult:
     run_at: datetime
 
 
-class Pending(Generic[T]):
-    """The rows of a statement already sent, read on demand."""
+@dataclass
+class Exchanged:
+    """What an exchange changed; a reported job missing here was fenced out."""
 
-    __slots__ = ("_cursor", "_parse")
-
-    def __init__(self, cursor: psycopg.Cursor[Any] | None, parse: Callable[[list[Any]], T]) -> None:
-        self._cursor = cursor
-        self._parse = parse
-
-    def result(self) -> T:
-        return self._parse(self._cursor.fetchall() if self._cursor is not None else [])
+    claimed: list[Job] = field(default_factory=list)
+    done: set[int] = field(default_factory=set)
+    failed: dict[int, FailResult] = field(default_factory=dict)
+    handed_back: set[int] = field(default_factory=set)
+    renewed: set[int] = field(default_factory=set)
 
 
-@contextmanager
-def round_trip(conn: Conn) -> Iterator[None]:
-    """Send every statement of the block at once; they commit together at the end.
-
-    If one fails, none applies and the block raises.
-    """
-    with conn.pipeline():
-        yield
-
-
-def claim(
+def exchange(
     conn: Conn,
     *,
-    limit: int,
+    done: Sequence[Held] = (),
+    failed: Sequence[Failure] = (),
+    handed_back: Sequence[Held] = (),
+    hand_back_reason: str = "",
+    renew: Sequence[Held] = (),
+    claim: int = 0,
     lease: float,
     worker: str,
     queues: Sequence[str] = (),
     kinds: Sequence[str] = (),
-) -> Pending[list[Job]]:
-    """Claim up to `limit` due jobs (of these queues and kinds, if any) for `lease` seconds."""
-    if limit <= 0:
-        return Pending(None, _jobs)
-    cursor = conn.execute(
-        query("job_claim"),
+) -> Exchanged:
+    """Report, renew and claim in one statement (commits at once on an autocommit connection).
+
+    done: jobs that exited 0. failed: failed attempts. handed_back: jobs given
+    back unfinished, with `hand_back_reason` as last_error. renew: leases to
+    extend to `lease` seconds from now. claim: how many due jobs (of these
+    queues and kinds, if any) to claim for `worker`, for `lease` seconds.
+    """
+    rows = conn.execute(
+        query("worker_exchange"),
         {
-            "limit": limit,
+            "done": _held_json(done),
+            "failed": json.dumps(
+                [
+                    {
+                        "id": f.job_id,
+                        "attempt": f.attempt,
+                        # A text column cannot hold NUL; a child's output can.
+                        "error": f.error.replace("\0", "\\0"),
+                        "delay": f.delay,
+                        "permanent": f.permanent,
+                    }
+                    for f in failed
+                ]
+            ),
+            "handed_back": _held_json(handed_back),
+            "reason": hand_back_reason,
+            "renew": _held_json(renew),
+            "limit": claim,
             "lease": lease,
             "worker": worker,
             "queues": list(queues) or None,
             "kinds": list(kinds) or None,
         },
-    )
-    return Pending(cursor, _jobs)
-
-
-def complete(conn: Conn, held: Sequence[Held]) -> Pending[set[int]]:
-    """Mark jobs done; the ids that were still held."""
-    return _fenced(conn, "job_complete", held, {})
-
-
-def fail(conn: Conn, failures: Sequence[Failure]) -> Pending[dict[int, FailResult]]:
-    """Record failed attempts: back to pending after each delay, or failed for good."""
-    if not failures:
-        return Pending(None, _fail_results)
-    cursor = conn.execute(
-        query("job_fail"),
-        {
-            "ids": [f.job_id for f in failures],
-            "attempts": [f.attempt for f in failures],
-            "errors": [_text(f.error) for f in failures],
-            "delays": [f.delay for f in failures],
-            "permanent": [f.permanent for f in failures],
-        },
-    )
-    return Pending(cursor, _fail_results)
-
-
-def hand_back(conn: Conn, held: Sequence[Held], reason: str) -> Pending[set[int]]:
-    """Return unfinished jobs to pending without using up an attempt."""
-    return _fenced(conn, "job_hand_back", held, {"reason": _text(reason)})
-
-
-def renew(conn: Conn, held: Sequence[Held], lease: float) -> Pending[set[int]]:
-    """Extend leases to `lease` seconds from now; the ids still held."""
-    return _fenced(conn, "lease_renew", held, {"lease": lease})
+    ).fetchall()
+    result = Exchanged()
+    for part, job_id, queue, kind, payload, attempts, max_attempts, status, run_at in rows:
+        if part == "claimed":
+            result.claimed.append(
+                Job(job_id, queue, kind, json.loads(payload), attempts, max_attempts)
+            )
+        elif part == "done":
+            result.done.add(job_id)
+        elif part == "failed":
+            result.failed[job_id] = FailResult(status, run_at)
+        elif part == "handed_back":
+            result.handed_back.add(job_id)
+        else:
+            result.renewed.add(job_id)
+    return result
 
 
 def next_due(conn: Conn, *, queues: Sequence[str] = (), kinds: Sequence[str] = ()) -> float | None:
@@ -163,28 +159,5 @@ def fence_state(conn: Conn, ids: Sequence[int]) -> dict[int, tuple[str, int]]:
     return {row[0]: (row[1], row[2]) for row in rows}
 
 
-def _fenced(
-    conn: Conn, name: str, held: Sequence[Held], params: dict[str, Any]
-) -> Pending[set[int]]:
-    if not held:
-        return Pending(None, _ids)
-    params["ids"] = [job_id for job_id, _ in held]
-    params["attempts"] = [attempt for _, attempt in held]
-    return Pending(conn.execute(query(name), params), _ids)
-
-
-def _jobs(rows: list[Any]) -> list[Job]:
-    return [Job(*row) for row in rows]
-
-
-def _ids(rows: list[Any]) -> set[int]:
-    return {row[0] for row in rows}
-
-
-def _fail_results(rows: list[Any]) -> dict[int, FailResult]:
-    return {row[0]: FailResult(row[1], row[2]) for row in rows}
-
-
-def _text(value: str) -> str:
-    # A text column cannot hold NUL; a child's output can.
-    return value.replace("\0", "\\0")
+def _held_json(held: Sequence[Held]) -> str:
+    return json.dumps([{"id": job_id, "attempt": attempt} for job_id, attempt in held])

@@ -4,11 +4,14 @@ Threads, and who owns what:
 
 - The main thread runs the loop (`Worker.run`). It alone uses the main
   connection: it claims jobs for the free slots, reports finished jobs,
-  renews leases, and handles signals and reconnects. Reports and the next
-  claim go out together in one round trip and one transaction
-  (`claims.round_trip`); completions that arrive together share one statement.
+  renews leases, and handles signals and reconnects. Everything that ended
+  since the last time, the lease renewal when due and the next claim go out
+  as one statement (`claims.exchange`): one round trip, one commit.
 - One thread per slot (``--concurrency``) takes a claimed job, runs it with
   `runner.run`, and posts the result back. No transaction is open meanwhile.
+  Threads, rather than one thread watching every child: starting a child
+  blocks its thread until the child has exec'd, which on a busy machine
+  takes up to milliseconds, and slot threads wait for that side by side.
 - A listener thread holds a second connection in ``LISTEN pgqctl_jobs`` (the
   main one stays free for queries) and posts a wake-up for each notification
   about this schema.
@@ -131,8 +134,8 @@ class Worker:
         self.log = log
         self.worker_id = identity()
         self.target = describe_target
-        # Taken once: reading os.environ decodes every variable again.
-        self.environ = dict(os.environ if environ is None else environ)
+        # Taken and cleaned once: reading os.environ decodes every variable again.
+        self.environ = runner.without_credentials(os.environ if environ is None else environ)
         self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.exit_code = 0
 
@@ -347,46 +350,49 @@ class Worker:
     # ------------------------------------------------------ database work
 
     def _exchange(self, limit: int, renew: bool) -> None:
-        """Report, renew and claim in one round trip; on failure keep everything for later."""
+        """Report, renew and claim in one statement; on failure keep everything for later."""
         conn = self.conn
         assert conn is not None
         c = self.config
         done, fails, handed_back = self.done, self.fails, self.handed_back
         held = [r.job.held for r in self.running.values() if not r.lost] if renew else []
         sent = time.monotonic()
+        if limit:
+            # What asks for a claim from now on (a job ending, a notification)
+            # asks for the next one.
+            self.claim_wanted = False
+            self.next_poll = sent + c.poll
         try:
-            with claims.round_trip(conn):
-                done_sent = claims.complete(conn, [f.running.job.held for f in done])
-                fails_sent = claims.fail(conn, [failure for _, failure in fails])
-                back_sent = claims.hand_back(
-                    conn, [f.running.job.held for f in handed_back], _HAND_BACK_REASON
-                )
-                renew_sent = claims.renew(conn, held, c.lease)
-                claim_sent = claims.claim(
-                    conn,
-                    limit=limit,
-                    lease=c.lease,
-                    worker=self.worker_id,
-                    queues=c.queues,
-                    kinds=c.kinds,
-                )
-            done_ids = done_sent.result()
-            fail_results = fails_sent.result()
-            back_ids = back_sent.result()
-            kept = renew_sent.result()
-            jobs = claim_sent.result()
+            changed = claims.exchange(
+                conn,
+                done=[f.running.job.held for f in done],
+                failed=[failure for _, failure in fails],
+                handed_back=[f.running.job.held for f in handed_back],
+                hand_back_reason=_HAND_BACK_REASON,
+                renew=held,
+                claim=limit,
+                lease=c.lease,
+                worker=self.worker_id,
+                queues=c.queues,
+                kinds=c.kinds,
+            )
         except (psycopg.Error, PgqctlError) as exc:
+            self.claim_wanted = self.claim_wanted or bool(limit)
             self._connection_failed(exc)
             return
         self.done, self.fails, self.handed_back = [], [], []
-        fenced_out = self._log_reports(done, done_ids, fails, fail_results, handed_back, back_ids)
+        fenced_out = self._log_reports(done, fails, handed_back, changed)
         if fenced_out:
             self._explain_fenced_out(fenced_out)
+        if changed.handed_back or any(r.status == "pending" for r in changed.failed.values()):
+            # Back in the queue, maybe due already: the claim that went with
+            # the report could not see them (one statement, one snapshot).
+            self.claim_wanted = True
         if renew:
             self.next_renew = sent + c.lease / 3
-            self._check_renewal(held, kept)
+            self._check_renewal(held, changed.renewed)
         if limit:
-            self._start_jobs(jobs, limit, sent)
+            self._start_jobs(changed.claimed, limit, sent)
 
     def _start_jobs(self, jobs: list[Job], limit: int, now: float) -> None:
         if jobs and not self.running:
@@ -396,8 +402,6 @@ class Worker:
             self.running[job.held] = running
             self._dispatch.put(running)
         self.claimed += len(jobs)
-        self.claim_wanted = False
-        self.next_poll = now + self.config.poll
         self.last_claim_short = len(jobs) < limit
         self.next_due = None
         if self.last_claim_short and not self.config.burst and self.conn is not None:
@@ -517,28 +521,26 @@ class Worker:
     def _log_reports(
         self,
         done: list[_Finished],
-        done_ids: set[int],
         fails: list[tuple[_Finished, Failure]],
-        fail_results: dict[int, claims.FailResult],
         handed_back: list[_Finished],
-        back_ids: set[int],
+        changed: claims.Exchanged,
     ) -> list[tuple[_Finished, str]]:
         """Log each applied report; return the fenced-out ones with what they tried."""
         fenced_out: list[tuple[_Finished, str]] = []
         for finished in done:
-            if finished.running.job.id in done_ids:
+            if finished.running.job.id in changed.done:
                 self._log_done(finished)
             else:
                 fenced_out.append((finished, "done"))
         for finished, failure in fails:
-            result = fail_results.get(failure.job_id)
+            result = changed.failed.get(failure.job_id)
             if result is not None:
                 self._log_failure(finished, failure, result)
             else:
                 fenced_out.append((finished, "failed"))
         for finished in handed_back:
             job = finished.running.job
-            if job.id in back_ids:
+            if job.id in changed.handed_back:
                 self.log.event(
                     "handed_back",
                     f"job {job.id} handed back: attempt {job.attempt} stopped by the "
@@ -697,7 +699,7 @@ class Worker:
             )
         except runner.PayloadRejected as exc:
             return _Finished(running, runner.Outcome(start_error=exc.reason), exc.reason)
-        env = runner.child_environment(
+        env = runner.job_environment(
             self.environ,
             job_id=job.id,
             kind=job.kind,
