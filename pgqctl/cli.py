@@ -10,7 +10,9 @@ import datetime as dt
 import functools
 import itertools
 import json
+import logging
 import os
+import shlex
 import sys
 import time
 import traceback
@@ -35,6 +37,8 @@ from pgqctl.errors import (
     NotFound,
     PgqctlError,
 )
+from pgqctl.worker import Worker, WorkerConfig
+from pgqctl.worklog import LOG_FORMATS, WorkLog
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -876,6 +880,188 @@ def purge_command(
 
 
 name_envvars(cli)
+# --- worker ------------------------------------------------------------------
+
+WORKER_APPLICATION_NAME = "pgqctl worker"
+
+
+class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """`KIND=COMMAND`, COMMAND split like a shell would (no shell runs it)."""
+
+    name = "handler"
+    # PGQCTL_HANDLER holds one handler per line: commands contain spaces.
+    envvar_list_splitter = "\n"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, tuple[str, ...]]:
+        if isinstance(value, tuple):
+            return value
+        kind, sep, command = str(value).partition("=")
+        example = "e.g. --handler 'resize=convert-image --quality 80'"
+        if not sep or not kind.strip() or not command.strip():
+            self.fail(f"{value!r} is not KIND=COMMAND, {example}", param, ctx)
+        try:
+            argv = tuple(shlex.split(command))
+        except ValueError as exc:
+            self.fail(f"cannot split the command of {value!r}: {exc}, {example}", param, ctx)
+        return kind.strip(), argv
+
+
+@command("worker")
+@database_options
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    metavar="QUEUE",
+    help="Claim only jobs of this queue (repeatable; default: every queue).",
+)
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    metavar="KIND",
+    help="Claim only jobs of this kind (repeatable; default: every kind).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=os.cpu_count() or 1,
+    show_default="the number of CPUs",
+    help="Jobs run at the same time.",
+)
+@click.option(
+    "--lease",
+    type=DURATION,
+    default="5m",
+    show_default=True,
+    help="How long a claim holds a job; renewed every third of it while the job runs.",
+)
+@click.option(
+    "--poll",
+    type=DURATION,
+    default="5s",
+    show_default=True,
+    help="Look for jobs this often even without a notification.",
+)
+@click.option(
+    "--timeout",
+    type=DURATION,
+    default=None,
+    help="Stop jobs that run longer (a payload's own timeout wins). Default: no limit.",
+)
+@click.option(
+    "--grace",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="On SIGTERM/SIGINT, how long running jobs may finish before they are stopped.",
+)
+@click.option(
+    "--backoff",
+    type=DURATION,
+    default="2s",
+    show_default=True,
+    help="Retry delay after a first failure; doubles with each attempt (±25%, at most 1h).",
+)
+@click.option("--burst", is_flag=True, help="Exit once no job is due and none is running.")
+@click.option(
+    "--max-jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Exit after claiming this many jobs (once they finish).",
+)
+@click.option("--allow-shell", is_flag=True, help='Run {"shell": "..."} payloads with /bin/sh.')
+@click.option(
+    "--handler",
+    "handlers",
+    type=HandlerSpec(),
+    multiple=True,
+    metavar="KIND=COMMAND",
+    help="Run COMMAND for jobs of KIND, with the payload as JSON on stdin (repeatable).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines on stderr: text, or one JSON object per line.",
+)
+def worker_command(
+    database: Database,
+    queues: tuple[str, ...],
+    kinds: tuple[str, ...],
+    concurrency: int,
+    lease: float,
+    poll: float,
+    timeout: float | None,
+    grace: float,
+    backoff: float,
+    burst: bool,
+    max_jobs: int | None,
+    allow_shell: bool,
+    handlers: tuple[tuple[str, tuple[str, ...]], ...],
+    log_format: str,
+) -> int:
+    """Run jobs: claim them, run each as a child process, record how it ended.
+
+    A payload {"argv": [...]} runs that program directly; {"shell": "..."}
+    needs --allow-shell; with --handler KIND=COMMAND, jobs of KIND run
+    COMMAND with their payload as JSON on stdin. Exit 0: done; anything
+    else: retried with exponential backoff until max_attempts, then failed.
+    The child gets PGQCTL_JOB_ID (an idempotency key), PGQCTL_JOB_KIND,
+    PGQCTL_JOB_QUEUE and PGQCTL_JOB_ATTEMPT, and no database credentials.
+
+    SIGTERM or SIGINT: claim nothing more, let running jobs finish for
+    --grace, then stop them and hand them back; a second signal stops them
+    at once. Logs one line per job event on stderr.
+
+    \b
+    Example:
+        pgqctl worker --concurrency 8
+        pgqctl worker --queue emails --handler 'send_receipt=bin/send-receipt' --burst
+        pgqctl worker --kind report --timeout 10m --log-format json
+    """
+    if lease < 1:
+        raise BadInput("--lease must be at least 1s (it is renewed every third of it)")
+    if poll <= 0:
+        raise BadInput("--poll must be more than 0s, e.g. --poll 5s")
+    if timeout is not None and timeout <= 0:
+        raise BadInput("--timeout must be more than 0s; leave it out for no limit")
+    handler_map: dict[str, tuple[str, ...]] = {}
+    for kind, argv in handlers:
+        if kind in handler_map:
+            raise BadInput(f"--handler given twice for kind {kind!r}: keep one")
+        handler_map[kind] = argv
+    settings = WorkerConfig(
+        schema=database.schema,
+        queues=queues,
+        kinds=kinds,
+        concurrency=concurrency,
+        lease=lease,
+        poll=poll,
+        timeout=timeout,
+        grace=grace,
+        burst=burst,
+        max_jobs=max_jobs,
+        allow_shell=allow_shell,
+        handlers=handler_map,
+        backoff=backoff,
+    )
+    # psycopg logs a lost connection inside a pipeline with Python's last-resort
+    # handler (a bare stderr line); the worker logs that event itself.
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
+    dsn = database.dsn()
+    conn = database.connect(application_name=WORKER_APPLICATION_NAME)
+    root = click.get_current_context().find_root()
+    log = WorkLog(sys.stderr, log_format, debug=bool(root.params.get("debug")))
+
+    def reconnect() -> Any:
+        return db.connect(dsn, schema=database.schema, application_name=WORKER_APPLICATION_NAME)
+
+    worker = Worker(settings, reconnect, log, describe_target=config.describe(dsn))
+    return worker.run(conn)
 
 
 # --- the error boundary ------------------------------------------------------

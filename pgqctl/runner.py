@@ -7,8 +7,9 @@ these functions from its slot threads and decides what each outcome means.
   `PayloadRejected` for a payload that can never run. A rejection is
   permanent: the worker fails the job at once, without retries.
 - `child_environment` builds the child's environment: the worker's own,
-  minus every way to reach the queue's database, plus the job's `env`, plus
-  the ``PGQCTL_JOB_*`` variables.
+  minus every way to reach the queue's database (`without_credentials`),
+  plus the job's `env`, plus the ``PGQCTL_JOB_*`` variables
+  (`job_environment`).
 - `run` starts the child, feeds its stdin, reads its merged stdout and
   stderr, enforces the timeout, honours a `Stop` request from another
   thread, and returns an `Outcome`. It never raises for anything the child
@@ -347,14 +348,43 @@ def child_environment(
     """The child's environment: `base` without database credentials, then the
     job's `extra`, then PGQCTL_JOB_* (which the job's env cannot override).
 
+    A worker running many jobs filters its environment once with
+    `without_credentials` and calls `job_environment` per job instead.
+    """
+    return job_environment(
+        without_credentials(base),
+        job_id=job_id,
+        kind=kind,
+        queue=queue,
+        attempt=attempt,
+        extra=extra,
+    )
+
+
+def without_credentials(base: Mapping[str, str]) -> dict[str, str]:
+    """A copy of `base` without any way to reach the queue's database.
+
     Pass a dict taken from os.environ once at startup, not os.environ itself:
     reading os.environ decodes every variable again (some 30 µs a job).
     """
-    env = {
+    return {
         name: value
         for name, value in base.items()
         if name not in _CREDENTIAL_NAMES and not name.startswith(_CREDENTIAL_PREFIXES)
     }
+
+
+def job_environment(
+    clean: Mapping[str, str],
+    *,
+    job_id: int,
+    kind: str,
+    queue: str,
+    attempt: int,
+    extra: Mapping[str, str],
+) -> dict[str, str]:
+    """`clean` (from `without_credentials`), the job's `extra`, then PGQCTL_JOB_*."""
+    env = dict(clean)
     env.update(extra)
     env["PGQCTL_JOB_ID"] = str(job_id)
     env["PGQCTL_JOB_KIND"] = kind

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pgqctl import runner
 from pgqctl.runner import (
     MAX_LINE_BYTES,
     TAIL_BYTES,
@@ -295,6 +296,14 @@ def test_job_env_applies_but_cannot_override_job_variables() -> None:
     assert env["LANG"] == "C"
     assert env["PGQCTL_JOB_ID"] == "42"
     assert env["PGHOST"] == "reports-db"  # a job may name its own database
+
+
+def test_environment_filtered_once_gives_the_same_child_environment() -> None:
+    base = {"PATH": "/usr/bin", "LANG": "C", **SECRETS}
+    clean = runner.without_credentials(base)
+    assert not set(SECRETS) & set(clean)
+    job = {"job_id": 7, "kind": "k", "queue": "q", "attempt": 1, "extra": {"LANG": "fr"}}
+    assert runner.job_environment(clean, **job) == child_environment(base, **job)  # type: ignore[arg-type]
 
 
 def test_child_sees_job_variables_and_no_credentials() -> None:

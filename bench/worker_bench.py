@@ -1,0 +1,381 @@
+"""What `pgqctl worker` costs, against peers measured in the same run.
+
+    python bench/worker_bench.py [--dsn DSN] [--rounds 3] [--quick]
+
+DSN: --dsn, else PGQCTL_TEST_DSN, else an embedded PostgreSQL in a temporary
+data directory of its own (stopped and removed at the end). The bench creates
+a database of its own there and drops it at the end. Three measures, each
+over several rounds; a ratio is computed within a round (both sides measured
+back to back) and its median quoted, because these machines drift between
+rounds:
+
+- e2e: `pgqctl worker --concurrency 4 --burst` as a subprocess draining jobs
+  whose command is `true`, from its first job start to the last finished_at,
+  against a pool of 4 threads running subprocess.run(["true"]) with no queue.
+- claims: the worker's own claims.py path (each process claims up to 4 jobs
+  and reports the previous batch in the same statement, as the worker does
+  with 4 slots), 4 processes, against the classic loop (claim LIMIT 1, then
+  one fenced update per job) with 4 processes.
+- latency: an idle worker with --poll 5s; jobs enqueued one at a time, 20-50
+  ms apart; latency from the enqueue's commit to the worker starting the job
+  (its `started` log line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import conninfo, sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pgqctl import claims, db, embedded, migrate
+
+SLOTS = 4
+LEASE = 300.0
+POLL = 5.0
+
+SEED_CLAIM = """
+UPDATE jobs
+SET status = 'running',
+    attempts = attempts + 1,
+    locked_until = now() + interval '5 minutes'
+WHERE id = (
+  SELECT id
+  FROM jobs
+  WHERE status = 'pending'
+    AND run_at <= now()
+  ORDER BY run_at, id
+  LIMIT 1
+  FOR UPDATE SKIP LOCKED
+)
+RETURNING id, kind, payload, attempts
+"""
+SEED_DONE = """
+UPDATE jobs SET status = 'done', locked_until = NULL
+WHERE id = %s
+  AND attempts = %s
+RETURNING id, status
+"""
+
+
+# ------------------------------------------------------------------ setup
+
+
+@contextlib.contextmanager
+def server(dsn: str | None) -> Iterator[str]:
+    """An admin DSN: the given one, or a private embedded server for this run."""
+    dsn = dsn or os.environ.get("PGQCTL_TEST_DSN")
+    if dsn:
+        yield dsn
+        return
+    data = Path(tempfile.mkdtemp(prefix="pgqctl-bench-", dir="/tmp")) / "data"
+    try:
+        yield embedded.ensure_running(data).dsn
+    finally:
+        embedded.stop(data)
+        shutil.rmtree(data.parent, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def bench_database(admin: str) -> Iterator[str]:
+    name = f"pgqctl_bench_{os.getpid()}"
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(drop)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = conninfo.make_conninfo(admin, dbname=name)
+    try:
+        with db.connect(dsn, schema="public") as conn:
+            migrate.apply(conn, "public")
+        yield dsn
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(drop)
+
+
+def fill(dsn: str, count: int, payload: object) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE jobs")
+        conn.execute(
+            "INSERT INTO jobs (kind, payload) "
+            "SELECT 'bench', %s::jsonb FROM generate_series(1, %s)",
+            (json.dumps(payload), count),
+        )
+        conn.execute("VACUUM ANALYZE jobs")
+
+
+def worker_command(dsn: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn, "--log-format", "json", *args]
+
+
+def log_events(path: Path, event: str) -> list[dict[str, Any]]:
+    found = []
+    with path.open() as f:
+        for line in f:
+            record = json.loads(line)
+            if record["event"] == event:
+                found.append(record)
+    return found
+
+
+def epoch(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+# ------------------------------------------------------------- end to end
+
+
+def spawn_pool(count: int) -> float:
+    """Jobs/s of 4 threads running subprocess.run(["true"]), `count` runs in all."""
+    left = [count]
+    lock = threading.Lock()
+
+    def loop() -> None:
+        while True:
+            with lock:
+                if left[0] == 0:
+                    return
+                left[0] -= 1
+            subprocess.run(["true"], check=False)
+
+    threads = [threading.Thread(target=loop) for _ in range(SLOTS)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return count / (time.perf_counter() - started)
+
+
+def worker_drain(dsn: str, count: int, workdir: Path) -> float:
+    """Jobs/s of one burst worker with 4 slots: first job start to last finished_at."""
+    fill(dsn, count, {"argv": ["true"]})
+    log = workdir / "e2e.log"
+    with log.open("w") as err:
+        code = subprocess.call(
+            worker_command(dsn, "--concurrency", str(SLOTS), "--burst"),
+            stderr=err,
+            stdout=subprocess.DEVNULL,
+        )
+    assert code == 0, log.read_text()[-2000:]
+    first = epoch(log_events(log, "started")[0]["ts"])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'done'), "
+            "extract(epoch FROM max(finished_at)) FROM jobs"
+        ).fetchone()
+    assert row is not None and row[0] == count, f"only {row} done"
+    return count / (float(row[1]) - first)
+
+
+# ------------------------------------------------------------ claims path
+
+
+def _claims_child(dsn: str, batched: bool, go: Any, done: Any) -> None:
+    with db.connect(dsn, schema="public") as conn:
+        go.wait()
+        count = _drain_batched(conn) if batched else _drain_seed(conn)
+    done.put(count)
+
+
+def _drain_batched(conn: psycopg.Connection[Any]) -> int:
+    held: list[claims.Held] = []
+    count = 0
+    while True:
+        changed = claims.exchange(conn, done=held, claim=SLOTS, lease=LEASE, worker="bench")
+        count += len(changed.done)
+        held = [job.held for job in changed.claimed]
+        if not held:
+            return count
+
+
+def _drain_seed(conn: psycopg.Connection[Any]) -> int:
+    count = 0
+    while True:
+        row = conn.execute(SEED_CLAIM).fetchone()
+        if row is None:
+            return count
+        conn.execute(SEED_DONE, (row[0], row[3])).fetchone()
+        count += 1
+
+
+def claims_drain(dsn: str, count: int, batched: bool) -> float:
+    """Jobs/s of 4 processes claiming and completing `count` jobs without running anything."""
+    fill(dsn, count, {})
+    context = multiprocessing.get_context("fork")
+    go, done = context.Event(), context.Queue()
+    procs = [
+        context.Process(target=_claims_child, args=(dsn, batched, go, done)) for _ in range(SLOTS)
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.3)  # let them connect
+    started = time.perf_counter()
+    go.set()
+    drained = sum(done.get() for _ in procs)
+    elapsed = time.perf_counter() - started
+    for proc in procs:
+        proc.join()
+    assert drained == count, f"{drained} of {count}"
+    return count / elapsed
+
+
+# ---------------------------------------------------------------- latency
+
+
+def pickup_latencies(dsn: str, count: int, workdir: Path) -> list[float]:
+    """Seconds from each enqueue's commit to the idle worker starting that job."""
+    fill(dsn, 0, {})
+    log = workdir / "latency.log"
+    with log.open("w") as err:
+        worker = subprocess.Popen(
+            worker_command(dsn, "--concurrency", str(SLOTS), "--poll", f"{POLL}s"),
+            stderr=err,
+            stdout=subprocess.DEVNULL,
+        )
+    committed: dict[int, float] = {}
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _wait_listening(conn)
+            for _ in range(count):
+                time.sleep(random.uniform(0.020, 0.050))
+                row = conn.execute(
+                    "INSERT INTO jobs (kind, payload) VALUES ('bench', '{\"argv\": [\"true\"]}') "
+                    "RETURNING id"
+                ).fetchone()
+                assert row is not None
+                committed[row[0]] = time.time()
+            deadline = time.monotonic() + 30
+            while conn.execute("SELECT count(*) FROM jobs WHERE status <> 'done'").fetchone() != (
+                0,
+            ):
+                assert time.monotonic() < deadline, "jobs left undone"
+                time.sleep(0.05)
+    finally:
+        worker.terminate()
+        worker.wait()
+    started = {e["job_id"]: epoch(e["ts"]) for e in log_events(log, "started")}
+    return [started[job_id] - at for job_id, at in committed.items()]
+
+
+def _wait_listening(conn: psycopg.Connection[Any]) -> None:
+    deadline = time.monotonic() + 10
+    while not conn.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+        "AND query = 'LISTEN pgqctl_jobs'"
+    ).fetchone():
+        assert time.monotonic() < deadline, "the worker never listened"
+        time.sleep(0.05)
+    time.sleep(0.5)  # past its first (empty) claim: idle
+
+
+# ---------------------------------------------------------------- report
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def show(name: str, values: list[float], unit: str, digits: int = 0) -> None:
+    med, low, high = statistics.median(values), min(values), max(values)
+    print(
+        f"{name}: {med:.{digits}f} {unit} (median of {len(values)}; "
+        f"min {low:.{digits}f}, max {high:.{digits}f})"
+    )
+
+
+def alternate(round_number: int, *measures: Callable[[], float]) -> list[float]:
+    """Run the measures back to back, in reverse order every other round."""
+    order = list(range(len(measures)))
+    if round_number % 2:
+        order.reverse()
+    results = [0.0] * len(measures)
+    for i in order:
+        results[i] = measures[i]()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", help="admin DSN (default: PGQCTL_TEST_DSN, else embedded)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer jobs per round")
+    parser.add_argument("--only", choices=("e2e", "claims", "latency"), action="append")
+    args = parser.parse_args()
+    only = set(args.only or ("e2e", "claims", "latency"))
+    e2e_jobs, claim_jobs, latency_jobs = (1000, 5000, 50) if args.quick else (4000, 20000, 200)
+
+    with server(args.dsn) as admin, bench_database(admin) as dsn:
+        workdir = Path(tempfile.mkdtemp(prefix="pgqctl-bench-"))
+        print(f"cpus: {os.cpu_count()} cores")
+        with psycopg.connect(dsn) as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+            sync = conn.execute("SHOW synchronous_commit").fetchone()
+        print(
+            f"server: PostgreSQL {version[0] if version else '?'}, "
+            f"synchronous_commit {sync[0] if sync else '?'}"
+        )
+        spawn_pool(200)  # warm up
+        if "e2e" in only:
+            pool, worker, ratio = [], [], []
+            for n in range(args.rounds):
+                base, mine = alternate(
+                    n, lambda: spawn_pool(e2e_jobs), lambda: worker_drain(dsn, e2e_jobs, workdir)
+                )
+                pool.append(base)
+                worker.append(mine)
+                ratio.append(mine / base)
+            print(f"e2e_jobs: {e2e_jobs} jobs per round")
+            show("spawn_pool_4_threads", pool, "jobs/s")
+            show("worker_concurrency_4", worker, "jobs/s")
+            show("ratio worker/spawn_pool", ratio, "x", 2)
+        if "claims" in only:
+            batched, seed, ratio = [], [], []
+            for n in range(args.rounds):
+                mine, base = alternate(
+                    n,
+                    lambda: claims_drain(dsn, claim_jobs, batched=True),
+                    lambda: claims_drain(dsn, claim_jobs, batched=False),
+                )
+                batched.append(mine)
+                seed.append(base)
+                ratio.append(mine / base)
+            print(f"claims_jobs: {claim_jobs} jobs per round, 4 processes")
+            show("claims_batched", batched, "jobs/s")
+            show("claims_seed_loop", seed, "jobs/s")
+            show("ratio batched/seed", ratio, "x", 2)
+        if "latency" in only:
+            medians, p99s = [], []
+            for _ in range(args.rounds):
+                latencies = pickup_latencies(dsn, latency_jobs, workdir)
+                medians.append(statistics.median(latencies) * 1000)
+                p99s.append(percentile(latencies, 0.99) * 1000)
+            print(f"latency_jobs: {latency_jobs} jobs per round, poll {POLL:g}s")
+            show("latency_median", medians, "ms", 1)
+            show("latency_p99", p99s, "ms", 1)
+            show("latency_median_of_poll", [m / (POLL * 10) for m in medians], "%", 3)
+            show("latency_p99_of_poll", [p / (POLL * 10) for p in p99s], "%", 3)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The worker's side of the queue: claim jobs, report how they ended, renew leases.
+
+The worker's hot path is `exchange`: one statement (``worker_exchange`` in
+sql/queries.sql) that reports every job that ended since the last one,
+renews the leases of those still running, and claims as many jobs as there
+are free slots. One statement is one round trip and one commit, and costs
+the client about half of what the same five updates cost pipelined
+(bench/worker_bench.py measures the whole path). Batches travel as JSON
+arrays: serializing them is far cheaper than adapting Python lists to
+PostgreSQL arrays.
+
+Every transition out of ``running`` is fenced on (id, claimed attempt,
+status = 'running'), so a worker that lost its lease changes nothing: the
+jobs an exchange does not answer for are the ones it was fenced out of.
+Nothing here prints, sleeps or retries: the worker decides what failures mean.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from pgqctl.sql import query
+
+Conn = psycopg.Connection[Any]
+# (job id, the attempt the worker claimed): what every fence checks.
+Held = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Job:
+    """A claimed job; `attempt` is the fencing token of this claim."""
+
+    id: int
+    queue: str
+    kind: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+
+    @property
+    def held(self) -> Held:
+        return (self.id, self.attempt)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed attempt to report: retried after `delay` seconds unless out of
+    attempts or `permanent` (a job that can never run)."""
+
+    job_id: int
+    attempt: int
+    error: str
+    delay: float
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class FailResult:
+    """Where a reported failure left the job: 'pending' (runs again at
+    `run_at`) or 'failed' (for good)."""
+
+    status: str
+    run_at: datetime
+
+
+@dataclass
+class Exchanged:
+    """What an exchange changed; a reported job missing here was fenced out."""
+
+    claimed: list[Job] = field(default_factory=list)
+    done: set[int] = field(default_factory=set)
+    failed: dict[int, FailResult] = field(default_factory=dict)
+    handed_back: set[int] = field(default_factory=set)
+    renewed: set[int] = field(default_factory=set)
+
+
+def exchange(
+    conn: Conn,
+    *,
+    done: Sequence[Held] = (),
+    failed: Sequence[Failure] = (),
+    handed_back: Sequence[Held] = (),
+    hand_back_reason: str = "",
+    renew: Sequence[Held] = (),
+    claim: int = 0,
+    lease: float,
+    worker: str,
+    queues: Sequence[str] = (),
+    kinds: Sequence[str] = (),
+) -> Exchanged:
+    """Report, renew and claim in one statement (commits at once on an autocommit connection).
+
+    done: jobs that exited 0. failed: failed attempts. handed_back: jobs given
+    back unfinished, with `hand_back_reason` as last_error. renew: leases to
+    extend to `lease` seconds from now. claim: how many due jobs (of these
+    queues and kinds, if any) to claim for `worker`, for `lease` seconds.
+    """
+    rows = conn.execute(
+        query("worker_exchange"),
+        {
+            "done": _held_json(done),
+            "failed": json.dumps(
+                [
+                    {
+                        "id": f.job_id,
+                        "attempt": f.attempt,
+                        # A text column cannot hold NUL; a child's output can.
+                        "error": f.error.replace("\0", "\\0"),
+                        "delay": f.delay,
+                        "permanent": f.permanent,
+                    }
+                    for f in failed
+                ]
+            ),
+            "handed_back": _held_json(handed_back),
+            "reason": hand_back_reason,
+            "renew": _held_json(renew),
+            "limit": claim,
+            "lease": lease,
+            "worker": worker,
+            "queues": list(queues) or None,
+            "kinds": list(kinds) or None,
+        },
+    ).fetchall()
+    result = Exchanged()
+    for part, job_id, queue, kind, payload, attempts, max_attempts, status, run_at in rows:
+        if part == "claimed":
+            result.claimed.append(
+                Job(job_id, queue, kind, json.loads(payload), attempts, max_attempts)
+            )
+        elif part == "done":
+            result.done.add(job_id)
+        elif part == "failed":
+            result.failed[job_id] = FailResult(status, run_at)
+        elif part == "handed_back":
+            result.handed_back.add(job_id)
+        else:
+            result.renewed.add(job_id)
+    return result
+
+
+def next_due(conn: Conn, *, queues: Sequence[str] = (), kinds: Sequence[str] = ()) -> float | None:
+    """Seconds until the next delayed job of these queues and kinds is due; None if none."""
+    row = conn.execute(
+        query("job_next_due"), {"queues": list(queues) or None, "kinds": list(kinds) or None}
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def fence_state(conn: Conn, ids: Sequence[int]) -> dict[int, tuple[str, int]]:
+    """(status, attempts) of each job that still exists, to explain a fenced-out report."""
+    rows = conn.execute(query("job_fence_state"), {"ids": list(ids)}).fetchall()
+    return {row[0]: (row[1], row[2]) for row in rows}
+
+
+def _held_json(held: Sequence[Held]) -> str:
+    return json.dumps([{"id": job_id, "attempt": attempt} for job_id, attempt in held])

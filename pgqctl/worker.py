@@ -1,0 +1,767 @@
+"""`pgqctl worker`: claim jobs, run each as a child process, report how it ended.
+
+Threads, and who owns what:
+
+- The main thread runs the loop (`Worker.run`). It alone uses the main
+  connection: it claims jobs for the free slots, reports finished jobs,
+  renews leases, and handles signals and reconnects. Everything that ended
+  since the last time, the lease renewal when due and the next claim go out
+  as one statement (`claims.exchange`): one round trip, one commit.
+- One thread per slot (``--concurrency``) takes a claimed job, runs it with
+  `runner.run`, and posts the result back. No transaction is open meanwhile.
+  Threads, rather than one thread watching every child: starting a child
+  blocks its thread until the child has exec'd, which on a busy machine
+  takes up to milliseconds, and slot threads wait for that side by side.
+- A listener thread holds a second connection in ``LISTEN pgqctl_jobs`` (the
+  main one stays free for queries) and posts a wake-up for each notification
+  about this schema.
+
+Everything reaches the main thread through one queue, `events`, so the loop
+waits in one place, until an event or the nearest deadline: lease renewal,
+poll, the next delayed job, the end of the grace period, a reconnect. It never
+spins. Signal handlers only post the signal number to that queue; the loop
+decides what to do.
+
+State of a job held by this worker: claimed and running in a slot (in
+`running`), then finished and waiting to be reported (in the report lists),
+then reported. A lease found lost (renewal or fenced report matched nothing)
+stops the child if it still runs and drops its result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import random
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import psycopg
+
+from pgqctl import claims, runner
+from pgqctl.claims import Failure, Job
+from pgqctl.db import reason
+from pgqctl.errors import PgqctlError
+from pgqctl.worklog import WorkLog, seconds, timestamp
+
+CHANNEL = "pgqctl_jobs"
+# Retry delays: attempt n waits base * 2^(n-1), +-25% jitter, at most this.
+BACKOFF_CAP = 3600.0
+# Reconnects wait 0.5 s, doubling to 30 s, +-25% jitter.
+RECONNECT_FIRST = 0.5
+RECONNECT_CAP = 30.0
+# A child asked to stop (timeout, shutdown, lost lease) gets SIGTERM, then
+# SIGKILL this many seconds later.
+TERM_GRACE = 5.0
+# While stopping, how long to keep trying to reach the database to report
+# finished jobs once no child runs any more.
+REPORT_WAIT = 10.0
+# The loop wakes at least this often even with nothing to do.
+_IDLE_CAP = 60.0
+_HAND_BACK_REASON = "handed back: the worker stopped before the job finished"
+_WAKE = "wake"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    schema: str = "public"
+    queues: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    concurrency: int = 1
+    lease: float = 300.0
+    poll: float = 5.0
+    timeout: float | None = None
+    grace: float = 30.0
+    burst: bool = False
+    max_jobs: int | None = None
+    allow_shell: bool = False
+    handlers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    backoff: float = 2.0
+
+
+def backoff_delay(attempt: int, base: float) -> float:
+    """Seconds before a job whose attempt `attempt` failed runs again."""
+    return min(jittered(base * 2.0 ** min(attempt - 1, 32)), BACKOFF_CAP)
+
+
+def jittered(delay: float) -> float:
+    return delay * random.uniform(0.75, 1.25)
+
+
+def identity() -> str:
+    """What `locked_by` says about this worker: host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(eq=False)
+class _Running:
+    """A job claimed by this worker whose child has not been reported on."""
+
+    job: Job
+    stop: runner.Stop
+    lost: bool = False  # lease lost: stop the child, drop its result
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """A slot's result: the child's outcome, or why the payload can never run."""
+
+    running: _Running
+    outcome: runner.Outcome
+    rejected: str | None = None
+
+
+class Worker:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        connect: Callable[[], psycopg.Connection[Any]],
+        log: WorkLog,
+        *,
+        environ: Mapping[str, str] | None = None,
+        describe_target: str = "",
+    ) -> None:
+        self.config = config
+        self.connect = connect
+        self.log = log
+        self.worker_id = identity()
+        self.target = describe_target
+        # Taken and cleaned once: reading os.environ decodes every variable again.
+        self.environ = runner.without_credentials(os.environ if environ is None else environ)
+        self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.exit_code = 0
+
+        self._dispatch: queue.SimpleQueue[_Running | None] = queue.SimpleQueue()
+        self._slots: list[threading.Thread] = []
+        self._listener: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._closing_r, self._closing_w = os.pipe()
+
+        self.conn: psycopg.Connection[Any] | None = None
+        self.running: dict[claims.Held, _Running] = {}
+        self.done: list[_Finished] = []
+        self.fails: list[tuple[_Finished, Failure]] = []
+        self.handed_back: list[_Finished] = []
+        self.claimed = 0
+
+        now = time.monotonic()
+        self.claim_wanted = True
+        self.last_claim_short = False
+        self.next_poll = now
+        self.next_due: float | None = None
+        self.next_renew = now
+        self.reconnect_delay = RECONNECT_FIRST
+        self.reconnect_at = now
+        self.lost_since: float | None = None
+
+        self.signals = 0
+        self.stopping = False
+        self.stop_now = False
+        self.children_stopped = False
+        self.grace_deadline = 0.0
+        self.report_deadline: float | None = None
+
+    # ------------------------------------------------------------- lifecycle
+
+    def run(self, conn: psycopg.Connection[Any]) -> int:
+        """Work until told to stop (or, with burst/max-jobs, until done); the exit code."""
+        self.conn = conn
+        self._log_start()
+        previous = self._install_signal_handlers()
+        self._start_threads()
+        try:
+            while True:
+                try:
+                    self._act()
+                    if self._should_exit():
+                        break
+                    self._wait()
+                except Exception as exc:  # the loop must survive anything
+                    self.log.error("unexpected error in the worker loop", exc)
+                    self._drop_connection()
+        finally:
+            self._restore_signal_handlers(previous)
+            self._stop_threads()
+            if self.conn is not None:
+                self.conn.close()
+        self.log.event(
+            "worker_stopped",
+            f"worker {self.worker_id} stopped after {self.claimed} job(s)",
+            jobs=self.claimed,
+            exit_code=self.exit_code,
+        )
+        return self.exit_code
+
+    def _log_start(self) -> None:
+        c = self.config
+        self.log.event(
+            "worker_started",
+            f"worker {self.worker_id} started: {c.concurrency} slot(s), "
+            f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
+            f"lease {seconds(c.lease)}, poll {seconds(c.poll)}"
+            + (f", database {self.target}" if self.target else ""),
+            worker=self.worker_id,
+            concurrency=c.concurrency,
+            queues=list(c.queues),
+            kinds=list(c.kinds),
+            lease=c.lease,
+            poll=c.poll,
+            schema=c.schema,
+        )
+
+    def _start_threads(self) -> None:
+        for slot in range(self.config.concurrency):
+            thread = threading.Thread(
+                target=self._slot, args=(slot,), name=f"pgqctl-slot-{slot}", daemon=True
+            )
+            thread.start()
+            self._slots.append(thread)
+        self._listener = threading.Thread(target=self._listen, name="pgqctl-listen", daemon=True)
+        self._listener.start()
+
+    def _stop_threads(self) -> None:
+        self._closing.set()
+        os.write(self._closing_w, b"x")
+        for _ in self._slots:
+            self._dispatch.put(None)
+        for thread in self._slots:
+            thread.join(timeout=TERM_GRACE + 1)
+        if self._listener is not None:
+            self._listener.join(timeout=2)
+        if not self._listener or not self._listener.is_alive():
+            os.close(self._closing_r)
+            os.close(self._closing_w)
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, self._on_signal_handler)
+        return previous
+
+    def _restore_signal_handlers(self, previous: dict[int, Any]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal_handler(self, signum: int, frame: FrameType | None) -> None:
+        # Only post it: the loop acts on it (SimpleQueue.put is reentrant).
+        self.events.put(signum)
+
+    # ------------------------------------------------------------- the loop
+
+    def _act(self) -> None:
+        """Do whatever is due now: stop children, reconnect, report, renew, claim."""
+        now = time.monotonic()
+        if (
+            self.stopping
+            and not self.children_stopped
+            and (self.stop_now or now >= self.grace_deadline)
+        ):
+            self._stop_children()
+        if self.conn is None and (now < self.reconnect_at or not self._reconnect()):
+            return
+        limit = self._claim_limit() if self._claim_due(now) else 0
+        renew = now >= self.next_renew and any(not r.lost for r in self.running.values())
+        if limit or renew or self.done or self.fails or self.handed_back:
+            self._exchange(limit, renew)
+
+    def _should_exit(self) -> bool:
+        if self.running:
+            return False
+        if self.done or self.fails or self.handed_back:
+            return self._give_up_reporting()
+        if self.stopping:
+            return True
+        if self.conn is None:
+            return False
+        if self.config.max_jobs is not None and self.claimed >= self.config.max_jobs:
+            return True
+        return self.config.burst and self.last_claim_short and not self.claim_wanted
+
+    def _wait(self) -> None:
+        """Block until an event arrives or the nearest deadline; apply every event."""
+        timeout = self._next_deadline() - time.monotonic()
+        try:
+            event = self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait()
+        except queue.Empty:
+            return
+        self._apply(event)
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+            self._apply(event)
+
+    def _next_deadline(self) -> float:
+        now = time.monotonic()
+        deadlines = [now + _IDLE_CAP]
+        if self.stopping and not self.children_stopped:
+            deadlines.append(self.grace_deadline)
+        if self.report_deadline is not None:
+            deadlines.append(self.report_deadline)
+        if self.conn is None:
+            deadlines.append(self.reconnect_at)
+            return min(deadlines)
+        if self.done or self.fails or self.handed_back:
+            deadlines.append(now)
+        if any(not r.lost for r in self.running.values()):
+            deadlines.append(self.next_renew)
+        if self._claim_limit() > 0:
+            if self.claim_wanted:
+                deadlines.append(now)
+            deadlines.append(self.next_poll)
+            if self.next_due is not None:
+                deadlines.append(self.next_due)
+        return min(deadlines)
+
+    def _apply(self, event: object) -> None:
+        if isinstance(event, _Finished):
+            self._finished(event)
+        elif event == _WAKE:
+            self.claim_wanted = True
+        elif isinstance(event, int):
+            self._on_signal(event)
+
+    def _claim_due(self, now: float) -> bool:
+        return (
+            self.claim_wanted
+            or now >= self.next_poll
+            or (self.next_due is not None and now >= self.next_due)
+        )
+
+    def _claim_limit(self) -> int:
+        if self.stopping or self.conn is None:
+            return 0
+        free = self.config.concurrency - len(self.running)
+        if self.config.max_jobs is not None:
+            free = min(free, self.config.max_jobs - self.claimed)
+        return max(free, 0)
+
+    # ------------------------------------------------------ database work
+
+    def _exchange(self, limit: int, renew: bool) -> None:
+        """Report, renew and claim in one statement; on failure keep everything for later."""
+        conn = self.conn
+        assert conn is not None
+        c = self.config
+        done, fails, handed_back = self.done, self.fails, self.handed_back
+        held = [r.job.held for r in self.running.values() if not r.lost] if renew else []
+        sent = time.monotonic()
+        if limit:
+            # What asks for a claim from now on (a job ending, a notification)
+            # asks for the next one.
+            self.claim_wanted = False
+            self.next_poll = sent + c.poll
+        try:
+            changed = claims.exchange(
+                conn,
+                done=[f.running.job.held for f in done],
+                failed=[failure for _, failure in fails],
+                handed_back=[f.running.job.held for f in handed_back],
+                hand_back_reason=_HAND_BACK_REASON,
+                renew=held,
+                claim=limit,
+                lease=c.lease,
+                worker=self.worker_id,
+                queues=c.queues,
+                kinds=c.kinds,
+            )
+        except (psycopg.Error, PgqctlError) as exc:
+            self.claim_wanted = self.claim_wanted or bool(limit)
+            self._connection_failed(exc)
+            return
+        self.done, self.fails, self.handed_back = [], [], []
+        fenced_out = self._log_reports(done, fails, handed_back, changed)
+        if fenced_out:
+            self._explain_fenced_out(fenced_out)
+        if changed.handed_back or any(r.status == "pending" for r in changed.failed.values()):
+            # Back in the queue, maybe due already: the claim that went with
+            # the report could not see them (one statement, one snapshot).
+            self.claim_wanted = True
+        if renew:
+            self.next_renew = sent + c.lease / 3
+            self._check_renewal(held, changed.renewed)
+        if limit:
+            self._start_jobs(changed.claimed, limit, sent)
+
+    def _start_jobs(self, jobs: list[Job], limit: int, now: float) -> None:
+        if jobs and not self.running:
+            self.next_renew = now + self.config.lease / 3
+        for job in jobs:
+            running = _Running(job, runner.Stop())
+            self.running[job.held] = running
+            self._dispatch.put(running)
+        self.claimed += len(jobs)
+        self.last_claim_short = len(jobs) < limit
+        self.next_due = None
+        if self.last_claim_short and not self.config.burst and self.conn is not None:
+            try:
+                due = claims.next_due(self.conn, queues=self.config.queues, kinds=self.config.kinds)
+            except (psycopg.Error, PgqctlError) as exc:
+                self._connection_failed(exc)
+                return
+            if due is not None:
+                self.next_due = time.monotonic() + max(due, 0.0)
+
+    def _check_renewal(self, held: list[claims.Held], kept: set[int]) -> None:
+        for key in held:
+            running = self.running.get(key)
+            if running is None or running.lost or key[0] in kept:
+                continue
+            running.lost = True
+            running.stop.request("lease lost")
+            job = running.job
+            self.log.event(
+                "lease_lost",
+                f"job {job.id} lease lost: attempt {job.attempt} is no longer this worker's "
+                "(reaped or taken over); stopping it, its result will be dropped",
+                job_id=job.id,
+                attempt=job.attempt,
+                reason="renewal",
+            )
+
+    def _reconnect(self) -> bool:
+        try:
+            self.conn = self.connect()
+        except (psycopg.Error, PgqctlError):
+            self._schedule_reconnect()
+            return False
+        down = time.monotonic() - (self.lost_since or time.monotonic())
+        self.log.event(
+            "db_restored",
+            f"database connection restored after {seconds(down)}",
+            downtime=round(down, 3),
+        )
+        self.lost_since = None
+        self.reconnect_delay = RECONNECT_FIRST
+        # Catch up: renew what we hold, report, and look for work at once.
+        self.next_renew = time.monotonic()
+        self.claim_wanted = True
+        return True
+
+    def _connection_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, (psycopg.OperationalError, PgqctlError)):
+            held = len(self.running)
+            self.log.event(
+                "db_lost",
+                f"database connection lost: {reason(exc)}; reconnecting "
+                f"({held} job(s) keep running, results are reported once it is back)",
+                error=reason(exc),
+            )
+        else:
+            self.log.error("database error", exc)
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        if self.conn is not None:
+            _close_quietly(self.conn)
+            self.conn = None
+        if self.lost_since is None:
+            self.lost_since = time.monotonic()
+        self._schedule_reconnect()
+
+    def _schedule_reconnect(self) -> None:
+        self.reconnect_at = time.monotonic() + jittered(self.reconnect_delay)
+        self.reconnect_delay = min(self.reconnect_delay * 2, RECONNECT_CAP)
+
+    def _give_up_reporting(self) -> bool:
+        """While stopping with results the database cannot take: wait a little, then exit 1."""
+        if not self.stopping or self.conn is not None:
+            return False
+        now = time.monotonic()
+        if self.report_deadline is None:
+            self.report_deadline = now + REPORT_WAIT
+            return False
+        if now < self.report_deadline:
+            return False
+        count = len(self.done) + len(self.fails) + len(self.handed_back)
+        self.log.event(
+            "unreported",
+            f"could not report {count} job(s): the database is unreachable; they return to "
+            "the queue when their leases expire (`pgqctl reap`)",
+            jobs=[f.running.job.id for f in self._unreported()],
+        )
+        self.exit_code = 1
+        return True
+
+    def _unreported(self) -> list[_Finished]:
+        return [*self.done, *(f for f, _ in self.fails), *self.handed_back]
+
+    # -------------------------------------------------- finished jobs
+
+    def _finished(self, finished: _Finished) -> None:
+        running = finished.running
+        self.running.pop(running.job.held, None)
+        self.claim_wanted = True
+        if running.lost:
+            return  # said when the lease was found lost
+        job = running.job
+        outcome = finished.outcome
+        if finished.rejected is not None:
+            failure = Failure(job.id, job.attempt, finished.rejected, 0.0, permanent=True)
+            self.fails.append((finished, failure))
+        elif outcome.succeeded:
+            self.done.append(finished)
+        elif outcome.stopped:  # only a shutdown stops a child whose lease we hold
+            self.handed_back.append(finished)
+        else:
+            delay = backoff_delay(job.attempt, self.config.backoff)
+            self.fails.append((finished, Failure(job.id, job.attempt, outcome.last_error(), delay)))
+
+    def _log_reports(
+        self,
+        done: list[_Finished],
+        fails: list[tuple[_Finished, Failure]],
+        handed_back: list[_Finished],
+        changed: claims.Exchanged,
+    ) -> list[tuple[_Finished, str]]:
+        """Log each applied report; return the fenced-out ones with what they tried."""
+        fenced_out: list[tuple[_Finished, str]] = []
+        for finished in done:
+            if finished.running.job.id in changed.done:
+                self._log_done(finished)
+            else:
+                fenced_out.append((finished, "done"))
+        for finished, failure in fails:
+            result = changed.failed.get(failure.job_id)
+            if result is not None:
+                self._log_failure(finished, failure, result)
+            else:
+                fenced_out.append((finished, "failed"))
+        for finished in handed_back:
+            job = finished.running.job
+            if job.id in changed.handed_back:
+                self.log.event(
+                    "handed_back",
+                    f"job {job.id} handed back: attempt {job.attempt} stopped by the "
+                    "shutdown; it runs again without using up an attempt",
+                    job_id=job.id,
+                    attempt=job.attempt,
+                )
+            else:
+                fenced_out.append((finished, "handed back"))
+        return fenced_out
+
+    def _log_done(self, finished: _Finished) -> None:
+        job = finished.running.job
+        duration = finished.outcome.duration
+        self.log.event(
+            "done",
+            f"job {job.id} done in {seconds(duration)}",
+            job_id=job.id,
+            kind=job.kind,
+            attempt=job.attempt,
+            duration=round(duration, 3),
+        )
+
+    def _log_failure(
+        self, finished: _Finished, failure: Failure, result: claims.FailResult
+    ) -> None:
+        job = finished.running.job
+        outcome = finished.outcome
+        what = finished.rejected or outcome.describe()
+        fields: dict[str, Any] = {
+            "job_id": job.id,
+            "kind": job.kind,
+            "attempt": job.attempt,
+            "max_attempts": job.max_attempts,
+            "error": what,
+            "exit_code": outcome.exit_code,
+            "signal": outcome.signal,
+            "timed_out": outcome.timed_out,
+        }
+        if result.status == "failed":
+            why = (
+                "it can never run"
+                if failure.permanent
+                else f"attempt {job.attempt} of {job.max_attempts}"
+            )
+            self.log.event("failed", f"job {job.id} failed permanently ({why}): {what}", **fields)
+            return
+        self.log.event(
+            "retry",
+            f"job {job.id} failed: {what}; runs again in {seconds(failure.delay)} "
+            f"(attempt {job.attempt + 1} of {job.max_attempts})",
+            retry_at=timestamp(result.run_at.timestamp()),
+            delay=round(failure.delay, 3),
+            **fields,
+        )
+
+    def _explain_fenced_out(self, fenced_out: list[tuple[_Finished, str]]) -> None:
+        """Say why reports matched nothing: the job was taken over, reaped, or deleted."""
+        assert self.conn is not None
+        try:
+            state = claims.fence_state(self.conn, [f.running.job.id for f, _ in fenced_out])
+        except (psycopg.Error, PgqctlError):
+            state = {}  # explained below as "no longer held"; the next step reconnects
+        for finished, tried in fenced_out:
+            job = finished.running.job
+            status, attempts = state.get(job.id, ("", -1))
+            if tried == "done" and status == "done" and attempts == job.attempt:
+                # Our own earlier report, whose answer the connection lost.
+                self._log_done(finished)
+                continue
+            if not state:
+                why = "is no longer held by this worker"
+            elif not status:
+                why = "was deleted"
+            elif attempts > job.attempt:
+                why = f"was taken over (now attempt {attempts}, {status})"
+            else:
+                why = f"expired and was reaped (now {status})"
+            self.log.event(
+                "lease_lost",
+                f"job {job.id} lease lost: attempt {job.attempt} {why}; result ({tried}) dropped",
+                job_id=job.id,
+                attempt=job.attempt,
+                dropped=tried,
+                status=status or None,
+                attempts=attempts if status else None,
+            )
+
+    # --------------------------------------------------------- stopping
+
+    def _on_signal(self, signum: int) -> None:
+        self.signals += 1
+        name = signal.Signals(signum).name
+        count = len(self.running)
+        if self.signals == 1 and self.config.grace > 0 and count:
+            self.stopping = True
+            self.grace_deadline = time.monotonic() + self.config.grace
+            self.log.event(
+                "stopping",
+                f"{name}: claiming no more jobs; waiting up to {seconds(self.config.grace)} "
+                f"for {count} running job(s) (signal again to stop them now)",
+                signal=name,
+                running=count,
+                grace=self.config.grace,
+            )
+            return
+        self.stopping = True
+        self.stop_now = True
+        self.log.event(
+            "stopping",
+            f"{name}: stopping {count} running job(s) now" if count else f"{name}: stopping",
+            signal=name,
+            running=count,
+        )
+
+    def _stop_children(self) -> None:
+        self.children_stopped = True
+        for running in self.running.values():
+            running.stop.request("the worker is stopping")
+
+    # ------------------------------------------------------------- slots
+
+    def _slot(self, slot: int) -> None:
+        while True:
+            running = self._dispatch.get()
+            if running is None:
+                return
+            try:
+                finished = self._execute(running, slot)
+            except Exception as exc:  # never lose a slot, nor the job's report
+                self.log.error(f"job {running.job.id}: unexpected error running it", exc)
+                finished = _Finished(running, runner.Outcome(start_error=f"worker error: {exc}"))
+            self.events.put(finished)
+
+    def _execute(self, running: _Running, slot: int) -> _Finished:
+        job = running.job
+        self.log.event(
+            "started",
+            f"job {job.id} started: {job.kind}, attempt {job.attempt} of {job.max_attempts} "
+            f"(queue {job.queue}, slot {slot})",
+            job_id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            slot=slot,
+        )
+        c = self.config
+        try:
+            command = runner.command_for_job(
+                job.payload,
+                kind=job.kind,
+                handlers=c.handlers,
+                allow_shell=c.allow_shell,
+                default_timeout=c.timeout,
+            )
+        except runner.PayloadRejected as exc:
+            return _Finished(running, runner.Outcome(start_error=exc.reason), exc.reason)
+        env = runner.job_environment(
+            self.environ,
+            job_id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempt,
+            extra=command.env,
+        )
+        outcome = runner.run(
+            command,
+            env,
+            stop=running.stop,
+            term_grace=TERM_GRACE,
+            on_line=self._forwarder(job.id),
+        )
+        return _Finished(running, outcome)
+
+    def _forwarder(self, job_id: int) -> Callable[[str], None]:
+        event = self.log.event
+
+        def forward(line: str) -> None:
+            event("output", f"job {job_id} | {line}", job_id=job_id, line=line)
+
+        return forward
+
+    # ---------------------------------------------------------- listener
+
+    def _listen(self) -> None:
+        """Post a wake-up for each notification about our schema; reconnect on failure."""
+        delay = RECONNECT_FIRST
+        while not self._closing.is_set():
+            conn = None
+            try:
+                conn = self.connect()
+                conn.execute(f"LISTEN {CHANNEL}")
+                delay = RECONNECT_FIRST
+                # Jobs may have come while nobody listened.
+                self.events.put(_WAKE)
+                self._relay_notifications(conn)
+            except Exception as exc:
+                if self.log.debug:
+                    self.log.error("listen connection failed; polling until it is back", exc)
+            finally:
+                if conn is not None:
+                    _close_quietly(conn)
+            if self._closing.wait(jittered(delay)):
+                return
+            delay = min(delay * 2, RECONNECT_CAP)
+
+    def _relay_notifications(self, conn: psycopg.Connection[Any]) -> None:
+        # select() on the socket and on the closing pipe, so stopping the
+        # worker never waits for a notifies() timeout.
+        watched = [conn.fileno(), self._closing_r]
+        while not self._closing.is_set():
+            ready, _, _ = select.select(watched, [], [])
+            if self._closing_r in ready:
+                return
+            for note in conn.notifies(timeout=0):
+                if note.payload in ("", self.config.schema):
+                    self.events.put(_WAKE)
+
+
+def _close_quietly(conn: psycopg.Connection[Any]) -> None:
+    # A broken connection may fail to close; it is gone either way.
+    with contextlib.suppress(Exception):
+        conn.close()

@@ -1,0 +1,68 @@
+"""The worker's log: one line per event, as text for people or JSON for log shippers.
+
+Every event has a name, a human message and fields. Text lines are
+``<UTC timestamp> <message>``; JSON lines are objects with ``ts``, ``event``,
+the fields and ``message``. Each line is written whole, under a lock, with a
+single write and flush, so lines from the worker's threads (and the job
+output they forward) never interleave. A log that cannot be written (stderr
+closed) is dropped rather than stopping the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+from pgqctl.output import format_seconds
+
+LOG_FORMATS = ("text", "json")
+
+
+class WorkLog:
+    def __init__(self, stream: TextIO, fmt: str = "text", *, debug: bool = False) -> None:
+        if fmt not in LOG_FORMATS:
+            raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}")
+        self._stream = stream
+        self._json = fmt == "json"
+        self.debug = debug
+        self._lock = threading.Lock()
+
+    def event(self, event: str, message: str, **fields: Any) -> None:
+        ts = timestamp(time.time())
+        if self._json:
+            record = {"ts": ts, "event": event, **fields, "message": message}
+            line = json.dumps(record, ensure_ascii=False, default=str)
+        else:
+            line = f"{ts} {message}"
+        self._write(line + "\n")
+
+    def error(self, message: str, exc: BaseException) -> None:
+        """An unexpected error: its message, and with --debug its traceback."""
+        self.event("error", f"{message}: {type(exc).__name__}: {exc}", error=str(exc))
+        if self.debug:
+            self._write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+    def _write(self, text: str) -> None:
+        with self._lock:
+            try:
+                self._stream.write(text)
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def timestamp(seconds: float) -> str:
+    """ISO 8601 in UTC with milliseconds: 2026-11-30T14:12:26.123Z."""
+    moment = datetime.fromtimestamp(seconds, timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def seconds(value: float) -> str:
+    """A duration for a log line: 0.042s, 2.35s, 4m05s."""
+    if value < 10:
+        return f"{value:.3g}s"
+    return format_seconds(value)

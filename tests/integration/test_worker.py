@@ -1,0 +1,531 @@
+"""`pgqctl worker` end to end: real worker processes, real children, a real PostgreSQL.
+
+Jobs are created with plain INSERTs and expired leases reclaimed with the
+reap UPDATE of the classic design, so these tests need nothing but the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgqctl import embedded
+from tests.conftest import run_cli
+
+# The reclaim UPDATE of the classic SKIP LOCKED design (what `pgqctl reap` does).
+REAP = """
+UPDATE jobs
+SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
+    locked_until = NULL,
+    last_error = 'lease expired'
+WHERE status = 'running'
+  AND locked_until < now()
+RETURNING id
+"""
+
+
+class WorkerProcess:
+    """`pgqctl worker` as a child process, its stderr in a file."""
+
+    def __init__(self, dsn: str | None, args: tuple[str, ...], log: Path, env: dict[str, str]):
+        self.log_path = log
+        self.out_path = log.with_suffix(".out")
+        command = [sys.executable, "-m", "pgqctl", "worker"]
+        if dsn is not None:
+            command += ["--dsn", dsn]
+        with log.open("w") as err, self.out_path.open("w") as out:
+            self.proc = subprocess.Popen(
+                [*command, *args], stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL
+            )
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for_log(self, text: str, timeout: float = 10) -> None:
+        wait_until(lambda: text in self.log, timeout, f"{text!r} in the worker's log")
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def finish(self, timeout: float = 20) -> int:
+        """Wait for the worker to exit; its exit code. It must never write to stdout."""
+        code = self.proc.wait(timeout)
+        assert self.out_path.read_text() == ""
+        # Every line is a log line: no traceback, no stray output.
+        for line in self.log.splitlines():
+            assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", line), line
+        return code
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(
+        dsn: str | None, *args: str, env: dict[str, str] | None = None, name: str = "worker"
+    ) -> WorkerProcess:
+        worker = WorkerProcess(
+            dsn, args, tmp_path / f"{name}-{len(started)}.log", env or dict(os.environ)
+        )
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+            worker.proc.wait()
+
+
+@pytest.fixture
+def pidfile(tmp_path: Path) -> Iterator[Path]:
+    """Where a job writes the pid of a process it leaves behind; killed after the test."""
+    path = tmp_path / "child.pid"
+    yield path
+    if path.exists():
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            os.kill(int(path.read_text()), signal.SIGKILL)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def insert_jobs(
+    conn: psycopg.Connection[Any],
+    payloads: list[object],
+    *,
+    kind: str = "test",
+    max_attempts: int = 3,
+) -> list[int]:
+    rows = conn.execute(
+        "INSERT INTO jobs (kind, payload, max_attempts) "
+        "SELECT %s, p, %s FROM unnest(%s::jsonb[]) WITH ORDINALITY AS t(p, n) "
+        "ORDER BY n RETURNING id",
+        (kind, max_attempts, [json.dumps(p) for p in payloads]),
+    ).fetchall()
+    return sorted(row[0] for row in rows)
+
+
+def job(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
+    cur = conn.execute("SELECT * FROM jobs WHERE id = %s", (job_id,))
+    names = [d.name for d in cur.description or []]
+    row = cur.fetchone()
+    assert row is not None
+    return dict(zip(names, row, strict=True))
+
+
+def statuses(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    rows = conn.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
+    return {status: count for status, count in rows}
+
+
+def sh(script: str, *args: str) -> dict[str, list[str]]:
+    """An argv payload running a shell script (no --allow-shell needed)."""
+    return {"argv": ["sh", "-c", script, "sh", *args]}
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+# -- running jobs ---------------------------------------------------------------
+
+
+def test_three_workers_run_every_job_exactly_once(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Path, start_worker: Any
+) -> None:
+    ran = tmp_path / "ran"
+    ids = insert_jobs(conn, [sh('echo "$PGQCTL_JOB_ID" >> "$1"', str(ran))] * 300)
+    workers = [start_worker(dsn, "--concurrency", "4", "--burst") for _ in range(3)]
+    assert [w.finish(timeout=60) for w in workers] == [0, 0, 0]
+    assert sorted(int(line) for line in ran.read_text().split()) == ids
+    assert statuses(conn) == {"done": 300}
+    assert conn.execute("SELECT max(attempts), count(*) FROM jobs").fetchone() == (1, 300)
+    assert conn.execute("SELECT count(*) FROM jobs WHERE finished_at IS NULL").fetchone() == (0,)
+    # Each worker logged what it ran; together, every job once.
+    logged = [line for w in workers for line in w.log.splitlines() if " done in " in line]
+    assert len(logged) == 300
+
+
+def test_failing_job_is_retried_with_backoff_then_fails_for_good(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
+) -> None:
+    [job_id] = insert_jobs(conn, [sh("echo starting; echo 'disk full' >&2; exit 3")])
+    worker = start_worker(dsn, "--backoff", "0.2s", "--poll", "30s")
+    wait_until(lambda: job(conn, job_id)["status"] == "failed", 15, "the job to fail")
+    worker.signal(signal.SIGTERM)
+    assert worker.finish() == 0
+
+    row = job(conn, job_id)
+    assert (row["attempts"], row["locked_until"]) == (3, None)
+    assert row["finished_at"] is not None
+    assert row["last_error"] == "exit status 3\nstarting\ndisk full"
+    log = worker.log
+    assert log.count("failed: exit status 3; runs again in") == 2
+    assert f"job {job_id} failed permanently (attempt 3 of 3): exit status 3" in log
+    assert f"job {job_id} | disk full" in log
+
+
+def test_command_that_cannot_start_is_a_retried_failure(dsn: str, conn: Any) -> None:
+    [job_id] = insert_jobs(conn, [{"argv": ["pgqctl-no-such-program"]}], max_attempts=2)
+    result = run_cli("worker", "--dsn", dsn, "--burst", "--backoff", "0")
+    assert result.exit_code == 0, result.stderr
+    # Burst stops once nothing is due; the retry was due at once.
+    row = job(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("failed", 2)
+    assert row["last_error"] == "command not found: pgqctl-no-such-program"
+
+
+def test_shell_payload_is_refused_without_allow_shell_and_runs_with_it(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    [refused] = insert_jobs(conn, [{"shell": "echo hello | tr a-z A-Z"}])
+    result = run_cli("worker", "--dsn", dsn, "--burst")
+    assert result.exit_code == 0, result.stderr
+    row = job(conn, refused)
+    # Permanent: failed at once, without burning its other attempts.
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert "--allow-shell" in row["last_error"]
+    assert f"job {refused} failed permanently (it can never run): shell payloads need" in (
+        result.stderr
+    )
+
+    [allowed] = insert_jobs(conn, [{"shell": "echo hello | tr a-z A-Z"}])
+    result = run_cli("worker", "--dsn", dsn, "--burst", "--allow-shell")
+    assert result.exit_code == 0, result.stderr
+    assert job(conn, allowed)["status"] == "done"
+    assert f"job {allowed} | HELLO" in result.stderr
+    assert result.stdout == ""
+
+
+def test_child_gets_job_variables_and_no_database_credentials(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Path, start_worker: Any
+) -> None:
+    dump = tmp_path / "env"
+    [job_id] = insert_jobs(conn, [sh('env > "$1"', str(dump))], kind="dump")
+    env = {
+        **os.environ,
+        "PGQCTL_DSN": dsn,
+        "DATABASE_URL": dsn,
+        "PGPASSWORD": "s3cret-password",
+        "APP_SETTING": "kept",
+    }
+    worker = start_worker(None, "--burst", env=env)
+    assert worker.finish() == 0
+    child = dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
+    assert child["PGQCTL_JOB_ID"] == str(job_id)
+    assert child["PGQCTL_JOB_KIND"] == "dump"
+    assert child["PGQCTL_JOB_QUEUE"] == "default"
+    assert child["PGQCTL_JOB_ATTEMPT"] == "1"
+    assert child["APP_SETTING"] == "kept"
+    assert not {"PGQCTL_DSN", "DATABASE_URL", "PGPASSWORD"} & set(child)
+    assert "s3cret-password" not in dump.read_text()
+    assert "s3cret-password" not in worker.log
+
+
+def test_timeout_kills_the_child_and_its_grandchild(
+    conn: psycopg.Connection[Any], dsn: str, pidfile: Path
+) -> None:
+    [job_id] = insert_jobs(
+        conn, [sh('sleep 30 & echo $! > "$1"; wait', str(pidfile))], max_attempts=1
+    )
+    started = time.monotonic()
+    result = run_cli("worker", "--dsn", dsn, "--burst", "--timeout", "1s")
+    assert result.exit_code == 0, result.stderr
+    assert time.monotonic() - started < 10
+    row = job(conn, job_id)
+    assert row["status"] == "failed"
+    assert row["last_error"] == "timed out after 1s"
+    wait_until(lambda: not alive(int(pidfile.read_text())), 5, "the grandchild to die")
+
+
+def test_handler_gets_the_payload_on_stdin_and_json_logs(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Path
+) -> None:
+    got = tmp_path / "stdin"
+    [job_id] = insert_jobs(conn, [{"order_id": 7, "note": "café"}], kind="receipt")
+    result = run_cli(
+        "worker",
+        "--dsn",
+        dsn,
+        "--burst",
+        "--log-format",
+        "json",
+        "--handler",
+        f"receipt=sh -c 'cat > \"$0\"; echo sent' {got}",
+    )
+    assert result.exit_code == 0, result.stderr
+    # Compact JSON, as jsonb keeps it (keys sorted by length, then bytes).
+    assert got.read_text() == '{"note":"café","order_id":7}'
+    assert job(conn, job_id)["status"] == "done"
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    assert all(isinstance(e["ts"], str) and isinstance(e["message"], str) for e in events)
+    by_event = {e["event"]: e for e in events}
+    assert list(by_event) == ["worker_started", "started", "output", "done", "worker_stopped"]
+    assert by_event["started"]["job_id"] == job_id
+    assert by_event["started"]["attempt"] == 1
+    assert by_event["output"]["line"] == "sent"
+    assert by_event["done"]["job_id"] == job_id
+    assert by_event["done"]["duration"] >= 0
+
+
+# -- options ----------------------------------------------------------------------
+
+
+def test_burst_with_an_empty_queue_exits_at_once(dsn: str) -> None:
+    result = run_cli("worker", "--dsn", dsn, "--burst")
+    assert result.exit_code == 0, result.stderr
+    assert "stopped after 0 job(s)" in result.stderr
+
+
+def test_max_jobs_stops_after_that_many(conn: psycopg.Connection[Any], dsn: str) -> None:
+    insert_jobs(conn, [{"argv": ["true"]}] * 5)
+    result = run_cli("worker", "--dsn", dsn, "--max-jobs", "2", "--concurrency", "1")
+    assert result.exit_code == 0, result.stderr
+    assert statuses(conn) == {"done": 2, "pending": 3}
+
+
+def test_queue_and_kind_filters(conn: psycopg.Connection[Any], dsn: str) -> None:
+    conn.execute(
+        "INSERT INTO jobs (queue, kind, payload) VALUES "
+        """('mail', 'send', '{"argv": ["true"]}'), ('mail', 'bounce', '{"argv": ["true"]}'),"""
+        """('video', 'send', '{"argv": ["true"]}')"""
+    )
+    result = run_cli("worker", "--dsn", dsn, "--burst", "--queue", "mail", "--kind", "send")
+    assert result.exit_code == 0, result.stderr
+    rows = conn.execute("SELECT queue, kind, status FROM jobs ORDER BY id").fetchall()
+    assert rows == [
+        ("mail", "send", "done"),
+        ("mail", "bounce", "pending"),
+        ("video", "send", "pending"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--handler", "resize"), "'resize' is not KIND=COMMAND"),
+        (("--handler", "resize=convert 'x"), "cannot split the command"),
+        (("--handler", "a=x", "--handler", "a=y"), "--handler given twice for kind 'a'"),
+        (("--lease", "0.5s"), "--lease must be at least 1s"),
+        (("--poll", "0"), "--poll must be more than 0s"),
+        (("--concurrency", "0"), "--concurrency"),
+        (("--lease", "soon"), "is not a duration"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(
+    dsn: str, conn: psycopg.Connection[Any], args: tuple[str, ...], message: str
+) -> None:
+    insert_jobs(conn, [{"argv": ["true"]}])
+    result = run_cli("worker", "--dsn", dsn, "--burst", *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert statuses(conn) == {"pending": 1}
+
+
+# -- waking -----------------------------------------------------------------------
+
+
+def test_notification_wakes_an_idle_worker_long_before_its_poll(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
+) -> None:
+    worker = start_worker(dsn, "--poll", "60s")
+    wait_until(
+        lambda: conn.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query = 'LISTEN pgqctl_jobs'"
+        ).fetchone(),
+        10,
+        "the worker to listen",
+    )
+    time.sleep(0.2)  # idle, past its first claim
+    [job_id] = insert_jobs(conn, [{"argv": ["true"]}])
+    enqueued = time.monotonic()
+    wait_until(lambda: job(conn, job_id)["status"] == "done", 5, "the job to run")
+    assert time.monotonic() - enqueued < 2
+    worker.signal(signal.SIGINT)
+    assert worker.finish() == 0
+
+
+def test_delayed_job_runs_when_due_without_a_poll(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
+) -> None:
+    conn.execute(
+        "INSERT INTO jobs (kind, payload, run_at) "
+        """VALUES ('later', '{"argv": ["true"]}', now() + interval '1.5 seconds')"""
+    )
+    worker = start_worker(dsn, "--poll", "60s")
+    wait_until(lambda: statuses(conn) == {"done": 1}, 6, "the delayed job to run")
+    worker.signal(signal.SIGTERM)
+    assert worker.finish() == 0
+
+
+# -- stopping -----------------------------------------------------------------------
+
+
+def test_sigterm_lets_a_running_job_finish(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
+) -> None:
+    [job_id] = insert_jobs(conn, [sh("sleep 1")])
+    worker = start_worker(dsn, "--grace", "20s")
+    worker.wait_for_log(f"job {job_id} started")
+    worker.signal(signal.SIGTERM)
+    assert worker.finish() == 0
+    row = job(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("done", 1)
+    assert "SIGTERM: claiming no more jobs; waiting up to 20.0s for 1 running job(s)" in worker.log
+
+
+def test_sigterm_with_a_short_grace_hands_the_job_back(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
+) -> None:
+    [job_id, waiting] = insert_jobs(conn, [sh("sleep 30")] * 2)
+    worker = start_worker(dsn, "--grace", "0.5s", "--concurrency", "1")
+    worker.wait_for_log(f"job {job_id} started")
+    worker.signal(signal.SIGTERM)
+    assert worker.finish(timeout=10) == 0
+    row = job(conn, job_id)
+    # Back in the queue, due now, with the interrupted attempt given back.
+    assert (row["status"], row["attempts"], row["max_attempts"]) == ("pending", 1, 4)
+    assert row["locked_until"] is None
+    assert f"job {job_id} handed back" in worker.log
+    assert job(conn, waiting)["attempts"] == 0
+
+
+def test_second_signal_stops_running_jobs_at_once(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
+) -> None:
+    [job_id] = insert_jobs(conn, [sh("sleep 30")])
+    worker = start_worker(dsn, "--grace", "5m")
+    worker.wait_for_log(f"job {job_id} started")
+    worker.signal(signal.SIGINT)
+    worker.wait_for_log("signal again to stop them now")
+    worker.signal(signal.SIGINT)
+    assert worker.finish(timeout=10) == 0
+    assert job(conn, job_id)["status"] == "pending"
+    assert "SIGINT: stopping 1 running job(s) now" in worker.log
+
+
+# -- crashes and lost leases ----------------------------------------------------------
+
+
+def test_killed_worker_job_comes_back_through_reap_with_its_attempt_count(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any, pidfile: Path
+) -> None:
+    script = 'if [ "$PGQCTL_JOB_ATTEMPT" = 1 ]; then echo $$ > "$1"; sleep 30; fi'
+    [job_id] = insert_jobs(conn, [sh(script, str(pidfile))])
+    first = start_worker(dsn, "--lease", "2s")
+    wait_until(lambda: pidfile.exists() and pidfile.read_text(), 10, "the job to start")
+    first.proc.kill()
+    first.proc.wait()
+    assert conn.execute(REAP).fetchall() == []  # the lease still holds
+    wait_until(lambda: conn.execute(REAP).fetchall(), 5, "the lease to expire")
+
+    second = start_worker(dsn, "--burst")
+    assert second.finish() == 0
+    row = job(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("done", 2)
+
+
+def test_frozen_worker_cannot_overwrite_the_job_after_losing_its_lease(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Path, start_worker: Any
+) -> None:
+    ran = tmp_path / "ran"
+    script = 'if [ "$PGQCTL_JOB_ATTEMPT" = 1 ]; then sleep 2; fi; echo $PGQCTL_JOB_ATTEMPT >> "$1"'
+    [job_id] = insert_jobs(conn, [sh(script, str(ran))])
+    frozen = start_worker(dsn, "--lease", "1s")
+    frozen.wait_for_log(f"job {job_id} started")
+    frozen.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: conn.execute(REAP).fetchall(), 5, "the lease to expire")
+        second = start_worker(dsn, "--burst")
+        assert second.finish() == 0
+        done = job(conn, job_id)
+        assert (done["status"], done["attempts"]) == ("done", 2)
+        # The frozen worker's child carried on and finished attempt 1 meanwhile.
+        wait_until(lambda: ran.exists() and "1" in ran.read_text().split(), 5, "attempt 1")
+    finally:
+        frozen.signal(signal.SIGCONT)
+    frozen.wait_for_log("lease lost")
+    frozen.signal(signal.SIGTERM)
+    assert frozen.finish() == 0
+    assert job(conn, job_id) == done
+    assert f"job {job_id} lease lost: attempt 1 " in frozen.log
+    assert " done in " not in frozen.log
+
+
+def test_terminated_connections_are_retried_and_no_job_is_lost(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Path, start_worker: Any
+) -> None:
+    ran = tmp_path / "ran"
+    ids = insert_jobs(conn, [sh('sleep 0.2; echo "$PGQCTL_JOB_ID" >> "$1"', str(ran))] * 16)
+    worker = start_worker(dsn, "--concurrency", "2", "--poll", "1s")
+    wait_until(lambda: statuses(conn).get("done", 0) >= 2, 10, "some jobs to finish")
+    terminated = conn.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND application_name = 'pgqctl worker'"
+    ).fetchone()
+    assert terminated == (2,)  # the main connection and the listener
+    wait_until(lambda: statuses(conn) == {"done": 16}, 20, "every job to finish")
+    worker.signal(signal.SIGTERM)
+    assert worker.finish() == 0
+    assert sorted(int(line) for line in ran.read_text().split()) == ids
+    assert "database connection lost: " in worker.log
+    assert "database connection restored" in worker.log
+
+
+@pytest.mark.slow
+def test_database_restart_mid_run_loses_no_job(tmp_path: Path, start_worker: Any) -> None:
+    data = Path(tempfile.mkdtemp(prefix="pgqctl-restart-", dir="/tmp")) / "data"
+    server = embedded.start_throwaway(data)
+    try:
+        assert run_cli("migrate", "--dsn", server.dsn).exit_code == 0
+        ran = tmp_path / "ran"
+        with psycopg.connect(server.dsn, autocommit=True) as db:
+            ids = insert_jobs(db, [sh('sleep 0.3; echo "$PGQCTL_JOB_ID" >> "$1"', str(ran))] * 24)
+        worker = start_worker(server.dsn, "--concurrency", "4", "--lease", "3s", "--poll", "0.5s")
+        wait_until(lambda: ran.exists() and len(ran.read_text().split()) >= 4, 15, "some jobs")
+        embedded.stop(data)
+        time.sleep(1)
+        embedded.ensure_running(data)
+
+        def all_done() -> bool:
+            with psycopg.connect(server.dsn, autocommit=True) as db:
+                # A claim whose answer the restart swallowed comes back by reap.
+                db.execute(REAP)
+                return statuses(db) == {"done": 24}
+
+        wait_until(all_done, 40, "every job to be done")
+        worker.signal(signal.SIGTERM)
+        assert worker.finish() == 0
+        assert set(int(line) for line in ran.read_text().split()) == set(ids)
+        assert "database connection lost: " in worker.log
+        assert "database connection restored" in worker.log
+    finally:
+        embedded.stop(data)
+        shutil.rmtree(data.parent, ignore_errors=True)
