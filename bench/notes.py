@@ -39,9 +39,9 @@ SHORTFALLS: dict[str, str] = {
         "both take 10 jobs per round trip and both are bound by Python and commits on 2 "
         "cores, so the ratio sits near its target and moves with the machine's load (see "
         "min .. max); drain.pgqctl/seed_loop shows what batching already buys. What would "
-        "close it: less Python per job on the claim path (the exchange builds a dataclass "
-        "per claimed row and parameter arrays per report), and the report and the claim as "
-        "one statement."
+        "close it: less Python per job on the exchange (a dataclass and a json.loads of the "
+        "payload per claimed row, a JSON object per reported job), or more jobs per "
+        "exchange when more slots are free."
     ),
     "e2e.c4.pgqctl_worker/spawn_limit": (
         "the spawn limit is one Python process whose threads only run `true`; the worker is "

@@ -63,9 +63,10 @@ def enqueue(conn: psycopg.Connection[Any], kind: str, payload: Mapping[str, Any]
 class WorkerPath:
     """What one worker process does per batch, minus the child processes.
 
-    ``exchange(done)`` is the worker's one round trip: report the finished
-    jobs done (fenced) and claim up to ``slots`` due jobs under a lease, in one
-    transaction, as the worker does when all its slots come free.
+    ``exchange(done)`` is the worker's one round trip (``claims.exchange``):
+    report the finished jobs done, fenced, and claim up to ``slots`` due jobs
+    under a lease, in one statement, as the worker does when all its slots
+    come free.
     """
 
     LEASE_S = 300.0  # the worker's default lease
@@ -78,13 +79,16 @@ class WorkerPath:
         self.conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
 
     def exchange(self, done: list[Any]) -> list[Any]:
-        claims, conn = self.claims, self.conn
-        with claims.round_trip(conn):
-            reported = claims.complete(conn, [job.held for job in done])
-            claimed = claims.claim(conn, limit=self.slots, lease=self.LEASE_S, worker=self.worker)
-        if len(reported.result()) != len(done):
+        changed = self.claims.exchange(
+            self.conn,
+            done=[job.held for job in done],
+            claim=self.slots,
+            lease=self.LEASE_S,
+            worker=self.worker,
+        )
+        if len(changed.done) != len(done):
             raise RuntimeError("a fenced report matched fewer jobs than it reported")
-        jobs: list[Any] = claimed.result()
+        jobs: list[Any] = changed.claimed
         return jobs
 
     def __enter__(self) -> WorkerPath:
@@ -99,14 +103,10 @@ class WorkerPath:
         self.conn.close()
 
 
-def claim_statement(slots: int) -> tuple[str, dict[str, Any]]:
-    """pgqctl's claim statement and its parameters, for the history workload.
+def claim_once(conn: psycopg.Connection[Any], slots: int) -> int:
+    """One claim of up to `slots` jobs through the worker's exchange; how many it got.
 
-    The harness runs it in a transaction it rolls back, so it changes nothing.
+    The history workload runs it in a transaction it rolls back.
     """
-    _claims()
-    from pgqctl.sql import query
-
-    params = {"limit": slots, "lease": WorkerPath.LEASE_S, "worker": "bench",
-              "queues": None, "kinds": None}  # fmt: skip
-    return query("job_claim"), params
+    changed = _claims().exchange(conn, claim=slots, lease=WorkerPath.LEASE_S, worker="bench")
+    return len(changed.claimed)

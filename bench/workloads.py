@@ -583,11 +583,11 @@ class History:
         dsn = env.dsns["history"]
         call: Callable[[str], None]
         if op == "claim":
-            statement, params = claim_statement_or_skip(env.sizes.slots)
+            env.require_api("claims")
 
             def call(schema: str) -> None:
                 with connect(dsn, schema) as conn, conn.transaction(force_rollback=True):
-                    conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
+                    pgqctl_adapter.claim_once(conn, env.sizes.slots)
         else:
             args = self.COMMANDS[op]
             env.require_command(args[0])
@@ -607,13 +607,6 @@ class History:
                 call(schema)
                 timings[label].append(time.perf_counter() - began)
         return {label: statistics.median(values) for label, values in timings.items()}
-
-
-def claim_statement_or_skip(slots: int) -> tuple[str, dict[str, Any]]:
-    try:
-        return pgqctl_adapter.claim_statement(slots)
-    except pgqctl_adapter.Missing as exc:
-        raise Skip(str(exc)) from None
 
 
 # ------------------------------------------------------------------- purge
