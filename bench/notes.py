@@ -53,8 +53,8 @@ SHORTFALLS: dict[str, str] = {
         "commit comes out of the same budget. e2e.c4.pgqctl_worker/seed_loop compares it "
         "with 4 plain processes each running the seed's loop. What would close it: the "
         "worker's hot-path profiling (issue item 4): a leaner spawn (no output pipes when "
-        "nobody reads them, posix_spawn), fewer thread hand-offs per job, and reports of "
-        "several slots batched into one exchange."
+        "nobody reads them, posix_spawn), fewer thread hand-offs per job, and fewer "
+        "exchanges per job when slots finish close together."
     ),
     "purge.claim_stall/batch_time": (
         "the purge takes only finished rows, FOR UPDATE SKIP LOCKED, and claims read only "
