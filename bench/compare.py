@@ -126,7 +126,7 @@ def parse_args() -> argparse.Namespace:
         help="server to create the bench databases in "
         "(default: an embedded PostgreSQL of the run's own)",
     )
-    parser.add_argument("--rounds", type=int, help="rounds (default 5, or 3 with --quick)")
+    parser.add_argument("--rounds", type=int, help="rounds (default 4, or 3 with --quick)")
     names = [kind.name for kind in WORKLOADS]
     parser.add_argument(
         "--only",
@@ -370,11 +370,20 @@ def render_text(doc: dict[str, Any]) -> str:
         out.append("== skipped: waiting for")
         out.extend(f"{name}: {reason}" for name, reason in doc["skipped"].items())
     if doc["failed"]:
-        out.append("== failed (round by round)")
-        out.extend(f"{name}: {e}" for name, errors in doc["failed"].items() for e in errors)
+        out.append("== failed")
+        out.extend(failures(doc))
     out.append("== notes")
     out.extend(f"- {text}" for text in (*doc["notes"], *doc["closing"]))
     return "\n".join(out)
+
+
+def failures(doc: dict[str, Any]) -> list[str]:
+    rounds = doc["meta"]["sizes"]["rounds"]
+    return [
+        f"{name}, round {round_no + 1} of {rounds}: {error}"
+        for name, errors in doc["failed"].items()
+        for round_no, error in errors
+    ]
 
 
 def write_json(doc: dict[str, Any]) -> Path:
@@ -430,10 +439,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
         )
     out += ["", "## Notes", ""]
     out += [f"- {text}" for text in (*doc["notes"], *doc["closing"])]
-    if doc["skipped"] or doc["failed"]:
+    if doc["failed"]:
+        out += ["", "## Failures", ""]
+        out += [f"- {line}" for line in failures(doc)]
+    if doc["skipped"]:
         out += ["", "## Not measured", ""]
         out += [f"- {name}: waiting for {reason}" for name, reason in doc["skipped"].items()]
-        out += [f"- {name}: failed: {errors[0]}" for name, errors in doc["failed"].items()]
     return "\n".join(out) + "\n"
 
 

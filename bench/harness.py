@@ -48,7 +48,7 @@ class Sizes:
 
 
 FULL = Sizes(
-    rounds=5,
+    rounds=4,
     enqueue_jobs=100_000,
     drain_jobs=20_000,
     drain_workers=4,
@@ -137,7 +137,7 @@ class Record:
     def __init__(self) -> None:
         self.figures: dict[str, Figure] = {}
         self.skipped: dict[str, str] = {}
-        self.failed: dict[str, list[str]] = {}
+        self.failed: dict[str, list[tuple[int, str]]] = {}  # name -> (round, error)
         self.notes: list[str] = []
 
     def add(self, name: str, round_no: int, value: float, unit: str, *, higher: bool) -> None:
@@ -147,8 +147,8 @@ class Record:
     def skip(self, name: str, reason: str) -> None:
         self.skipped.setdefault(name, reason)
 
-    def fail(self, name: str, error: str) -> None:
-        self.failed.setdefault(name, []).append(error)
+    def fail(self, name: str, round_no: int, error: str) -> None:
+        self.failed.setdefault(name, []).append((round_no, error))
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -234,8 +234,15 @@ class Child:
         return result
 
     def error_tail(self) -> str:
+        """The exception a child died of (its first lines), else its last lines."""
         self.stderr.seek(0)
         lines = [line for line in self.stderr.read().splitlines() if line.strip()]
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
+        if starts:
+            # After the traceback's indented frames: the exception and its detail.
+            message = [line for line in lines[starts[-1] + 1 :] if not line[0].isspace()]
+            if message:
+                return " | ".join(message[:3])
         return " | ".join(lines[-3:]) or "no output"
 
     def kill(self) -> None:

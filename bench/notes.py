@@ -29,11 +29,14 @@ SHORTFALLS: dict[str, str] = {
         "the caller does not need the ids, and a cheaper per-job check."
     ),
     "drain.pgqctl/procrastinate": (
-        "procrastinate drains a few hundred jobs/s (one stored-procedure call and one event "
-        "row per job), pgqctl several thousand; with both this far apart a loaded machine "
-        "moves the ratio by more than its margin (see min .. max). What would close it: more "
-        "jobs per round trip on the pgqctl side (the exchange commits once per batch of up "
-        "to 10), measured on a quiet machine."
+        "procrastinate drains a few hundred jobs/s here (a stored-procedure call and event "
+        "rows per job), so the target asks pgqctl for 5,000-9,000 jobs/s from 4 processes "
+        "that share 2 cores with PostgreSQL; the exchange commits once per batch of up to "
+        "10 jobs per worker, and drain.pgqctl/seed_loop shows that batching already buys "
+        "about 5x over a commit per job. What would close it: more jobs per exchange when "
+        "the queue is deep (the worker claims as many as it has free slots), less Python "
+        "per job in the exchange (a dataclass and a json.loads per claimed row), and a "
+        "measurement on a quiet machine."
     ),
     "drain.pgqctl/pgqueuer_asyncpg": (
         "both take 10 jobs per round trip and both are bound by Python and commits on 2 "
@@ -58,12 +61,13 @@ SHORTFALLS: dict[str, str] = {
     ),
     "purge.claim_stall/batch_time": (
         "the purge takes only finished rows, FOR UPDATE SKIP LOCKED, and claims read only "
-        "the pending partial index, so the workers do not wait on its row locks. What they "
-        "do share: every worker commit must flush WAL that already holds the purge batch's "
-        "deletions, and on 2 cores the purge's backend competes with them for CPU. "
-        "purge.claim_quiet_max is the longest exchange the same workers saw in the second "
-        "before the purge; on a loaded machine it is of the same order. What would close "
-        "it: a pause between batches (or a smaller --batch-size) so worker commits are not "
-        "queued behind a batch's WAL, and a measurement on a quiet machine."
+        "the pending partial index, so the workers are not meant to wait on its row locks; "
+        "compare purge.claim_stall_max with purge.claim_quiet_max (the longest exchange "
+        "the same workers saw in the second before the purge) and purge.claim_p99_during "
+        "to tell a purge effect from the machine's noise. What the workers do share with "
+        "the purge: each worker commit must flush WAL that already holds a batch's "
+        "deletions, and on 2 cores the purge's backend competes with them for CPU. What "
+        "would close it: a pause between batches (or a smaller --batch-size) so worker "
+        "commits do not queue behind a batch's WAL, then a measurement on a quiet machine."
     ),
 }

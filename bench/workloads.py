@@ -54,7 +54,7 @@ FROM generate_series(1, %(n)s) AS i
 """
 
 
-def attempt(record: Record, name: str, measure: Callable[[], None]) -> None:
+def attempt(record: Record, name: str, round_no: int, measure: Callable[[], None]) -> None:
     """Run one contender; a Skip is recorded as what it waits for, a failure as such.
 
     A failure does not stop the run: the other figures are still worth having.
@@ -65,7 +65,7 @@ def attempt(record: Record, name: str, measure: Callable[[], None]) -> None:
         record.skip(name, str(exc))
     except Exception as exc:
         say(f"  {name} failed: {exc}")
-        record.fail(name, f"{type(exc).__name__}: {exc}")
+        record.fail(name, round_no, f"{type(exc).__name__}: {exc}")
 
 
 def load_pgqctl_jobs(dsn: str, schema: str, n: int, payload: dict[str, Any]) -> None:
@@ -155,7 +155,7 @@ class BulkEnqueue:
                 rate = contenders[name](env)
                 record.add(figure, round_no, rate, "jobs/s", higher=True)
 
-            attempt(record, figure, measure)
+            attempt(record, figure, round_no, measure)
 
     def pgqctl_cli(self, env: Env) -> float:
         """`pgqctl enqueue --file`, timed from exec to exit as a user runs it."""
@@ -239,7 +239,7 @@ class Drain:
                 rate = self.drain(env, name)
                 record.add(figure, round_no, rate, "jobs/s", higher=True)
 
-            attempt(record, figure, measure)
+            attempt(record, figure, round_no, measure)
 
     def drain(self, env: Env, name: str) -> float:
         sizes = env.sizes
@@ -334,7 +334,7 @@ class EndToEnd:
                     rate = contenders[name](env, c)
                     record.add(figure, round_no, rate, "jobs/s", higher=True)
 
-                attempt(record, figure, measure)
+                attempt(record, figure, round_no, measure)
 
     def pgqctl_worker(self, env: Env, concurrency: int) -> float:
         env.require_command("worker")
@@ -409,7 +409,7 @@ class Latency:
                     value = percentile(seconds, fraction) * 1000
                     record.add(f"{figure}.{label}", round_no, value, "ms", higher=False)
 
-            attempt(record, figure, measure)
+            attempt(record, figure, round_no, measure)
         if hasattr(self, "received"):
             median_ms = statistics.median(self.received) * 1000
             record.add("latency.notify_receive.p50", round_no, median_ms, "ms", higher=False)
@@ -577,7 +577,7 @@ class History:
                 for label, seconds in self.time_op(env, op).items():
                     record.add(f"{figure}.{label}", round_no, seconds * 1000, "ms", higher=False)
 
-            attempt(record, figure, measure)
+            attempt(record, figure, round_no, measure)
 
     def time_op(self, env: Env, op: str) -> dict[str, float]:
         dsn = env.dsns["history"]
@@ -636,7 +636,7 @@ class Purge:
             record.note("purge: the workers used the seed's claim (pgqctl/claims.py missing).")
 
     def run_round(self, env: Env, record: Record, round_no: int) -> None:
-        attempt(record, self.name, lambda: self.measure(env, record, round_no))
+        attempt(record, self.name, round_no, lambda: self.measure(env, record, round_no))
 
     def measure(self, env: Env, record: Record, round_no: int) -> None:
         env.require_command("purge")
