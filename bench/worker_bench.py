@@ -303,15 +303,21 @@ def show(name: str, values: list[float], unit: str, digits: int = 0) -> None:
     )
 
 
-def alternate(round_number: int, *measures: Callable[[], float]) -> list[float]:
-    """Run the measures back to back, in reverse order every other round."""
-    order = list(range(len(measures)))
-    if round_number % 2:
-        order.reverse()
-    results = [0.0] * len(measures)
-    for i in order:
-        results[i] = measures[i]()
-    return results
+def paired(
+    rounds: int, mine: Callable[[], float], base: Callable[[], float]
+) -> tuple[list[float], list[float], list[float]]:
+    """Each round measures both back to back (base first every other round);
+    returns mine, base, and the per-round ratios mine/base."""
+    ours: list[float] = []
+    theirs: list[float] = []
+    for n in range(rounds):
+        if n % 2:
+            ours.append(mine())
+            theirs.append(base())
+        else:
+            theirs.append(base())
+            ours.append(mine())
+    return ours, theirs, [a / b for a, b in zip(ours, theirs, strict=True)]
 
 
 def main() -> None:
@@ -336,29 +342,21 @@ def main() -> None:
         )
         spawn_pool(200)  # warm up
         if "e2e" in only:
-            pool, worker, ratio = [], [], []
-            for n in range(args.rounds):
-                base, mine = alternate(
-                    n, lambda: spawn_pool(e2e_jobs), lambda: worker_drain(dsn, e2e_jobs, workdir)
-                )
-                pool.append(base)
-                worker.append(mine)
-                ratio.append(mine / base)
+            worker, pool, ratio = paired(
+                args.rounds,
+                lambda: worker_drain(dsn, e2e_jobs, workdir),
+                lambda: spawn_pool(e2e_jobs),
+            )
             print(f"e2e_jobs: {e2e_jobs} jobs per round")
             show("spawn_pool_4_threads", pool, "jobs/s")
             show("worker_concurrency_4", worker, "jobs/s")
             show("ratio worker/spawn_pool", ratio, "x", 2)
         if "claims" in only:
-            batched, seed, ratio = [], [], []
-            for n in range(args.rounds):
-                mine, base = alternate(
-                    n,
-                    lambda: claims_drain(dsn, claim_jobs, batched=True),
-                    lambda: claims_drain(dsn, claim_jobs, batched=False),
-                )
-                batched.append(mine)
-                seed.append(base)
-                ratio.append(mine / base)
+            batched, seed, ratio = paired(
+                args.rounds,
+                lambda: claims_drain(dsn, claim_jobs, batched=True),
+                lambda: claims_drain(dsn, claim_jobs, batched=False),
+            )
             print(f"claims_jobs: {claim_jobs} jobs per round, 4 processes")
             show("claims_batched", batched, "jobs/s")
             show("claims_seed_loop", seed, "jobs/s")
