@@ -301,6 +301,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     "--queue",
     "queues",
     multiple=True,
+    envvar="PGQCTL_QUEUE",
     metavar="QUEUE",
     help="Claim only jobs of this queue (repeatable; default: every queue).",
 )
@@ -308,6 +309,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     "--kind",
     "kinds",
     multiple=True,
+    envvar="PGQCTL_KIND",
     metavar="KIND",
     help="Claim only jobs of this kind (repeatable; default: every kind).",
 )
@@ -365,6 +367,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     "handlers",
     type=HandlerSpec(),
     multiple=True,
+    envvar="PGQCTL_HANDLER",
     metavar="KIND=COMMAND",
     help="Run COMMAND for jobs of KIND, with the payload as JSON on stdin (repeatable).",
 )

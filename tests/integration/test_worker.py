@@ -274,6 +274,21 @@ def test_handler_gets_the_payload_on_stdin_and_json_logs(
     assert by_event["done"]["duration"] >= 0
 
 
+def test_handlers_and_kinds_from_the_environment(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    insert_jobs(conn, [{"n": 1}], kind="first")
+    insert_jobs(conn, [{"n": 2}], kind="second")
+    handlers = f"first=sh -c 'echo one >> {out}'\nsecond=sh -c 'echo two >> {out}'"
+    insert_jobs(conn, [{"n": 3}], kind="third")
+    env = {"PGQCTL_HANDLER": handlers, "PGQCTL_KIND": "first second"}
+    result = run_cli("worker", "--dsn", dsn, "--burst", env=env)
+    assert result.exit_code == 0, result.stderr
+    assert sorted(out.read_text().split()) == ["one", "two"]
+    assert statuses(conn) == {"done": 2, "pending": 1}
+
+
 # -- options ----------------------------------------------------------------------
 
 
