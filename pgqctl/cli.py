@@ -29,7 +29,7 @@ from pgqctl.errors import (
     DatabaseUnavailable,
     PgqctlError,
 )
-from pgqctl.worker import Worker, WorkerConfig
+from pgqctl.worker import CONNECTION_PARAMS, Worker, WorkerConfig, prepare_session
 from pgqctl.worklog import LOG_FORMATS, WorkLog
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -443,14 +443,26 @@ def worker_command(
     # handler (a bare stderr line); the worker logs that event itself.
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
     dsn = database.dsn()
-    conn = database.connect(application_name=WORKER_APPLICATION_NAME)
+
+    def connect() -> Any:
+        conn = db.connect(
+            dsn,
+            schema=database.schema,
+            application_name=WORKER_APPLICATION_NAME,
+            **CONNECTION_PARAMS,
+        )
+        prepare_session(conn)
+        return conn
+
+    conn = connect()
+    try:
+        db.require_migrated(conn, database.schema)
+    except BaseException:
+        conn.close()
+        raise
     root = click.get_current_context().find_root()
     log = WorkLog(sys.stderr, log_format, debug=bool(root.params.get("debug")))
-
-    def reconnect() -> Any:
-        return db.connect(dsn, schema=database.schema, application_name=WORKER_APPLICATION_NAME)
-
-    worker = Worker(settings, reconnect, log, describe_target=config.describe(dsn))
+    worker = Worker(settings, connect, log, describe_target=config.describe(dsn))
     return worker.run(conn)
 
 
