@@ -337,8 +337,12 @@ def main() -> None:
     only = set(args.only or ("e2e", "claims", "latency"))
     e2e_jobs, claim_jobs, latency_jobs = (1000, 5000, 50) if args.quick else (4000, 20000, 200)
 
-    with server(args.dsn) as admin, bench_database(admin) as dsn:
-        workdir = Path(tempfile.mkdtemp(prefix="pgqctl-bench-"))
+    with (
+        server(args.dsn) as admin,
+        bench_database(admin) as dsn,
+        tempfile.TemporaryDirectory(prefix="pgqctl-bench-") as tmp,
+    ):
+        workdir = Path(tmp)
         print(f"cpus: {os.cpu_count()} cores")
         with psycopg.connect(dsn) as conn:
             version = conn.execute("SHOW server_version").fetchone()
@@ -379,7 +383,6 @@ def main() -> None:
             show("latency_p99", p99s, "ms", 1)
             show("latency_median_of_poll", [m / (POLL * 10) for m in medians], "%", 3)
             show("latency_p99_of_poll", [p / (POLL * 10) for p in p99s], "%", 3)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
