@@ -37,7 +37,7 @@ from pgqctl.errors import (
     NotFound,
     PgqctlError,
 )
-from pgqctl.worker import Worker, WorkerConfig
+from pgqctl.worker import CONNECTION_PARAMS, Worker, WorkerConfig, prepare_session
 from pgqctl.worklog import LOG_FORMATS, WorkLog
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -914,6 +914,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     "--queue",
     "queues",
     multiple=True,
+    envvar="PGQCTL_QUEUE",
     metavar="QUEUE",
     help="Claim only jobs of this queue (repeatable; default: every queue).",
 )
@@ -921,6 +922,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     "--kind",
     "kinds",
     multiple=True,
+    envvar="PGQCTL_KIND",
     metavar="KIND",
     help="Claim only jobs of this kind (repeatable; default: every kind).",
 )
@@ -978,6 +980,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     "handlers",
     type=HandlerSpec(),
     multiple=True,
+    envvar="PGQCTL_HANDLER",
     metavar="KIND=COMMAND",
     help="Run COMMAND for jobs of KIND, with the payload as JSON on stdin (repeatable).",
 )
@@ -1053,14 +1056,26 @@ def worker_command(
     # handler (a bare stderr line); the worker logs that event itself.
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
     dsn = database.dsn()
-    conn = database.connect(application_name=WORKER_APPLICATION_NAME)
+
+    def connect() -> Any:
+        conn = db.connect(
+            dsn,
+            schema=database.schema,
+            application_name=WORKER_APPLICATION_NAME,
+            **CONNECTION_PARAMS,
+        )
+        prepare_session(conn)
+        return conn
+
+    conn = connect()
+    try:
+        db.require_migrated(conn, database.schema)
+    except BaseException:
+        conn.close()
+        raise
     root = click.get_current_context().find_root()
     log = WorkLog(sys.stderr, log_format, debug=bool(root.params.get("debug")))
-
-    def reconnect() -> Any:
-        return db.connect(dsn, schema=database.schema, application_name=WORKER_APPLICATION_NAME)
-
-    worker = Worker(settings, reconnect, log, describe_target=config.describe(dsn))
+    worker = Worker(settings, connect, log, describe_target=config.describe(dsn))
     return worker.run(conn)
 
 

@@ -26,14 +26,19 @@ def connect(
     schema: str,
     application_name: str = APPLICATION_NAME,
     autocommit: bool = True,
+    **params: Any,
 ) -> psycopg.Connection[Any]:
-    """Open a connection or raise DatabaseUnavailable naming the target."""
+    """Open a connection or raise DatabaseUnavailable naming the target.
+
+    `params` are more libpq connection parameters (keepalives, ...).
+    """
     try:
         conn = psycopg.connect(
             dsn,
             autocommit=autocommit,
             application_name=application_name,
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            **params,
         )
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(

@@ -67,6 +67,17 @@ REPORT_WAIT = 10.0
 # The loop wakes at least this often even with nothing to do.
 _IDLE_CAP = 60.0
 _HAND_BACK_REASON = "handed back: the worker stopped before the job finished"
+
+# libpq parameters for the worker's connections: the loop waits on the main
+# one, so a dead peer or a network cut must end in an error within about half
+# a minute, not in TCP's quarter of an hour (ignored on unix sockets).
+CONNECTION_PARAMS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,  # ms
+}
 _WAKE = "wake"
 
 
@@ -90,6 +101,15 @@ class WorkerConfig:
 def backoff_delay(attempt: int, base: float) -> float:
     """Seconds before a job whose attempt `attempt` failed runs again."""
     return min(jittered(base * 2.0 ** min(attempt - 1, 32)), BACKOFF_CAP)
+
+
+def prepare_session(conn: psycopg.Connection[Any]) -> None:
+    """Bound how long a statement may block the loop: a table locked by an
+    operator, or a stuck server, ends in an error and a retry, not a hang."""
+    conn.execute(
+        "SELECT set_config('statement_timeout', '30s', false),"
+        " set_config('lock_timeout', '10s', false)"
+    )
 
 
 def jittered(delay: float) -> float:
@@ -451,15 +471,16 @@ class Worker:
 
     def _connection_failed(self, exc: BaseException) -> None:
         if isinstance(exc, (psycopg.OperationalError, PgqctlError)):
-            held = len(self.running)
+            broken = self.conn is None or self.conn.broken or self.conn.closed
+            what = "database connection lost" if broken else "database unavailable"
             self.log.event(
                 "db_lost",
-                f"database connection lost: {reason(exc)}; reconnecting "
-                f"({held} job(s) keep running, results are reported once it is back)",
+                f"{what}: {reason(exc)}; retrying with backoff ({len(self.running)} job(s) "
+                "keep running, their results are reported once it is back)",
                 error=reason(exc),
             )
         else:
-            self.log.error("database error", exc)
+            self.log.error("database error; retrying with backoff", exc)
         self._drop_connection()
 
     def _drop_connection(self) -> None:

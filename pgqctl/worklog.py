@@ -14,7 +14,6 @@ import json
 import threading
 import time
 import traceback
-from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from pgqctl.output import format_seconds
@@ -57,8 +56,10 @@ class WorkLog:
 
 def timestamp(seconds: float) -> str:
     """ISO 8601 in UTC with milliseconds: 2026-11-30T14:12:26.123Z."""
-    moment = datetime.fromtimestamp(seconds, timezone.utc)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    whole = int(seconds)
+    # gmtime and strftime: a third of what a datetime costs, twice a job.
+    moment = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    return f"{moment}.{int((seconds - whole) * 1000):03d}Z"
 
 
 def seconds(value: float) -> str:

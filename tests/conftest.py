@@ -8,11 +8,14 @@ per test session. A template database is migrated once through pgqctl's own
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -148,3 +151,41 @@ def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to the test's database."""
     with psycopg.connect(dsn, autocommit=True) as c:
         yield c
+
+
+# -- processes a test leaves behind ---------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting for init to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def gone(pid: int, within: float = 2.0) -> bool:
+    """Whether `pid` stops running within `within` seconds."""
+    deadline = time.monotonic() + within
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def pidfile(tmp_path: Path) -> Iterator[Path]:
+    """A file a job writes the pid of a process it starts to; that pid is killed after the test."""
+    path = tmp_path / "child.pid"
+    yield path
+    if path.exists():
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            os.kill(int(path.read_text()), signal.SIGKILL)

@@ -6,7 +6,6 @@ reap UPDATE of the classic design, so these tests need nothing but the worker.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -24,7 +23,7 @@ import psycopg
 import pytest
 
 from pgqctl import embedded
-from tests.conftest import run_cli
+from tests.conftest import gone, run_cli
 
 # The reclaim UPDATE of the classic SKIP LOCKED design (what `pgqctl reap` does).
 REAP = """
@@ -92,16 +91,6 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
             worker.proc.wait()
 
 
-@pytest.fixture
-def pidfile(tmp_path: Path) -> Iterator[Path]:
-    """Where a job writes the pid of a process it leaves behind; killed after the test."""
-    path = tmp_path / "child.pid"
-    yield path
-    if path.exists():
-        with contextlib.suppress(ValueError, ProcessLookupError):
-            os.kill(int(path.read_text()), signal.SIGKILL)
-
-
 def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -142,14 +131,6 @@ def statuses(conn: psycopg.Connection[Any]) -> dict[str, int]:
 def sh(script: str, *args: str) -> dict[str, list[str]]:
     """An argv payload running a shell script (no --allow-shell needed)."""
     return {"argv": ["sh", "-c", script, "sh", *args]}
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 # -- running jobs ---------------------------------------------------------------
@@ -260,7 +241,7 @@ def test_timeout_kills_the_child_and_its_grandchild(
     row = job(conn, job_id)
     assert row["status"] == "failed"
     assert row["last_error"] == "timed out after 1s"
-    wait_until(lambda: not alive(int(pidfile.read_text())), 5, "the grandchild to die")
+    assert gone(int(pidfile.read_text()), within=5)
 
 
 def test_handler_gets_the_payload_on_stdin_and_json_logs(
@@ -291,6 +272,21 @@ def test_handler_gets_the_payload_on_stdin_and_json_logs(
     assert by_event["output"]["line"] == "sent"
     assert by_event["done"]["job_id"] == job_id
     assert by_event["done"]["duration"] >= 0
+
+
+def test_handlers_and_kinds_from_the_environment(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    insert_jobs(conn, [{"n": 1}], kind="first")
+    insert_jobs(conn, [{"n": 2}], kind="second")
+    handlers = f"first=sh -c 'echo one >> {out}'\nsecond=sh -c 'echo two >> {out}'"
+    insert_jobs(conn, [{"n": 3}], kind="third")
+    env = {"PGQCTL_HANDLER": handlers, "PGQCTL_KIND": "first second"}
+    result = run_cli("worker", "--dsn", dsn, "--burst", env=env)
+    assert result.exit_code == 0, result.stderr
+    assert sorted(out.read_text().split()) == ["one", "two"]
+    assert statuses(conn) == {"done": 2, "pending": 1}
 
 
 # -- options ----------------------------------------------------------------------

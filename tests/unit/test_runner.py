@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from pgqctl.runner import (
     command_for_job,
     run,
 )
+from tests.conftest import alive, gone
 
 ENV = dict(os.environ)
 
@@ -38,40 +37,6 @@ def parse(payload: object, *, allow_shell: bool = False, **handlers: list[str]) 
 
 def sh(script: str, *, timeout: float | None = None) -> Command:
     return Command(("/bin/sh", "-c", script), timeout=timeout)
-
-
-def alive(pid: int) -> bool:
-    """Running, as opposed to gone or a zombie waiting for init to reap it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def gone(pid: int, within: float = 2.0) -> bool:
-    deadline = time.monotonic() + within
-    while alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-@pytest.fixture
-def pidfile(tmp_path: Path) -> Iterator[Path]:
-    """A file a child writes a grandchild's pid to; that pid is killed after the test."""
-    path = tmp_path / "grandchild.pid"
-    yield path
-    if path.exists():
-        with contextlib.suppress(ValueError, ProcessLookupError):
-            os.kill(int(path.read_text()), signal.SIGKILL)
 
 
 def grandchild(pidfile: Path) -> int:
