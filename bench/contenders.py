@@ -25,30 +25,8 @@ from typing import Any
 
 import pgqctl_adapter
 import psycopg
+from shared_sql import SEED_CLAIM, SEED_DONE
 
-# The seed's lease claim (LIMIT 1) and its fenced report, verbatim but for
-# placeholders: the plain-SQL loop that pgqctl's worker is compared with.
-SEED_CLAIM = """
-UPDATE jobs
-SET status = 'running',
-    attempts = attempts + 1,
-    locked_until = now() + interval '5 minutes'
-WHERE id = (
-  SELECT id
-  FROM jobs
-  WHERE status = 'pending'
-    AND run_at <= now()
-  ORDER BY run_at, id
-  LIMIT 1
-  FOR UPDATE SKIP LOCKED
-)
-RETURNING id, kind, payload, attempts
-"""
-SEED_DONE = """
-UPDATE jobs SET status = 'done', locked_until = NULL
-WHERE id = %s
-  AND attempts = %s
-"""
 # Writes the wall-clock time at which the job's process runs (microseconds);
 # used by both sides of the latency workload, so its own cost cancels out.
 STAMP_SCRIPT = 'printf "%s" "$EPOCHREALTIME" > "$1"'

@@ -28,6 +28,7 @@ from typing import Any
 
 import psycopg
 from psycopg import conninfo, sql
+from shared_sql import HISTORY, LIVE_SET, REEXPIRE
 
 from pgqctl import db, embedded, migrate, queue
 
@@ -38,32 +39,6 @@ WHERE status = 'pending' AND run_at <= now()
 ORDER BY priority DESC, run_at, id
 LIMIT 10
 FOR UPDATE SKIP LOCKED
-"""
-LIVE_SET = """
-INSERT INTO jobs (queue, kind, payload, run_at)
-SELECT 'q' || i % 3, 'mail', '{"argv": ["true"]}', now() - i * interval '1 second'
-FROM generate_series(1, 1000) AS i;
-INSERT INTO jobs (queue, kind, payload, status, attempts, locked_until, locked_by)
-SELECT 'q' || i % 3, 'mail', '{"argv": ["true"]}', 'running', 1,
-       now() + (i - 50) * interval '1 minute', 'bench:1:' || i
-FROM generate_series(1, 100) AS i;
-INSERT INTO jobs (queue, kind, payload, status, attempts, last_error)
-SELECT 'q' || i % 3, 'mail', '{"argv": ["true"]}', 'failed', 3, 'exit status 1'
-FROM generate_series(1, 100) AS i;
-"""
-HISTORY = """
-INSERT INTO jobs (queue, kind, payload, status, attempts, created_at, finished_at)
-SELECT 'q' || i %% 3, 'mail', '{"argv": ["true"]}', 'done', 1,
-       now() - interval '30 days' + i * interval '1 second',
-       now() - interval '30 days' + i * interval '1 second' + interval '2 seconds'
-FROM generate_series(1, %(n)s) AS i
-"""
-# The fixed expired set, re-created before each real reap.
-REEXPIRE = """
-UPDATE jobs
-SET status = 'running', attempts = 1, locked_until = now() - interval '5 minutes',
-    locked_by = 'bench:1:0', last_error = NULL, finished_at = NULL
-WHERE id = ANY(%(ids)s)
 """
 
 

@@ -47,6 +47,8 @@ from psycopg import conninfo, sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from shared_sql import SEED_CLAIM, SEED_DONE
+
 from pgqctl import claims, db, embedded, migrate
 
 SLOTS = 4
@@ -54,29 +56,6 @@ LEASE = 300.0
 POLL = 5.0
 # The claims measure of each way stops after this long, drained or not.
 CLAIMS_SECONDS = 15.0
-
-SEED_CLAIM = """
-UPDATE jobs
-SET status = 'running',
-    attempts = attempts + 1,
-    locked_until = now() + interval '5 minutes'
-WHERE id = (
-  SELECT id
-  FROM jobs
-  WHERE status = 'pending'
-    AND run_at <= now()
-  ORDER BY run_at, id
-  LIMIT 1
-  FOR UPDATE SKIP LOCKED
-)
-RETURNING id, kind, payload, attempts
-"""
-SEED_DONE = """
-UPDATE jobs SET status = 'done', locked_until = NULL
-WHERE id = %s
-  AND attempts = %s
-RETURNING id, status
-"""
 
 
 # ------------------------------------------------------------------ setup

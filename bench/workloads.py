@@ -40,6 +40,7 @@ from harness import (
     scalar,
     truncate_all,
 )
+from shared_sql import HISTORY, LIVE_SET, REEXPIRE
 
 SEED_SCHEMA = "seed"
 # The seed's own index for its claim order (run_at, id). pgqctl's claim index
@@ -494,33 +495,6 @@ def wait_for_stamp(path: Path, process: subprocess.Popen[Any], timeout: float) -
 
 
 # ----------------------------------------------------------------- history
-
-LIVE_SET = """
-INSERT INTO jobs (queue, kind, payload)
-SELECT 'q' || i % 3, 'bench', '{"argv": ["true"]}' FROM generate_series(1, 1000) AS i;
-INSERT INTO jobs (queue, kind, payload, status, attempts, locked_until, locked_by)
-SELECT 'q' || i % 3, 'bench', '{"argv": ["true"]}', 'running', 1,
-       CASE WHEN i <= 50 THEN now() - interval '5 minutes' ELSE now() + interval '1 day' END,
-       'bench:1:' || i
-FROM generate_series(1, 100) AS i;
-INSERT INTO jobs (queue, kind, payload, status, attempts, last_error)
-SELECT 'q' || i % 3, 'bench', '{"argv": ["true"]}', 'failed', 3, 'exit status 1'
-FROM generate_series(1, 100) AS i;
-"""
-HISTORY = """
-INSERT INTO jobs (queue, kind, payload, status, attempts, created_at, finished_at)
-SELECT 'q' || i %% 3, 'bench', '{"argv": ["true"]}', 'done', 1,
-       now() - interval '30 days' + i * interval '1 millisecond',
-       now() - interval '30 days' + i * interval '1 millisecond' + interval '2 seconds'
-FROM generate_series(1, %(n)s) AS i
-"""
-# Puts back the expired leases a real reap took, untimed, before each reap.
-REEXPIRE = """
-UPDATE jobs
-SET status = 'running', attempts = 1, locked_until = now() - interval '5 minutes',
-    locked_by = 'bench:1:0', last_error = NULL, finished_at = NULL
-WHERE id = ANY(%(ids)s)
-"""
 
 
 class History:

@@ -1,0 +1,56 @@
+"""SQL the benchmarks share: the seed's plain loop and the history fixtures."""
+
+# The seed's lease claim (LIMIT 1) and its fenced report, verbatim but for
+# placeholders: the plain-SQL loop that pgqctl's worker is compared with.
+SEED_CLAIM = """
+UPDATE jobs
+SET status = 'running',
+    attempts = attempts + 1,
+    locked_until = now() + interval '5 minutes'
+WHERE id = (
+  SELECT id
+  FROM jobs
+  WHERE status = 'pending'
+    AND run_at <= now()
+  ORDER BY run_at, id
+  LIMIT 1
+  FOR UPDATE SKIP LOCKED
+)
+RETURNING id, kind, payload, attempts
+"""
+SEED_DONE = """
+UPDATE jobs SET status = 'done', locked_until = NULL
+WHERE id = %s
+  AND attempts = %s
+RETURNING id, status
+"""
+
+# A live set next to the history: 1,000 pending, 100 running of which 50
+# have an expired lease, 100 failed.
+LIVE_SET = """
+INSERT INTO jobs (queue, kind, payload)
+SELECT 'q' || i % 3, 'bench', '{"argv": ["true"]}' FROM generate_series(1, 1000) AS i;
+INSERT INTO jobs (queue, kind, payload, status, attempts, locked_until, locked_by)
+SELECT 'q' || i % 3, 'bench', '{"argv": ["true"]}', 'running', 1,
+       CASE WHEN i <= 50 THEN now() - interval '5 minutes' ELSE now() + interval '1 day' END,
+       'bench:1:' || i
+FROM generate_series(1, 100) AS i;
+INSERT INTO jobs (queue, kind, payload, status, attempts, last_error)
+SELECT 'q' || i % 3, 'bench', '{"argv": ["true"]}', 'failed', 3, 'exit status 1'
+FROM generate_series(1, 100) AS i;
+"""
+# Finished rows, `n` of them, for the cost-against-history measures.
+HISTORY = """
+INSERT INTO jobs (queue, kind, payload, status, attempts, created_at, finished_at)
+SELECT 'q' || i %% 3, 'bench', '{"argv": ["true"]}', 'done', 1,
+       now() - interval '30 days' + i * interval '1 millisecond',
+       now() - interval '30 days' + i * interval '1 millisecond' + interval '2 seconds'
+FROM generate_series(1, %(n)s) AS i
+"""
+# Puts back the expired leases a real reap took, untimed, before each reap.
+REEXPIRE = """
+UPDATE jobs
+SET status = 'running', attempts = 1, locked_until = now() - interval '5 minutes',
+    locked_by = 'bench:1:0', last_error = NULL, finished_at = NULL
+WHERE id = ANY(%(ids)s)
+"""
