@@ -285,13 +285,20 @@ WITH done AS (
     WHERE j.id = picked.id
     RETURNING j.id, j.queue, j.kind, j.payload, j.attempts, j.max_attempts
 )
-SELECT 'claimed' AS part, id, queue, kind, payload::text AS payload, attempts,
-       max_attempts, NULL::text AS status, NULL::timestamptz AS run_at
-FROM claimed
-UNION ALL SELECT 'done', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done
+-- The arms are read in order, and each part runs when first read: reports and
+-- renewals first, the claim last. A claim's SKIP LOCKED recheck can keep a
+-- lock on a row another worker just claimed; were the claim first, that
+-- worker's report could wait on us while ours waited on it (a deadlock). With
+-- the claim last, a statement holds no claim locks while it waits to report.
+SELECT 'done' AS part, id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
+       NULL::int AS attempts, NULL::int AS max_attempts, NULL::text AS status,
+       NULL::timestamptz AS run_at
+FROM done
 UNION ALL SELECT 'failed', id, NULL, NULL, NULL, NULL, NULL, status, run_at FROM failed
 UNION ALL SELECT 'handed_back', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM handed_back
-UNION ALL SELECT 'renewed', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM renewed;
+UNION ALL SELECT 'renewed', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM renewed
+UNION ALL SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attempts, NULL, NULL
+FROM claimed;
 
 -- name: job_next_due
 -- Seconds until the next delayed job a worker may claim is due, or NULL.
