@@ -55,7 +55,7 @@ SHORTFALLS: dict[str, str] = {
         "loop, and its share of a database exchange; on 2 cores PostgreSQL's CPU for each "
         "commit comes out of the same budget. e2e.c4.pgqctl_worker/seed_loop compares it "
         "with 4 plain processes each running the seed's loop. What would close it: the "
-        "worker's hot-path profiling (issue item 4): a leaner spawn (no output pipes when "
+        "worker's hot path: a leaner spawn (no output pipes when "
         "nobody reads them, posix_spawn), fewer thread hand-offs per job, and fewer "
         "exchanges per job when slots finish close together."
     ),
