@@ -24,22 +24,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import conninfo, sql
+import scratch
 
 import pgqctl
-from pgqctl import embedded, migrate
 
 
 def main() -> int:
@@ -51,8 +49,8 @@ def main() -> int:
     args = parser.parse_args()
 
     with (
-        _server(args.dsn) as server,
-        _database(server) as dsn,
+        scratch.server(args.dsn) as server,
+        scratch.database(server) as dsn,
         tempfile.TemporaryDirectory() as tmp,
     ):
         path = Path(tmp) / "jobs.jsonl"
@@ -143,41 +141,6 @@ def _summary(name: str, values: list[float], unit: str) -> None:
         ("max", max(values)),
     ):
         print(f"{name}_{stat}: {value:.{digits}f} {unit}")
-
-
-@contextmanager
-def _server(dsn: str | None) -> Iterator[str]:
-    """The admin DSN given, or a throwaway embedded server stopped at the end."""
-    if dsn:
-        yield dsn
-        return
-    work = Path(tempfile.mkdtemp(prefix="pgqctl-bench-", dir="/tmp"))
-    try:
-        started = embedded.ensure_running(work / "data")
-        try:
-            yield started.dsn
-        finally:
-            started.stop()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-@contextmanager
-def _database(server: str) -> Iterator[str]:
-    """A migrated database of the bench's own, dropped at the end."""
-    name = f"pgqctl_bench_{os.getpid()}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = conninfo.make_conninfo(server, dbname=name)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            migrate.apply(conn, "public")
-        yield dsn
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 if __name__ == "__main__":

@@ -16,21 +16,16 @@ database of its own. Not a test: nothing here asserts a timing.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
 import statistics
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import psycopg
-from psycopg import conninfo, sql
+import scratch
 from shared_sql import HISTORY, LIVE_SET, REEXPIRE
 
-from pgqctl import db, embedded, migrate, queue
+from pgqctl import db, queue
 
 EXPIRED = 50
 CLAIM = """
@@ -50,7 +45,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20, help="calls per operation per round")
     args = parser.parse_args()
     admin_dsn = args.dsn or os.environ.get("PGQCTL_TEST_DSN")
-    with server(admin_dsn) as server_dsn, database(server_dsn) as dsn:
+    with scratch.server(admin_dsn) as server_dsn, scratch.database(server_dsn) as dsn:
         run(dsn, args.history, args.rounds, args.calls)
 
 
@@ -124,42 +119,6 @@ def purge_throughput(conn: Any, history: int) -> None:
     elapsed = time.perf_counter() - started
     print(f"purge ({deleted:,} done rows, batches of 10,000): {elapsed:.1f} s")
     print(f"purge rate: {deleted / elapsed:,.0f} rows/s")
-
-
-@contextlib.contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    if dsn:
-        yield dsn
-        return
-    data_dir = Path(tempfile.mkdtemp(prefix="pgqctl-bench-", dir="/tmp"))
-    try:
-        started = embedded.ensure_running(data_dir / "data")
-        print(f"# embedded PostgreSQL in {started.data_dir}")
-        try:
-            yield started.dsn
-        finally:
-            started.stop()
-    finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def database(admin_dsn: str) -> Iterator[str]:
-    name = f"pgqctl_bench_{os.getpid()}"
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        version = admin.execute("SHOW server_version").fetchone()
-        print(f"# PostgreSQL {version[0] if version else '?'}")
-    dsn = conninfo.make_conninfo(admin_dsn, dbname=name)
-    try:
-        with db.connect(dsn, schema="public") as conn:
-            migrate.apply(conn, "public")
-        yield dsn
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 if __name__ == "__main__":

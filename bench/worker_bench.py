@@ -25,31 +25,29 @@ rounds:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import conninfo, sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import scratch
 from shared_sql import SEED_CLAIM, SEED_DONE
 
-from pgqctl import claims, db, embedded, migrate
+from pgqctl import claims, db
 
 SLOTS = 4
 LEASE = 300.0
@@ -59,38 +57,6 @@ CLAIMS_SECONDS = 15.0
 
 
 # ------------------------------------------------------------------ setup
-
-
-@contextlib.contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    """An admin DSN: the given one, or a private embedded server for this run."""
-    dsn = dsn or os.environ.get("PGQCTL_TEST_DSN")
-    if dsn:
-        yield dsn
-        return
-    data = Path(tempfile.mkdtemp(prefix="pgqctl-bench-", dir="/tmp")) / "data"
-    try:
-        yield embedded.ensure_running(data).dsn
-    finally:
-        embedded.stop(data)
-        shutil.rmtree(data.parent, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def bench_database(admin: str) -> Iterator[str]:
-    name = f"pgqctl_bench_{os.getpid()}"
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(drop)
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = conninfo.make_conninfo(admin, dbname=name)
-    try:
-        with db.connect(dsn, schema="public") as conn:
-            migrate.apply(conn, "public")
-        yield dsn
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(drop)
 
 
 def fill(dsn: str, count: int, payload: object) -> None:
@@ -317,8 +283,8 @@ def main() -> None:
     e2e_jobs, claim_jobs, latency_jobs = (1000, 5000, 50) if args.quick else (4000, 20000, 200)
 
     with (
-        server(args.dsn) as admin,
-        bench_database(admin) as dsn,
+        scratch.server(args.dsn) as admin,
+        scratch.database(admin) as dsn,
         tempfile.TemporaryDirectory(prefix="pgqctl-bench-") as tmp,
     ):
         workdir = Path(tmp)
