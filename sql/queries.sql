@@ -220,15 +220,24 @@ DROP TABLE pg_temp.pgqctl_enqueue_load;
 -- in claim order. Batches come in as JSON arrays of objects. The parts touch
 -- disjoint rows (ended, running, pending), so one statement does them all;
 -- every row returned says which part it answers.
+--
+-- The worker runs this statement thousands of times a second, so it must run
+-- on one cached (generic) plan: planning it afresh costs more than running
+-- it. Every part therefore finds its rows through the primary key (`id =
+-- ANY(ARRAY(...))`), a plan that stays right whatever the parameters and the
+-- table's statistics say; a join on the batch could turn into a scan of every
+-- running job, or of the whole table, when the planner cannot see the batch.
 WITH done AS (
     UPDATE jobs AS j
     SET status = 'done',
         finished_at = now(),
         locked_until = NULL
     FROM jsonb_to_recordset(%(done)s::jsonb) AS r(id bigint, attempt int)
-    WHERE j.id = r.id
+    WHERE j.id = ANY(ARRAY(SELECT (e ->> 'id')::bigint
+                           FROM jsonb_array_elements(%(done)s::jsonb) AS e))
+      AND j.id = r.id
       AND j.attempts = r.attempt
-      AND j.status = 'running'
+      AND j.status IS NOT DISTINCT FROM 'running'
     RETURNING j.id
 ), failed AS (
     UPDATE jobs AS j
@@ -241,9 +250,11 @@ WITH done AS (
         last_error = r.error
     FROM jsonb_to_recordset(%(failed)s::jsonb)
          AS r(id bigint, attempt int, error text, delay float8, permanent bool)
-    WHERE j.id = r.id
+    WHERE j.id = ANY(ARRAY(SELECT (e ->> 'id')::bigint
+                           FROM jsonb_array_elements(%(failed)s::jsonb) AS e))
+      AND j.id = r.id
       AND j.attempts = r.attempt
-      AND j.status = 'running'
+      AND j.status IS NOT DISTINCT FROM 'running'
     RETURNING j.id, j.status, j.run_at
 ), handed_back AS (
     UPDATE jobs AS j
@@ -253,17 +264,21 @@ WITH done AS (
         max_attempts = j.max_attempts + 1,
         last_error = %(reason)s
     FROM jsonb_to_recordset(%(handed_back)s::jsonb) AS r(id bigint, attempt int)
-    WHERE j.id = r.id
+    WHERE j.id = ANY(ARRAY(SELECT (e ->> 'id')::bigint
+                           FROM jsonb_array_elements(%(handed_back)s::jsonb) AS e))
+      AND j.id = r.id
       AND j.attempts = r.attempt
-      AND j.status = 'running'
+      AND j.status IS NOT DISTINCT FROM 'running'
     RETURNING j.id
 ), renewed AS (
     UPDATE jobs AS j
     SET locked_until = now() + %(lease)s * interval '1 second'
     FROM jsonb_to_recordset(%(renew)s::jsonb) AS r(id bigint, attempt int)
-    WHERE j.id = r.id
+    WHERE j.id = ANY(ARRAY(SELECT (e ->> 'id')::bigint
+                           FROM jsonb_array_elements(%(renew)s::jsonb) AS e))
+      AND j.id = r.id
       AND j.attempts = r.attempt
-      AND j.status = 'running'
+      AND j.status IS NOT DISTINCT FROM 'running'
     RETURNING j.id
 ), claimed AS (
     UPDATE jobs AS j
@@ -271,7 +286,7 @@ WITH done AS (
         attempts = j.attempts + 1,
         locked_until = now() + %(lease)s * interval '1 second',
         locked_by = %(worker)s
-    FROM (
+    WHERE j.id = ANY(ARRAY(
         SELECT id
         FROM jobs
         WHERE status = 'pending'
@@ -281,9 +296,9 @@ WITH done AS (
         ORDER BY priority DESC, run_at, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
-    ) AS picked
-    WHERE j.id = picked.id
-    RETURNING j.id, j.queue, j.kind, j.payload, j.attempts, j.max_attempts
+    ))
+    RETURNING j.id, j.queue, j.kind, j.payload, j.attempts, j.max_attempts,
+              j.priority, j.run_at
 )
 -- The arms are read in order, and each part runs when first read: reports and
 -- renewals first, the claim last. A claim's SKIP LOCKED recheck can keep a
@@ -297,8 +312,10 @@ FROM done
 UNION ALL SELECT 'failed', id, NULL, NULL, NULL, NULL, NULL, status, run_at FROM failed
 UNION ALL SELECT 'handed_back', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM handed_back
 UNION ALL SELECT 'renewed', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM renewed
-UNION ALL SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attempts, NULL, NULL
-FROM claimed;
+-- Claimed jobs come last, in claim order: the worker starts them in that order.
+UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attempts, NULL, NULL
+           FROM claimed
+           ORDER BY priority DESC, run_at, id);
 
 -- name: job_next_due
 -- Seconds until the next delayed job a worker may claim is due, or NULL.
