@@ -59,6 +59,7 @@ import errno
 import json
 import math
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -126,6 +127,13 @@ _pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
 # Linux: one eventfd is cheaper than a pipe as a wake-up for `Stop`.
 _eventfd: Callable[[int, int], int] | None = getattr(os, "eventfd", None)
 _EVENTFD_FLAGS = getattr(os, "EFD_CLOEXEC", 0) | getattr(os, "EFD_NONBLOCK", 0)
+_posix_spawn: Callable[..., int] | None = getattr(os, "posix_spawn", None)
+# Signals Python ignores and a child must get back at their default, as
+# Popen's restore_signals does: a child writing to a closed pipe should die of
+# SIGPIPE, not loop on EPIPE.
+_RESTORED_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+)
 # What `Stop` writes to wake a waiter: an eventfd takes exactly 8 bytes.
 _ONE = (1).to_bytes(8, sys.byteorder)
 
@@ -412,78 +420,416 @@ def run(
     it raises, the child's group is killed and the exception propagates.
     """
     started = time.monotonic()
+    ended = _ended_before_start(command, stop)
+    if ended is not None:
+        return ended
+    with _Reactor(term_grace) as reactor:
+        child = reactor.start(command, env, stop=stop, on_line=on_line, started=started)
+        while not child.complete:
+            reactor.step()
+        outcome = reactor.finish(child)
+    if child.error is not None:
+        raise child.error
+    return outcome
+
+
+class Supervisor:
+    """Runs many children at once from one thread of its own.
+
+    What `run` does for one child, for any number: `submit` hands a command
+    over from any thread and returns at once; when the child has ended,
+    `on_done(key, outcome, error)` is called on the supervisor's thread, with
+    `error` set when `on_line` raised (the child's group was killed then).
+    One thread watching every child, rather than a thread per child, keeps a
+    busy worker from paying for thread switches on every job.
+    """
+
+    def __init__(
+        self,
+        on_done: Callable[[object, Outcome, BaseException | None], None],
+        *,
+        term_grace: float = 5.0,
+        name: str = "pgqctl-children",
+    ) -> None:
+        self._on_done = on_done
+        self._reactor = _Reactor(term_grace)
+        self._inbox: queue.SimpleQueue[_Submission | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        key: object,
+        command: Command,
+        env: Mapping[str, str],
+        *,
+        stop: Stop | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
+        """Start `command` soon; `on_done(key, ...)` says how it ended."""
+        self._inbox.put(_Submission(key, command, env, stop, on_line, time.monotonic()))
+        self._reactor.wake()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the thread; children still running are killed and reaped."""
+        self._inbox.put(None)
+        self._reactor.wake()
+        self._thread.join(timeout)
+
+    def _serve(self) -> None:
+        reactor = self._reactor
+        with reactor:
+            while True:
+                while True:
+                    try:
+                        submission = self._inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if submission is None:
+                        return  # the reactor kills and reaps what still runs
+                    self._start(submission)
+                for child in reactor.step():
+                    outcome = reactor.finish(child)
+                    self._on_done(child.key, outcome, child.error)
+
+    def _start(self, s: _Submission) -> None:
+        ended = _ended_before_start(s.command, s.stop)
+        if ended is not None:
+            self._on_done(s.key, ended, None)
+            return
+        self._reactor.start(
+            s.command, s.env, stop=s.stop, on_line=s.on_line, started=s.started, key=s.key
+        )
+
+
+@dataclass(frozen=True)
+class _Submission:
+    key: object
+    command: Command
+    env: Mapping[str, str]
+    stop: Stop | None
+    on_line: Callable[[str], None] | None
+    started: float
+
+
+def _ended_before_start(command: Command, stop: Stop | None) -> Outcome | None:
     if not command.argv:
         return Outcome(start_error="empty command: nothing to run", timeout=command.timeout)
     if stop is not None and stop.requested:
         return Outcome(stopped=True, stop_reason=stop.reason, timeout=command.timeout)
-    return _Child(command, stop, term_grace, on_line, started).run(env)
+    return None
+
+
+class _Reactor:
+    """Children of one thread: one poll() over all their fds and one wake-up fd.
+
+    `step` waits for the next event or deadline of any child and returns the
+    children that are complete; `finish` reaps one and says how it ended.
+    Used from one thread only; `wake` (and `Stop.request`) may come from any.
+    """
+
+    def __init__(self, term_grace: float) -> None:
+        self.term_grace = max(term_grace, 0.0)
+        self.poller = select.poll()
+        self.owners: dict[int, _Child] = {}
+        self.children: list[_Child] = []
+        self.wake_fd, self.wake_w = _wakeup()
+        self.poller.register(self.wake_fd, select.POLLIN)
+        # How many of our children each Stop serves: unsubscribe with the last.
+        self.stops: dict[Stop, int] = {}
+
+    def __enter__(self) -> _Reactor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for child in self.children:
+            child.abandon()
+        for stop in self.stops:
+            stop._unsubscribe(self.wake_w)
+        self.children.clear()
+        self.stops.clear()
+        os.close(self.wake_fd)
+        if self.wake_w != self.wake_fd:
+            os.close(self.wake_w)
+
+    def wake(self) -> None:
+        _poke(self.wake_w)
+
+    def start(
+        self,
+        command: Command,
+        env: Mapping[str, str],
+        *,
+        stop: Stop | None,
+        on_line: Callable[[str], None] | None,
+        started: float,
+        key: object = None,
+    ) -> _Child:
+        child = _Child(self, command, stop, on_line, started, key)
+        self.children.append(child)
+        child.start(env)
+        if stop is not None and not child.complete:
+            count = self.stops.get(stop, 0)
+            self.stops[stop] = count + 1
+            if not count:
+                stop._subscribe(self.wake_w)  # pokes at once if already requested
+        return child
+
+    def finish(self, child: _Child) -> Outcome:
+        self.children.remove(child)
+        stop = child.stop
+        if stop is not None and stop in self.stops:
+            self.stops[stop] -= 1
+            if not self.stops[stop]:
+                del self.stops[stop]
+                stop._unsubscribe(self.wake_w)
+        return child.finish()
+
+    def watch(self, fd: int, events: int, child: _Child) -> None:
+        self.owners[fd] = child
+        self.poller.register(fd, events)
+
+    def forget(self, fd: int) -> None:
+        if self.owners.pop(fd, None) is not None:
+            self.poller.unregister(fd)
+
+    def step(self) -> list[_Child]:
+        """Wait for the next event or deadline; the children now complete."""
+        now = time.monotonic()
+        deadlines = [d for c in self.children if (d := c.advance(now)) is not None]
+        complete = [c for c in self.children if c.complete]
+        if complete:
+            return complete
+        ms = -1 if not deadlines else max(0, math.ceil((min(deadlines) - now) * 1000))
+        for fd, _ in self.poller.poll(ms):
+            if fd == self.wake_fd:
+                self._woken()
+                continue
+            child = self.owners.get(fd)
+            if child is not None:
+                child.guard(child.on_ready, fd)
+        now = time.monotonic()
+        for child in self.children:
+            child.advance(now)
+        return [c for c in self.children if c.complete]
+
+    def _woken(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.wake_fd, _READ_SIZE)
+        for child in self.children:
+            if child.stop is not None and child.stop.requested:
+                child.request_stop()
 
 
 class _Child:
-    """The state of one `run` call. Single-threaded; only `Stop` crosses threads."""
+    """One child process and what is known of it. Driven by its `_Reactor`."""
 
     def __init__(
         self,
+        reactor: _Reactor,
         command: Command,
         stop: Stop | None,
-        term_grace: float,
         on_line: Callable[[str], None] | None,
         started: float,
+        key: object,
     ) -> None:
+        self.reactor = reactor
         self.command = command
         self.stop = stop
-        self.term_grace = max(term_grace, 0.0)
         self.on_line = on_line
         self.started = started
+        self.key = key
+        self.term_grace = reactor.term_grace
+        self.deadline = None if command.timeout is None else started + command.timeout
         self.tail = bytearray()
         self.output_bytes = 0
         self.partial = b""
-        self.poller = select.poll()
         self.fds: set[int] = set()  # every fd we own; closed at the end
         self.out_fd = -1
         self.in_fd = -1
         self.pending = memoryview(b"")
         self.pidfd = -1
-        self.wake_fd = -1
-        self.wake_w = -1
         self.pid = 0
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.returncode: int | None = None  # set once reaped
         self.exited = False
         self.ending: str | None = None  # "timeout" or "stop" once we end it
         self.kill_at: float | None = None
         self.killed = False
+        self.drain_until: float | None = None
+        self.complete = False  # nothing more to wait for: `finish` may reap it
+        self.start_error: str | None = None
+        self.error: BaseException | None = None  # raised by on_line
 
-    def run(self, env: Mapping[str, str]) -> Outcome:
+    # -- starting ---------------------------------------------------------------
+
+    def start(self, env: Mapping[str, str]) -> None:
         try:
-            proc = self._spawn(env)
+            self._spawn(env)
         except (OSError, ValueError) as exc:
             self._close_all()
+            self.start_error = _start_error(exc, self.command)
+            self.complete = True
+            return
+        self.guard(self._watch)
+
+    def _spawn(self, env: Mapping[str, str]) -> None:
+        # Every fd is made before the child starts, so running out of them is
+        # a start error rather than an exception with a child running.
+        self.out_fd, out_w = self._pipe()
+        stdin = _devnull()
+        if self.command.stdin is not None:
+            stdin, self.in_fd = self._pipe()
+        try:
+            self.pid = self._launch(env, stdin, out_w)
+        finally:
+            # The child has its copies; ours would keep the pipes open forever.
+            self._close(out_w)
+            if self.in_fd >= 0:
+                self._close(stdin)
+
+    def _launch(self, env: Mapping[str, str], stdin: int, out_w: int) -> int:
+        argv = self.command.argv
+        if self.command.cwd is None and _posix_spawn is not None:
+            # posix_spawn costs the worker about half of what Popen does per
+            # child; it cannot change directory, so a job with a `cwd` goes
+            # through Popen.
+            _close_on_exec_inherited_fds()
+            return _posix_spawn(
+                _find_program(argv[0], env),
+                argv,
+                env,
+                setsid=True,
+                setsigdef=_RESTORED_SIGNALS,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, stdin, 0),
+                    (os.POSIX_SPAWN_DUP2, out_w, 1),
+                    (os.POSIX_SPAWN_DUP2, out_w, 2),
+                ],
+            )
+        self.popen = subprocess.Popen(
+            list(argv),
+            stdin=stdin,
+            stdout=out_w,
+            stderr=out_w,
+            cwd=self.command.cwd,
+            env=env,
+            start_new_session=True,
+        )
+        return self.popen.pid
+
+    def _watch(self) -> None:
+        # out_fd stays blocking: it is read only after poll() says it is
+        # readable (one fcntl pair fewer per job); `_drain` unblocks it.
+        self.reactor.watch(self.out_fd, select.POLLIN, self)
+        if self.in_fd >= 0:
+            os.set_blocking(self.in_fd, False)
+            self.pending = memoryview(self.command.stdin or b"")
+            self._write()  # usually fits in the pipe at once
+            if self.in_fd >= 0:
+                self.reactor.watch(self.in_fd, select.POLLOUT, self)
+        if _pidfd_open is not None:
+            try:
+                self.pidfd = _pidfd_open(self.pid)
+            except OSError:  # old kernel or seccomp: fall back to polling
+                self.pidfd = -1
+            else:
+                self.fds.add(self.pidfd)
+                self.reactor.watch(self.pidfd, select.POLLIN, self)
+
+    # -- running ----------------------------------------------------------------
+
+    def guard(self, action: Callable[..., None], *args: object) -> None:
+        """Run `action`; if it raises (on_line did), kill the group and keep
+        the exception for whoever finishes this child."""
+        try:
+            action(*args)
+        except Exception as exc:
+            self.error = exc
+            self._kill(signal.SIGKILL)
+            self.killed = True
+            self.complete = True
+
+    def on_ready(self, fd: int) -> None:
+        if fd == self.out_fd:
+            self._read()
+        elif fd == self.in_fd:
+            self._write()
+        elif fd == self.pidfd:
+            self.exited = True
+            self._forget(self.pidfd)
+            self.pidfd = -2  # known exited; no polling fallback
+
+    def request_stop(self) -> None:
+        if not self.exited and self.ending is None and not self.complete:
+            self._end("stop", time.monotonic())
+
+    def advance(self, now: float) -> float | None:
+        """Act on what is due at `now`; the next moment something will be due."""
+        if self.complete:
+            return None
+        if self.pidfd == -1 and not self.exited:
+            self.exited = _has_exited(self.pid)
+        if (
+            self.deadline is not None
+            and now >= self.deadline
+            and not self.exited
+            and self.ending is None
+        ):
+            self._end("timeout", now)
+        if self.kill_at is not None and not self.killed and now >= self.kill_at:
+            self._kill(signal.SIGKILL)
+            self.killed = True
+        if self.exited:
+            if self.out_fd < 0 or self.killed:
+                self.complete = True
+                return None
+            if self.ending is None:
+                if self.drain_until is None:
+                    self.drain_until = now + DRAIN_AFTER_EXIT
+                elif now >= self.drain_until:
+                    self.complete = True
+                    return None
+        wake = [t for t in (self.drain_until, self.kill_at) if t is not None]
+        if self.deadline is not None and self.ending is None and not self.exited:
+            wake.append(self.deadline)
+        if self.pidfd == -1 and not self.exited:
+            wake.append(now + _EXIT_POLL_SECONDS)
+        return min(wake) if wake else None
+
+    def _end(self, why: str, now: float) -> None:
+        self.ending = why
+        self._kill(signal.SIGTERM)
+        self.kill_at = now + self.term_grace
+
+    def _kill(self, sig: int) -> None:
+        if self.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+
+    # -- ending -----------------------------------------------------------------
+
+    def finish(self) -> Outcome:
+        """Reap the child, release everything, and say how it ended."""
+        if self.start_error is not None:
             return Outcome(
-                start_error=_start_error(exc, self.command),
+                start_error=self.start_error,
                 duration=time.monotonic() - self.started,
                 timeout=self.command.timeout,
             )
-        self.pid = proc.pid
-        reaped = False
         try:
-            self._watch()
-            self._loop()
             if self.ending is not None and not self.killed:
-                # The child is gone (or closed its output and left). Whatever is
-                # left of its group goes too; the unreaped child still pins the
-                # group id, so this cannot hit a recycled one.
+                # The child is gone (or closed its output and left). Whatever
+                # is left of its group goes too; the unreaped child still pins
+                # the group id, so this cannot hit a recycled one.
                 self._kill(signal.SIGKILL)
-            self._drain()
-            returncode = proc.wait()
-            reaped = True
+            if self.error is None:
+                self.guard(self._drain)
+            returncode = self._reap()
         finally:
-            if not reaped:
-                self._kill(signal.SIGKILL)
-                proc.wait()
-            if self.stop is not None and self.wake_w >= 0:
-                self.stop._unsubscribe(self.wake_w)
             self._close_all()
-        if self.partial:
-            self._emit(self.partial)
+        if self.partial and self.error is None:
+            self.guard(self._emit, self.partial)
         return Outcome(
             exit_code=returncode if returncode >= 0 else None,
             signal=-returncode if returncode < 0 else None,
@@ -496,106 +842,24 @@ class _Child:
             timeout=self.command.timeout,
         )
 
-    def _spawn(self, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-        # Every fd is made before the child starts, so running out of them is
-        # a start error rather than an exception with a child running.
-        if self.stop is not None:
-            self.wake_fd, self.wake_w = self._wakeup()
-        self.out_fd, out_w = self._pipe()
-        stdin: int = subprocess.DEVNULL
-        if self.command.stdin is not None:
-            stdin, self.in_fd = self._pipe()
-        try:
-            proc = subprocess.Popen(
-                list(self.command.argv),
-                stdin=stdin,
-                stdout=out_w,
-                stderr=out_w,
-                cwd=self.command.cwd,
-                env=env,
-                start_new_session=True,
-            )
-        finally:
-            # The child has its copies; ours would keep the pipes open forever.
-            self._close(out_w)
-            if stdin != subprocess.DEVNULL:
-                self._close(stdin)
-        return proc
+    def abandon(self) -> None:
+        """Kill the child's group and reap it: its outcome is not wanted."""
+        if self.pid and self.returncode is None:
+            self._kill(signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                self._reap()
+        self._close_all()
 
-    def _watch(self) -> None:
-        # out_fd stays blocking: it is read only after poll() says it is
-        # readable (one fcntl pair fewer per job); `_drain` unblocks it.
-        self.poller.register(self.out_fd, select.POLLIN)
-        if self.in_fd >= 0:
-            os.set_blocking(self.in_fd, False)
-            self.pending = memoryview(self.command.stdin or b"")
-            self._write()  # usually fits in the pipe at once
-            if self.in_fd >= 0:
-                self.poller.register(self.in_fd, select.POLLOUT)
-        if _pidfd_open is not None:
-            try:
-                self.pidfd = _pidfd_open(self.pid)
-                self.fds.add(self.pidfd)
-                self.poller.register(self.pidfd, select.POLLIN)
-            except OSError:  # old kernel or seccomp: fall back to polling
-                self.pidfd = -1
-        if self.stop is not None:
-            self.poller.register(self.wake_fd, select.POLLIN)
-            self.stop._subscribe(self.wake_w)
+    def _reap(self) -> int:
+        if self.returncode is None:
+            if self.popen is not None:
+                self.returncode = self.popen.wait()
+            else:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
-    def _loop(self) -> None:
-        timeout = self.command.timeout
-        deadline = None if timeout is None else self.started + timeout
-        drain_until: float | None = None
-        while True:
-            now = time.monotonic()
-            ending_due = deadline is not None and now >= deadline
-            if ending_due and not self.exited and self.ending is None:
-                self._end("timeout", now)
-            if self.kill_at is not None and not self.killed and now >= self.kill_at:
-                self._kill(signal.SIGKILL)
-                self.killed = True
-            if self.exited:
-                if self.out_fd < 0 or self.killed:
-                    return
-                if self.ending is None:
-                    if drain_until is None:
-                        drain_until = now + DRAIN_AFTER_EXIT
-                    elif now >= drain_until:
-                        return
-
-            wake = [t for t in (drain_until, self.kill_at) if t is not None]
-            if deadline is not None and self.ending is None and not self.exited:
-                wake.append(deadline)
-            if self.pidfd < 0 and not self.exited:
-                wake.append(now + _EXIT_POLL_SECONDS)
-            ms = -1 if not wake else max(0, math.ceil((min(wake) - now) * 1000))
-            for fd, _ in self.poller.poll(ms):
-                if fd == self.out_fd:
-                    self._read()
-                elif fd == self.in_fd:
-                    self._write()
-                elif fd == self.pidfd:
-                    self.exited = True
-                    self._forget(self.pidfd)
-                    self.pidfd = -2  # known exited; no polling fallback
-                elif fd == self.wake_fd:
-                    # Stays open (Stop may still poke it) until we unsubscribe.
-                    self.poller.unregister(self.wake_fd)
-                    self.wake_fd = -1
-                    if not self.exited and self.ending is None:
-                        self._end("stop", time.monotonic())
-            if self.pidfd == -1 and not self.exited:
-                self.exited = _has_exited(self.pid)
-
-    def _end(self, why: str, now: float) -> None:
-        self.ending = why
-        self._kill(signal.SIGTERM)
-        self.kill_at = now + self.term_grace
-
-    def _kill(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+    # -- output and input -------------------------------------------------------
 
     def _read(self) -> None:
         try:
@@ -663,24 +927,15 @@ class _Child:
         self._forget(self.in_fd)
         self.in_fd = -1
 
+    # -- file descriptors -------------------------------------------------------
+
     def _pipe(self) -> tuple[int, int]:
         r, w = os.pipe()
         self.fds.update((r, w))
         return r, w
 
-    def _wakeup(self) -> tuple[int, int]:
-        """An fd poll() can wait on, and one `Stop` writes to wake it."""
-        if _eventfd is not None:
-            fd = _eventfd(0, _EVENTFD_FLAGS)
-            self.fds.add(fd)
-            return fd, fd
-        r, w = self._pipe()
-        os.set_blocking(w, False)
-        return r, w
-
     def _forget(self, fd: int) -> None:
-        with contextlib.suppress(KeyError):
-            self.poller.unregister(fd)
+        self.reactor.forget(fd)
         self._close(fd)
 
     def _close(self, fd: int) -> None:
@@ -690,7 +945,70 @@ class _Child:
 
     def _close_all(self) -> None:
         for fd in list(self.fds):
+            self.reactor.forget(fd)
             self._close(fd)
+
+
+def _wakeup() -> tuple[int, int]:
+    """An fd poll() can wait on, and one to write to wake it (may be the same)."""
+    if _eventfd is not None:
+        fd = _eventfd(0, _EVENTFD_FLAGS)
+        return fd, fd
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    return r, w
+
+
+_DEVNULL: list[int] = []
+
+
+def _devnull() -> int:
+    """One read-only /dev/null for every child's stdin, opened on first use."""
+    if not _DEVNULL:
+        _DEVNULL.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    return _DEVNULL[0]
+
+
+def _find_program(program: str, env: Mapping[str, str]) -> str:
+    """The file that runs `program`, looked up in the child's PATH as Popen
+    does (posix_spawnp would search the worker's own PATH)."""
+    if "/" in program:
+        return program
+    denied = None
+    for directory in os.get_exec_path(env):
+        candidate = os.path.join(directory or os.curdir, program)
+        if os.access(candidate, os.X_OK):
+            if not os.path.isdir(candidate):
+                return candidate
+        elif denied is None and os.path.isfile(candidate):
+            denied = candidate
+    if denied is not None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+_INHERITED_FDS_CLOSED: list[bool] = []
+
+
+def _close_on_exec_inherited_fds() -> None:
+    """Mark every fd above stderr close-on-exec, once per process.
+
+    Popen closes every other fd in the child; posix_spawn keeps whatever is
+    inheritable. Python makes its own fds non-inheritable, but the worker may
+    have been started with open fds of its parent's: children must not get them.
+    """
+    if _INHERITED_FDS_CLOSED:
+        return
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 256))
+    for fd in fds:
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(fd, False)
+    _INHERITED_FDS_CLOSED.append(True)
 
 
 def _has_exited(pid: int) -> bool:

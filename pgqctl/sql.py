@@ -43,8 +43,15 @@ def queries() -> dict[str, str]:
     # parts = [preamble, name1, body1, name2, body2, ...]
     blocks: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        blocks[name] = body.strip()
+        blocks[name] = _without_comment_lines(body).strip()
     return blocks
+
+
+def _without_comment_lines(body: str) -> str:
+    """The block without its whole-line comments: they are for readers, and
+    the shorter text is cheaper to send, and psycopg caches its parse of a
+    query only up to a few kilobytes."""
+    return "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
 
 
 def query(name: str) -> str:

@@ -7,11 +7,13 @@ Threads, and who owns what:
   renews leases, and handles signals and reconnects. Everything that ended
   since the last time, the lease renewal when due and the next claim go out
   as one statement (`claims.exchange`): one round trip, one commit.
-- One thread per slot (``--concurrency``) takes a claimed job, runs it with
-  `runner.run`, and posts the result back. No transaction is open meanwhile.
-  Threads, rather than one thread watching every child: starting a child
-  blocks its thread until the child has exec'd, which on a busy machine
-  takes up to milliseconds, and slot threads wait for that side by side.
+- One thread (`runner.Supervisor`) starts the children of the claimed jobs
+  and watches them all: their output, timeouts, stop requests and exits. It
+  posts each result back. No transaction is open meanwhile. Children are
+  watched apart from the main thread so that a slow statement or a reconnect
+  never delays a timeout or a job's output; one thread for all of them,
+  rather than one per slot, because thread switches per job cost a busy
+  worker more than the children themselves.
 - A listener thread holds a second connection in ``LISTEN pgqctl_jobs`` (the
   main one stays free for queries) and posts a wake-up for each notification
   about this schema.
@@ -135,6 +137,7 @@ class _Running:
 
     job: Job
     stop: runner.Stop
+    slot: int = -1  # which of the --concurrency slots it holds, for the logs
     lost: bool = False  # lease lost: stop the child, drop its result
 
 
@@ -167,8 +170,9 @@ class Worker:
         self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.exit_code = 0
 
-        self._dispatch: queue.SimpleQueue[_Running | None] = queue.SimpleQueue()
-        self._slots: list[threading.Thread] = []
+        self._children: runner.Supervisor | None = None
+        # Free slot numbers, lowest on top: the logs say which slot runs a job.
+        self._free_slots = list(range(config.concurrency - 1, -1, -1))
         self._listener: threading.Thread | None = None
         self._closing = threading.Event()
         self._closing_r, self._closing_w = os.pipe()
@@ -246,22 +250,15 @@ class Worker:
         )
 
     def _start_threads(self) -> None:
-        for slot in range(self.config.concurrency):
-            thread = threading.Thread(
-                target=self._slot, args=(slot,), name=f"pgqctl-slot-{slot}", daemon=True
-            )
-            thread.start()
-            self._slots.append(thread)
+        self._children = runner.Supervisor(self._child_done, term_grace=TERM_GRACE)
         self._listener = threading.Thread(target=self._listen, name="pgqctl-listen", daemon=True)
         self._listener.start()
 
     def _stop_threads(self) -> None:
         self._closing.set()
         os.write(self._closing_w, b"x")
-        for _ in self._slots:
-            self._dispatch.put(None)
-        for thread in self._slots:
-            thread.join(timeout=TERM_GRACE + 1)
+        if self._children is not None:
+            self._children.close(timeout=TERM_GRACE + 1)
         if self._listener is not None:
             self._listener.join(timeout=2)
         if not self._listener or not self._listener.is_alive():
@@ -428,7 +425,7 @@ class Worker:
         for job in jobs:
             running = _Running(job, runner.Stop())
             self.running[job.held] = running
-            self._dispatch.put(running)
+            self._launch(running)
         self.claimed += len(jobs)
         self.last_claim_short = len(jobs) < limit
         self.next_due = None
@@ -531,6 +528,9 @@ class Worker:
     def _finished(self, finished: _Finished) -> None:
         running = finished.running
         self.running.pop(running.job.held, None)
+        if running.slot >= 0:
+            self._free_slots.append(running.slot)
+            running.slot = -1
         self.claim_wanted = True
         if running.lost:
             return  # said when the lease was found lost
@@ -690,32 +690,23 @@ class Worker:
         for running in self.running.values():
             running.stop.request("the worker is stopping")
 
-    # ------------------------------------------------------------- slots
+    # ---------------------------------------------------------- children
 
-    def _slot(self, slot: int) -> None:
-        while True:
-            running = self._dispatch.get()
-            if running is None:
-                return
-            try:
-                finished = self._execute(running, slot)
-            except Exception as exc:  # never lose a slot, nor the job's report
-                self.log.error(f"job {running.job.id}: unexpected error running it", exc)
-                finished = _Finished(running, runner.Outcome(start_error=f"worker error: {exc}"))
-            self.events.put(finished)
-
-    def _execute(self, running: _Running, slot: int) -> _Finished:
+    def _launch(self, running: _Running) -> None:
+        """Hand a claimed job's command to the supervisor; a payload that can
+        never run, or a failure to prepare it, ends the job at once."""
+        running.slot = self._free_slots.pop()
         job = running.job
         self.log.event(
             "started",
             f"job {job.id} started: {job.kind}, attempt {job.attempt} of {job.max_attempts} "
-            f"(queue {job.queue}, slot {slot})",
+            f"(queue {job.queue}, slot {running.slot})",
             job_id=job.id,
             kind=job.kind,
             queue=job.queue,
             attempt=job.attempt,
             max_attempts=job.max_attempts,
-            slot=slot,
+            slot=running.slot,
         )
         c = self.config
         try:
@@ -726,24 +717,32 @@ class Worker:
                 allow_shell=c.allow_shell,
                 default_timeout=c.timeout,
             )
+            env = runner.job_environment(
+                self.environ,
+                job_id=job.id,
+                kind=job.kind,
+                queue=job.queue,
+                attempt=job.attempt,
+                extra=command.env,
+            )
+            assert self._children is not None
+            self._children.submit(
+                running, command, env, stop=running.stop, on_line=self._forwarder(job.id)
+            )
         except runner.PayloadRejected as exc:
-            return _Finished(running, runner.Outcome(start_error=exc.reason), exc.reason)
-        env = runner.job_environment(
-            self.environ,
-            job_id=job.id,
-            kind=job.kind,
-            queue=job.queue,
-            attempt=job.attempt,
-            extra=command.env,
-        )
-        outcome = runner.run(
-            command,
-            env,
-            stop=running.stop,
-            term_grace=TERM_GRACE,
-            on_line=self._forwarder(job.id),
-        )
-        return _Finished(running, outcome)
+            self.events.put(_Finished(running, runner.Outcome(start_error=exc.reason), exc.reason))
+        except Exception as exc:  # never lose the job's report
+            self._child_done(running, runner.Outcome(), exc)
+
+    def _child_done(
+        self, key: object, outcome: runner.Outcome, error: BaseException | None
+    ) -> None:
+        """A child ended (called on the supervisor's thread): post its result."""
+        assert isinstance(key, _Running)
+        if error is not None:
+            self.log.error(f"job {key.job.id}: unexpected error running it", error)
+            outcome = runner.Outcome(start_error=f"worker error: {error}")
+        self.events.put(_Finished(key, outcome))
 
     def _forwarder(self, job_id: int) -> Callable[[str], None]:
         event = self.log.event
