@@ -105,19 +105,7 @@ def exchange(
         query("worker_exchange"),
         {
             "done": _held_json(done),
-            "failed": json.dumps(
-                [
-                    {
-                        "id": f.job_id,
-                        "attempt": f.attempt,
-                        # A text column cannot hold NUL; a child's output can.
-                        "error": f.error.replace("\0", "\\0"),
-                        "delay": f.delay,
-                        "permanent": f.permanent,
-                    }
-                    for f in failed
-                ]
-            ),
+            "failed": _failed_json(failed),
             "handed_back": _held_json(handed_back),
             "reason": hand_back_reason,
             "renew": _held_json(renew),
@@ -159,5 +147,25 @@ def fence_state(conn: Conn, ids: Sequence[int]) -> dict[int, tuple[str, int]]:
     return {row[0]: (row[1], row[2]) for row in rows}
 
 
+def _failed_json(failed: Sequence[Failure]) -> str:
+    if not failed:
+        return "[]"
+    return json.dumps(
+        [
+            {
+                "id": f.job_id,
+                "attempt": f.attempt,
+                # A text column cannot hold NUL; a child's output can.
+                "error": f.error.replace("\0", "\\0"),
+                "delay": f.delay,
+                "permanent": f.permanent,
+            }
+            for f in failed
+        ]
+    )
+
+
 def _held_json(held: Sequence[Held]) -> str:
-    return json.dumps([{"id": job_id, "attempt": attempt} for job_id, attempt in held])
+    # Two integers per job: formatting them directly is several times cheaper
+    # than json.dumps of a list of dicts, on the worker's hottest path.
+    return "[" + ",".join(f'{{"id":{int(i)},"attempt":{int(a)}}}' for i, a in held) + "]"

@@ -607,7 +607,10 @@ class _Reactor:
                 continue
             child = self.owners.get(fd)
             if child is not None:
-                child.guard(child.on_ready, fd)
+                try:
+                    child.on_ready(fd)
+                except Exception as exc:  # on_line raised
+                    child.fail(exc)
         now = time.monotonic()
         for child in self.children:
             child.advance(now)
@@ -671,7 +674,7 @@ class _Child:
             self.start_error = _start_error(exc, self.command)
             self.complete = True
             return
-        self.guard(self._watch)
+        self._watch()
 
     def _spawn(self, env: Mapping[str, str]) -> None:
         # Every fd is made before the child starts, so running out of them is
@@ -695,18 +698,27 @@ class _Child:
             # child; it cannot change directory, so a job with a `cwd` goes
             # through Popen.
             _close_on_exec_inherited_fds()
-            return _posix_spawn(
-                _find_program(argv[0], env),
-                argv,
-                env,
-                setsid=True,
-                setsigdef=_RESTORED_SIGNALS,
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, stdin, 0),
-                    (os.POSIX_SPAWN_DUP2, out_w, 1),
-                    (os.POSIX_SPAWN_DUP2, out_w, 2),
-                ],
-            )
+            actions = [
+                (os.POSIX_SPAWN_DUP2, stdin, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, out_w, 2),
+            ]
+            for retry in (False, True):
+                program = _find_program(argv[0], env)
+                try:
+                    return _posix_spawn(
+                        program,
+                        argv,
+                        env,
+                        setsid=True,
+                        setsigdef=_RESTORED_SIGNALS,
+                        file_actions=actions,
+                    )
+                except FileNotFoundError:
+                    if retry or program == argv[0]:
+                        raise
+                    # Removed since it was looked up: look again, once.
+                    _forget_program(argv[0], env)
         self.popen = subprocess.Popen(
             list(argv),
             stdin=stdin,
@@ -739,16 +751,13 @@ class _Child:
 
     # -- running ----------------------------------------------------------------
 
-    def guard(self, action: Callable[..., None], *args: object) -> None:
-        """Run `action`; if it raises (on_line did), kill the group and keep
-        the exception for whoever finishes this child."""
-        try:
-            action(*args)
-        except Exception as exc:
-            self.error = exc
-            self._kill(signal.SIGKILL)
-            self.killed = True
-            self.complete = True
+    def fail(self, exc: Exception) -> None:
+        """`on_line` raised: kill the group, and keep the exception for
+        whoever finishes this child."""
+        self.error = exc
+        self._kill(signal.SIGKILL)
+        self.killed = True
+        self.complete = True
 
     def on_ready(self, fd: int) -> None:
         if fd == self.out_fd:
@@ -824,12 +833,15 @@ class _Child:
                 # the group id, so this cannot hit a recycled one.
                 self._kill(signal.SIGKILL)
             if self.error is None:
-                self.guard(self._drain)
+                try:
+                    self._drain()
+                    if self.partial:
+                        self._emit(self.partial)
+                except Exception as exc:  # on_line raised
+                    self.fail(exc)
             returncode = self._reap()
         finally:
             self._close_all()
-        if self.partial and self.error is None:
-            self.guard(self._emit, self.partial)
         return Outcome(
             exit_code=returncode if returncode >= 0 else None,
             signal=-returncode if returncode < 0 else None,
@@ -972,20 +984,46 @@ def _devnull() -> int:
 
 def _find_program(program: str, env: Mapping[str, str]) -> str:
     """The file that runs `program`, looked up in the child's PATH as Popen
-    does (posix_spawnp would search the worker's own PATH)."""
+    does (posix_spawnp would search the worker's own PATH).
+
+    A lookup is remembered for `_LOOKUP_SECONDS`: a PATH of ten directories
+    costs some twenty system calls, more than the rest of starting a child.
+    A program installed earlier in PATH is therefore seen that much later;
+    one removed is looked up again at once (`_forget_program`).
+    """
     if "/" in program:
         return program
-    denied = None
-    for directory in os.get_exec_path(env):
+    path = env.get("PATH")
+    if path is None:
+        path = os.defpath
+    key = (program, path)
+    now = time.monotonic()
+    found = _LOOKUPS.get(key)
+    if found is not None and found[1] > now:
+        return found[0]
+    for directory in path.split(os.pathsep):
         candidate = os.path.join(directory or os.curdir, program)
-        if os.access(candidate, os.X_OK):
-            if not os.path.isdir(candidate):
-                return candidate
-        elif denied is None and os.path.isfile(candidate):
-            denied = candidate
-    if denied is not None:
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            if len(_LOOKUPS) >= _LOOKUPS_KEPT:
+                _LOOKUPS.clear()
+            _LOOKUPS[key] = (candidate, now + _LOOKUP_SECONDS)
+            return candidate
+    for directory in path.split(os.pathsep):
+        if os.path.isfile(os.path.join(directory or os.curdir, program)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+def _forget_program(program: str, env: Mapping[str, str]) -> None:
+    _LOOKUPS.pop((program, env.get("PATH", os.defpath)), None)
+
+
+_LOOKUP_SECONDS = 1.0
+_LOOKUPS_KEPT = 1000
+# (program, PATH) -> (file, until when it is trusted). Used by the
+# supervisor's thread, or by one `run` at a time per thread: a lost race
+# costs a lookup, nothing more.
+_LOOKUPS: dict[tuple[str, str], tuple[str, float]] = {}
 
 
 _INHERITED_FDS_CLOSED: list[bool] = []

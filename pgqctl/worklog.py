@@ -19,6 +19,8 @@ from typing import Any, TextIO
 from pgqctl.output import format_seconds
 
 LOG_FORMATS = ("text", "json")
+# One encoder for every line: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
 
 
 class WorkLog:
@@ -34,7 +36,7 @@ class WorkLog:
         ts = timestamp(time.time())
         if self._json:
             record = {"ts": ts, "event": event, **fields, "message": message}
-            line = json.dumps(record, ensure_ascii=False, default=str)
+            line = _ENCODER.encode(record)
         else:
             line = f"{ts} {message}"
         self._write(line + "\n")
@@ -57,9 +59,17 @@ class WorkLog:
 def timestamp(seconds: float) -> str:
     """ISO 8601 in UTC with milliseconds: 2026-11-30T14:12:26.123Z."""
     whole = int(seconds)
-    # gmtime and strftime: a third of what a datetime costs, twice a job.
-    moment = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    # Formatted once a second: a busy worker logs thousands of lines in one.
+    second, moment = _LAST_SECOND
+    if whole != second:
+        moment = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _LAST_SECOND[:] = (whole, moment)
     return f"{moment}.{int((seconds - whole) * 1000):03d}Z"
+
+
+# The last second `timestamp` formatted, and its text (threads may race on it
+# harmlessly: each pair is written whole).
+_LAST_SECOND: list[Any] = [-1, ""]
 
 
 def seconds(value: float) -> str:
