@@ -1,7 +1,7 @@
 """Turn a job into a command, and run that command as a child process.
 
 No database here, no printing, no exiting: the worker (``worker.py``) calls
-these functions from its slot threads and decides what each outcome means.
+these functions and decides what each outcome means.
 
 - `command_for_job` reads a payload into a `Command`, or raises
   `PayloadRejected` for a payload that can never run. A rejection is
@@ -14,6 +14,8 @@ these functions from its slot threads and decides what each outcome means.
   stderr, enforces the timeout, honours a `Stop` request from another
   thread, and returns an `Outcome`. It never raises for anything the child
   does, including failing to start.
+- `Supervisor` does what `run` does for any number of children at once, from
+  one thread of its own, and reports each `Outcome` to a callback.
 
 Payload rules. With a handler for the job's kind (``--handler KIND=CMD``),
 the handler runs with the payload, whatever it holds, as compact JSON on
@@ -44,11 +46,13 @@ If the worker itself is SIGKILLed, its children keep running (they get
 SIGPIPE the next time they write output) and the job's lease expires, so
 the job may run again: PGQCTL_JOB_ID is the idempotency key.
 
-Costs. `run` uses no thread of its own and never sleeps to poll: it blocks
-in ``poll()`` on the output pipe, the stdin pipe, a pidfd for the child's
-exit (Linux 5.3+; elsewhere it checks every 50 ms once output ends) and
-an eventfd for `Stop`, with the nearest deadline as timeout. Output is not
-kept beyond a tail of `TAIL_BYTES` bytes. POSIX only.
+Costs. Children start with ``posix_spawn`` (with ``Popen`` for a job with a
+``cwd``, which posix_spawn cannot set). `run` uses no thread of its own and
+the supervisor one thread for all its children; neither sleeps to poll: they
+block in one ``poll()`` on the output pipes, the stdin pipes, a pidfd for
+each child's exit (Linux 5.3+; elsewhere they check every 50 ms) and an
+eventfd for `Stop` requests and new children, with the nearest deadline as
+timeout. Output is not kept beyond a tail of `TAIL_BYTES` bytes. POSIX only.
 """
 
 from __future__ import annotations
@@ -221,7 +225,8 @@ class Stop:
 
     One-shot: the first `request` wins and later ones change nothing. One
     `Stop` may serve one job (lease lost) or many at once (shutdown). It holds
-    no OS resources; each `run` makes its own wake-up fd while it waits.
+    no OS resources: whoever waits on children (`run`, a `Supervisor`)
+    subscribes a wake-up fd of its own.
     """
 
     def __init__(self) -> None:

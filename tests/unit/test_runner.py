@@ -564,3 +564,165 @@ def test_last_error_is_bounded() -> None:
     assert note == f"[output truncated: last 100 characters of {outcome.output_bytes} bytes]"
     assert len(tail) == 100 and tail.endswith("4999\n5000")
     assert len(outcome.last_error()) < 2100
+
+
+# -- how children start -------------------------------------------------------------
+
+
+def test_child_gets_default_sigpipe_and_sigxfsz() -> None:
+    # Python ignores SIGPIPE; a child must not inherit that (a pipeline would
+    # loop on EPIPE instead of ending).
+    outcome = run(Command(("grep", "SigIgn", "/proc/self/status")), ENV)
+    ignored = int(outcome.output_tail.split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
+    assert not ignored & (1 << (signal.SIGXFSZ - 1))
+
+
+def test_inheritable_fds_of_the_worker_do_not_reach_children(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As if the worker had been started with an open fd of its parent's.
+    monkeypatch.setattr(runner, "_INHERITED_FDS_CLOSED", [])
+    r, w = os.pipe()
+    try:
+        os.set_inheritable(w, True)
+        outcome = run(Command(("ls", "/proc/self/fd")), ENV)
+        assert str(w) not in outcome.output_tail.split()
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_program_removed_after_lookup_is_looked_up_again(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    for directory, said in ((first, "first"), (second, "second")):
+        directory.mkdir()
+        program = directory / "which-one"
+        program.write_text(f"#!/bin/sh\necho {said}\n")
+        program.chmod(0o755)
+    env = {**ENV, "PATH": f"{first}:{second}"}
+    assert run(Command(("which-one",)), env).output_tail == "first\n"
+    (first / "which-one").unlink()
+    assert run(Command(("which-one",)), env).output_tail == "second\n"
+
+
+def test_program_on_path_without_execute_permission(tmp_path: Path) -> None:
+    program = tmp_path / "not-executable"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o644)
+    outcome = run(Command(("not-executable",)), {**ENV, "PATH": str(tmp_path)})
+    assert outcome.start_error == "permission denied: not-executable (is it executable?)"
+
+
+# -- the supervisor: many children from one thread ----------------------------------
+
+
+class Collected:
+    """What a Supervisor reported, by key."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[object, Outcome] = {}
+        self.errors: dict[object, BaseException] = {}
+        self.threads: set[str] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, key: object, outcome: Outcome, error: BaseException | None) -> None:
+        with self.lock:
+            self.outcomes[key] = outcome
+            if error is not None:
+                self.errors[key] = error
+            self.threads.add(threading.current_thread().name)
+
+    def wait_for(self, count: int, seconds: float = 10) -> None:
+        deadline = time.monotonic() + seconds
+        while len(self.outcomes) < count:
+            assert time.monotonic() < deadline, f"only {len(self.outcomes)} of {count} ended"
+            time.sleep(0.01)
+
+
+def test_supervisor_runs_children_side_by_side() -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    try:
+        started = time.monotonic()
+        for n in range(6):
+            supervisor.submit(n, sh(f"sleep 0.5; echo {n}; exit {n}"), ENV)
+        got.wait_for(6)
+        elapsed = time.monotonic() - started
+    finally:
+        supervisor.close(5)
+    assert elapsed < 2.5  # not one after the other (3 s)
+    assert {k: (o.exit_code, o.output_tail) for k, o in got.outcomes.items()} == {
+        n: (n, f"{n}\n") for n in range(6)
+    }
+    assert got.threads == {"pgqctl-children"}
+
+
+def test_supervisor_stops_one_child_and_lets_the_others_run(pidfile: Path) -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got, term_grace=5)
+    stop = Stop()
+    try:
+        supervisor.submit("stopped", sh(f"sleep 100 & echo $! > {pidfile}; wait"), ENV, stop=stop)
+        supervisor.submit("kept", sh("sleep 0.5; echo kept"), ENV, stop=Stop())
+        supervisor.submit("timed out", sh("sleep 100", timeout=0.3), ENV)
+        time.sleep(0.2)
+        stop.request("lease lost")
+        got.wait_for(3)
+    finally:
+        supervisor.close(5)
+    assert got.outcomes["stopped"].describe() == "stopped: lease lost"
+    assert gone(grandchild(pidfile))
+    assert got.outcomes["kept"].succeeded and got.outcomes["kept"].output_tail == "kept\n"
+    assert got.outcomes["timed out"].timed_out
+
+
+def test_supervisor_reports_start_errors_and_stops_before_start(tmp_path: Path) -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    stop = Stop()
+    stop.request("shutdown")
+    try:
+        supervisor.submit("missing", Command(("pgqctl-no-such-command",)), ENV)
+        supervisor.submit("stopped", sh(f"touch {tmp_path / 'ran'}"), ENV, stop=stop)
+        supervisor.submit("fine", sh("true"), ENV)
+        got.wait_for(3)
+    finally:
+        supervisor.close(5)
+    assert got.outcomes["missing"].start_error == "command not found: pgqctl-no-such-command"
+    assert got.outcomes["stopped"].describe() == "stopped before start: shutdown"
+    assert not (tmp_path / "ran").exists()
+    assert got.outcomes["fine"].succeeded
+
+
+def test_supervisor_output_callback_raising_kills_that_child_only(pidfile: Path) -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+
+    def explode(line: str) -> None:
+        raise RuntimeError(f"log sink broke on {line!r}")
+
+    try:
+        script = f"sleep 100 & echo $! > {pidfile}; echo x; wait"
+        supervisor.submit("broken", sh(script), ENV, on_line=explode)
+        supervisor.submit("fine", sh("sleep 0.3; echo fine"), ENV, on_line=lambda line: None)
+        got.wait_for(2)
+    finally:
+        supervisor.close(5)
+    assert str(got.errors["broken"]) == "log sink broke on 'x'"
+    assert gone(grandchild(pidfile))
+    assert "fine" not in got.errors
+    assert got.outcomes["fine"].succeeded
+
+
+def test_supervisor_close_kills_what_still_runs(pidfile: Path) -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    supervisor.submit("left", sh(f"sleep 100 & echo $! > {pidfile}; wait"), ENV)
+    deadline = time.monotonic() + 5
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    supervisor.close(5)
+    assert gone(grandchild(pidfile))
+    assert got.outcomes == {}
