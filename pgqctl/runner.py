@@ -63,7 +63,6 @@ import errno
 import json
 import math
 import os
-import queue
 import select
 import signal
 import subprocess
@@ -458,7 +457,11 @@ class Supervisor:
     ) -> None:
         self._on_done = on_done
         self._reactor = _Reactor(term_grace)
-        self._inbox: queue.SimpleQueue[_Submission | None] = queue.SimpleQueue()
+        # Submissions not yet taken (None: close). The thread is woken once
+        # per batch of them, not once per child.
+        self._inbox: list[_Submission | None] = []
+        self._inbox_lock = threading.Lock()
+        self._woken = False
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -472,24 +475,30 @@ class Supervisor:
         on_line: Callable[[str], None] | None = None,
     ) -> None:
         """Start `command` soon; `on_done(key, ...)` says how it ended."""
-        self._inbox.put(_Submission(key, command, env, stop, on_line, time.monotonic()))
-        self._reactor.wake()
+        self._post(_Submission(key, command, env, stop, on_line, time.monotonic()))
 
     def close(self, timeout: float | None = None) -> None:
         """Stop the thread; children still running are killed and reaped."""
-        self._inbox.put(None)
-        self._reactor.wake()
+        self._post(None)
         self._thread.join(timeout)
+
+    def _post(self, item: _Submission | None) -> None:
+        with self._inbox_lock:
+            self._inbox.append(item)
+            wake, self._woken = not self._woken, True
+        if wake:
+            self._reactor.wake()
+
+    def _take(self) -> list[_Submission | None]:
+        with self._inbox_lock:
+            items, self._inbox, self._woken = self._inbox, [], False
+        return items
 
     def _serve(self) -> None:
         reactor = self._reactor
         with reactor:
             while True:
-                while True:
-                    try:
-                        submission = self._inbox.get_nowait()
-                    except queue.Empty:
-                        break
+                for submission in self._take():
                     if submission is None:
                         return  # the reactor kills and reaps what still runs
                     self._start(submission)
