@@ -13,12 +13,17 @@ other tenants of the machine disturb less:
   with command_for_job, build child_environment (from a snapshot of the
   worker's environment), make a Stop, and run().
 - runner_run_bare: run() alone, no Stop and the environment reused.
+- supervisor: what the worker does: one runner.Supervisor thread keeps N
+  children running (the payload parsed and the environment built per job,
+  each with its Stop), the main thread submitting a new one as each ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import queue
 import resource
 import statistics
 import subprocess
@@ -58,6 +63,39 @@ _BARE_COMMAND = runner.Command(("true",))
 
 def runner_run_bare() -> None:
     runner.run(_BARE_COMMAND, _WORKER_ENV)
+
+
+def measure_supervisor(threads: int, seconds: float) -> tuple[float, float]:
+    """As `measure`, with one Supervisor keeping `threads` children running."""
+    ended: queue.SimpleQueue[object] = queue.SimpleQueue()
+    supervisor = runner.Supervisor(lambda key, outcome, error: ended.put(outcome))
+
+    def submit() -> None:
+        command = runner.command_for_job(
+            {"argv": ["true"]}, kind="noop", handlers={}, allow_shell=False, default_timeout=60.0
+        )
+        env = runner.child_environment(
+            _WORKER_ENV, job_id=1, kind="noop", queue="default", attempt=1, extra=command.env
+        )
+        supervisor.submit(None, command, env, stop=runner.Stop())
+
+    cpu = cpu_seconds()
+    began = time.monotonic()
+    end_at = began + seconds
+    for _ in range(threads):
+        submit()
+    spawns = running = threads
+    while running:
+        ended.get()
+        running -= 1
+        if time.monotonic() < end_at:
+            submit()
+            spawns += 1
+            running += 1
+    rate = spawns / (time.monotonic() - began)
+    per_spawn = (cpu_seconds() - cpu) / spawns * 1e6
+    supervisor.close()
+    return rate, per_spawn
 
 
 def cpu_seconds() -> float:
@@ -101,20 +139,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
 
-    ways: dict[str, Callable[[], None]] = {
-        "subprocess_run": subprocess_run,
-        "runner_run": runner_run,
-        "runner_run_bare": runner_run_bare,
+    ways: dict[str, Callable[[], tuple[float, float]]] = {
+        name: functools.partial(measure, job, args.threads, args.seconds)
+        for name, job in (
+            ("subprocess_run", subprocess_run),
+            ("runner_run", runner_run),
+            ("runner_run_bare", runner_run_bare),
+        )
     }
-    for job in ways.values():  # warm up imports and caches
+    ways["supervisor"] = functools.partial(measure_supervisor, args.threads, args.seconds)
+    for job in (subprocess_run, runner_run, runner_run_bare):  # warm up imports and caches
         job()
     results: dict[str, list[float]] = {name: [] for name in ways}
     cpu: dict[str, list[float]] = {name: [] for name in ways}
     for round_number in range(args.rounds):
         # Odd rounds run the ways in reverse, so no way always goes first.
         order = list(ways.items())
-        for name, job in order if round_number % 2 == 0 else reversed(order):
-            rate, cpu_per_spawn = measure(job, args.threads, args.seconds)
+        for name, way in order if round_number % 2 == 0 else reversed(order):
+            rate, cpu_per_spawn = way()
             results[name].append(rate)
             cpu[name].append(cpu_per_spawn)
 
@@ -129,7 +171,7 @@ def main() -> None:
         print(f"{name}_cpu: {statistics.median(values):.0f} us/spawn")
     # Each round measures the ways back to back, so a per-round ratio cancels
     # most of the machine's drift; the median of those is the figure to quote.
-    for name in ("runner_run", "runner_run_bare"):
+    for name in ("runner_run", "runner_run_bare", "supervisor"):
         paired = statistics.median(
             mine / base for mine, base in zip(results[name], results["subprocess_run"], strict=True)
         )
