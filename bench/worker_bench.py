@@ -12,6 +12,12 @@ rounds:
 - e2e: `pgqctl worker --concurrency 4 --burst` as a subprocess draining jobs
   whose command is `true`, from its first job start to the last finished_at,
   against a pool of 4 threads running subprocess.run(["true"]) with no queue.
+  Also CPU per job, which the machine's other tenants disturb less than
+  rates: the pool's (its threads and the `true` children), the worker's
+  (process and children, start-up included) and, when the server runs on
+  this machine, PostgreSQL's (every postgres process, so other databases'
+  work counts too). On a saturated machine, pool CPU / (worker + server CPU)
+  is about the best throughput ratio the worker could reach.
 - claims: the worker's own claims.py path (each process claims up to 4 jobs
   and reports the previous batch in the same statement, as the worker does
   with 4 slots), 4 processes, against the classic loop (claim LIMIT 1, then
@@ -29,6 +35,7 @@ import json
 import multiprocessing
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -91,6 +98,34 @@ def epoch(ts: str) -> float:
 # ------------------------------------------------------------- end to end
 
 
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def server_cpu_seconds() -> float | None:
+    """CPU of every postgres process on this machine, ended backends included
+    (the postmaster's children), or None if there is none to read."""
+    total, found = 0, False
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                name, _, rest = f.read().rpartition(")")
+        except OSError:
+            continue
+        if name.endswith("(postgres"):
+            fields = rest.split()
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+            found = True
+    return total / os.sysconf("SC_CLK_TCK") if found else None
+
+
+# CPU microseconds per job of the last run of each e2e way, by name.
+E2E_CPU: dict[str, list[float]] = {"pool": [], "worker": [], "server": []}
+
+
 def spawn_pool(count: int) -> float:
     """Jobs/s of 4 threads running subprocess.run(["true"]), `count` runs in all."""
     left = [count]
@@ -105,24 +140,35 @@ def spawn_pool(count: int) -> float:
             subprocess.run(["true"], check=False)
 
     threads = [threading.Thread(target=loop) for _ in range(SLOTS)]
+    cpu = cpu_seconds(resource.RUSAGE_SELF) + cpu_seconds(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return count / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    cpu = cpu_seconds(resource.RUSAGE_SELF) + cpu_seconds(resource.RUSAGE_CHILDREN) - cpu
+    E2E_CPU["pool"].append(cpu / count * 1e6)
+    return count / elapsed
 
 
 def worker_drain(dsn: str, count: int, workdir: Path) -> float:
     """Jobs/s of one burst worker with 4 slots: first job start to last finished_at."""
     fill(dsn, count, {"argv": ["true"]})
     log = workdir / "e2e.log"
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
+    server = server_cpu_seconds()
     with log.open("w") as err:
         code = subprocess.call(
             worker_command(dsn, "--concurrency", str(SLOTS), "--burst"),
             stderr=err,
             stdout=subprocess.DEVNULL,
         )
+    # The worker has exited, so its backends have too: the postmaster holds their CPU.
+    server_after = server_cpu_seconds()
+    E2E_CPU["worker"].append((cpu_seconds(resource.RUSAGE_CHILDREN) - cpu) / count * 1e6)
+    if server is not None and server_after is not None:
+        E2E_CPU["server"].append((server_after - server) / count * 1e6)
     assert code == 0, log.read_text()[-2000:]
     first = epoch(log_events(log, "started")[0]["ts"])
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -297,6 +343,7 @@ def main() -> None:
             f"synchronous_commit {sync[0] if sync else '?'}"
         )
         spawn_pool(200)  # warm up
+        E2E_CPU["pool"].clear()
         if "e2e" in only:
             worker, pool, ratio = paired(
                 args.rounds,
@@ -307,6 +354,17 @@ def main() -> None:
             show("spawn_pool_4_threads", pool, "jobs/s")
             show("worker_concurrency_4", worker, "jobs/s")
             show("ratio worker/spawn_pool", ratio, "x", 2)
+            show("cpu_spawn_pool", E2E_CPU["pool"], "us/job")
+            show("cpu_worker_and_children", E2E_CPU["worker"], "us/job")
+            if E2E_CPU["server"]:
+                show("cpu_server", E2E_CPU["server"], "us/job")
+                bound = [
+                    p / (w + s)
+                    for p, w, s in zip(
+                        E2E_CPU["pool"], E2E_CPU["worker"], E2E_CPU["server"], strict=True
+                    )
+                ]
+                show("cpu ratio spawn_pool/(worker+server)", bound, "x", 2)
         if "claims" in only:
             batched, seed, ratio = paired(
                 args.rounds,
