@@ -131,3 +131,13 @@ def test_schema_argument_names_the_table(server_dsn: str, empty_dsn: str) -> Non
         found = c.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(table)).fetchall()
         assert [r[0] for r in found] == [one, *many]
         assert c.execute("SELECT to_regclass('public.jobs')").fetchone() == (None,)
+
+
+def test_text_that_copy_must_escape_arrives_as_given(conn: psycopg.Connection[Any]) -> None:
+    odd = 'tab\there, line\nbreak, cr\r, back\\slash \\N, quote " and café 😀'
+    jobs = [{"kind": f"k {odd}", "queue": odd, "payload": {odd: [odd, i]}} for i in range(300)]
+    ids = pgqctl.enqueue_many(conn, jobs)
+    table = conn.execute(
+        "SELECT kind, queue, payload FROM jobs WHERE id = ANY(%s) ORDER BY id", (ids,)
+    ).fetchall()
+    assert table == [(j["kind"], j["queue"], j["payload"]) for j in jobs]

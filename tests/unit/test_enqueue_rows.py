@@ -1,0 +1,118 @@
+"""The COPY rows a bulk load sends: one per job, the same whichever way a line is checked."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+from typing import Any
+
+import pytest
+
+from pgqctl.enqueue import job_from_record, read_rows
+from pgqctl.errors import BadInput
+
+ENQUEUE = sys.modules["pgqctl.enqueue"]  # the package's `enqueue` is the function
+
+# Lines in the shape most bulk files have: checked inline, without make_job.
+COMMON = [
+    '{"kind": "echo", "payload": {"argv": ["echo", "job 1"]}}',
+    '{"kind":"a","payload":{"x":1}}',
+    '{"payload": {"x": 1}, "kind": "a"}',
+    '{"kind": "a", "payload": {"payload": {"y": 2}}}',
+    '{"kind": "payload", "payload": {"kind": "payload"}}',
+    '{"kind": "a", "payload": {"s": "tab\\there \\"q\\" back\\\\slash\\nline\\r"}}',
+    '{"kind": "a\\tb\\\\c", "queue": "q\\nr", "payload": {}}',
+    '{"kind": "a",\t"payload":\t{"x":\t1}\t}',
+    '{"kind": "a", "payload": {"x": {}} }',
+    '{"kind": "café", "payload": {"s": "ü€😀"}}',
+    '{"kind": "a", "payload": {"f": 1.50, "z": 0.0, "n": -0, "e": 1E-5, "i": 98765432109876543}}',
+    '{"kind": "a", "payload": null, "queue": null, "priority": null, "max_attempts": null}',
+    '{"kind": "a", "queue": "q", "priority": -5, "max_attempts": 9, "payload": {"x": [1, {}]}}',
+    '{"kind": "a"}',
+]
+# Lines that make_job checks: escapes that may hide a NUL, their own timing,
+# numbers beyond a float's range, whitespace around the object.
+GENERAL = [
+    '{"kind": "a", "payload": {"s": "\\u00e9\\ud83d\\ude00"}}',
+    '{"kind": "a", "delay": "5m", "payload": {"x": 1}}',
+    '{"kind": "a", "run_at": "2030-01-01T00:00:00Z"}',
+    '{"kind": "a", "payload": {"x": 1e-400, "y": 1.5e-310}}',
+    ' {"kind": "a", "payload": {"x": 1}}  ',
+]
+DEFAULTS: list[dict[str, Any] | None] = [
+    None,
+    {"queue": "bulk", "priority": 4, "delay": 60.0},
+    {"max_attempts": 7, "run_at": dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)},
+]
+
+_COPY_ESCAPE = re.compile(r"\\(.)")
+_COPY_CHARS = {"t": "\t", "n": "\n", "r": "\r", "\\": "\\"}
+
+
+def copy_fields(row: str) -> list[str | None]:
+    """The fields of one row of COPY's text format, as PostgreSQL reads them."""
+    assert row.endswith("\n") and row.count("\n") == 1
+    return [
+        None if field == "\\N" else _COPY_ESCAPE.sub(lambda m: _COPY_CHARS[m[1]], field)
+        for field in row[:-1].split("\t")
+    ]
+
+
+def expected_fields(number: int, line: str, defaults: dict[str, Any] | None) -> list[Any]:
+    """What make_job makes of a line, as the row's fields read back."""
+    job = job_from_record(json.loads(line), defaults)
+    run_at = None if job.run_at is None else str(job.run_at)
+    return [
+        str(number),
+        job.kind,
+        json.loads(job.payload),
+        job.queue,
+        str(job.priority),
+        str(job.max_attempts),
+        run_at,
+        job.delay,
+    ]
+
+
+def read_back(row: str) -> list[Any]:
+    fields = copy_fields(row)
+    assert len(fields) == 8
+    payload, delay = fields[2], fields[7]
+    assert payload is not None and delay is not None
+    return [*fields[:2], json.loads(payload), *fields[3:7], float(delay)]
+
+
+@pytest.mark.parametrize("defaults", DEFAULTS)
+@pytest.mark.parametrize("line", COMMON + GENERAL)
+def test_a_row_holds_what_make_job_makes_of_its_line(
+    line: str, defaults: dict[str, Any] | None
+) -> None:
+    (row,) = read_rows([b"\n", line.encode() + b"\n"], defaults=defaults)
+    assert read_back(row) == expected_fields(2, line.strip(), defaults)
+
+
+@pytest.mark.parametrize("line", COMMON)
+def test_common_lines_are_checked_inline(line: str) -> None:
+    fast = ENQUEUE._line_defaults(None)
+    assert ENQUEUE._simple_row(1, line, fast) is not None
+
+
+@pytest.mark.parametrize("line", GENERAL)
+def test_other_lines_go_through_make_job(line: str) -> None:
+    fast = ENQUEUE._line_defaults(None)
+    assert ENQUEUE._simple_row(1, line, fast) is None
+
+
+def test_a_payload_goes_as_written_when_it_can_be_cut_out_whole() -> None:
+    as_written = ENQUEUE._payload_as_written
+    assert as_written('{"kind": "a", "payload": {"x": 1.50} }') == ' {"x": 1.50} '
+    assert as_written('{"payload": {"x": 1}, "kind": "a"}') is None
+    assert as_written('{"kind": "a", "payload": {"payload": 1}}') is None
+
+
+def test_bad_defaults_are_reported_on_each_line_that_uses_them() -> None:
+    rows = read_rows([b'{"kind": "a", "delay": 5}', b'{"kind": "b"}'], defaults={"queue": ""})
+    with pytest.raises(BadInput, match="line 1: queue must not be empty"):
+        next(rows)
