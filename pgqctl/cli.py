@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import gc
 import itertools
 import json
 import logging
@@ -355,7 +356,7 @@ def enqueue_command(
 def _enqueue_file(database: Database, path: str, defaults: dict[str, Any], fmt: str) -> None:
     source = "stdin" if path == "-" else path
     try:
-        with click.open_file(path, "rb") as f, _progress(f) as progress:
+        with _gc_skips_older_objects(), click.open_file(path, "rb") as f, _progress(f) as progress:
             lines = f if progress is None else progress.lines(f)
             # Lines are validated while they stream to the server; a bad one
             # aborts the transaction. The first job is read before connecting,
@@ -378,6 +379,21 @@ def _enqueue_file(database: Database, path: str, defaults: dict[str, Any], fmt: 
     # Thousands of ids on a terminal are noise: there, the line above says it all.
     if not (sys.stdout.isatty() and fmt in ("auto", *output.HUMAN_FORMATS)):
         _emit_ids(ids, fmt)
+
+
+@contextmanager
+def _gc_skips_older_objects() -> Iterator[None]:
+    """Keep the garbage collector's full passes off the objects that exist already.
+
+    A bulk load makes short-lived objects by the hundred thousand, which
+    triggers full passes; each would walk every module, class and function
+    imported at startup again.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _emit_ids(ids: list[int], fmt: str) -> None:

@@ -116,13 +116,25 @@ def enqueue_many(
     ``max_attempts``. All are validated before anything is sent; a bad one
     raises BadInput naming its index.
     """
-    valid = []
-    for index, record in enumerate(jobs):
+    records = list(jobs)
+    if len(records) < COPY_MIN_JOBS:
+        valid = []
+        for index, record in enumerate(records):
+            try:
+                valid.append(job_from_record(record))
+            except BadInput as exc:
+                raise BadInput(f"jobs[{index}]: {exc}") from None
+        return insert_jobs(conn, valid, schema=schema)
+    # Made into COPY rows now, so that loading them is all the work left.
+    fast = _simple_defaults(None)
+    rows = []
+    for number, record in enumerate(records, start=1):
         try:
-            valid.append(job_from_record(record))
+            row = None if fast is None else _simple_record_row(number, record, fast)
+            rows.append(row or _job_row(number, job_from_record(record)))
         except BadInput as exc:
-            raise BadInput(f"jobs[{index}]: {exc}") from None
-    return insert_jobs(conn, valid, schema=schema)
+            raise BadInput(f"jobs[{number - 1}]: {exc}") from None
+    return insert_rows(conn, rows, schema=schema)
 
 
 # ---------------------------------------------------------------- validation
@@ -235,13 +247,13 @@ def read_rows(
     ``defaults`` filling what it leaves out; blank lines are skipped.
     BadInput names the first bad line (counting every physical line from 1).
     """
-    fast = _line_defaults(defaults)
+    fast = _simple_defaults(defaults)
     for number, raw in enumerate(lines, start=1):
         if not raw or raw.isspace():
             continue
         try:
             text = _line_text(raw, number)
-            row = None if fast is None else _simple_row(number, text, fast)
+            row = None if fast is None else _simple_line_row(number, text, fast)
             if row is None:
                 row = _job_row(number, job_from_record(_decode_text(text), defaults))
         except BadInput as exc:
@@ -289,16 +301,18 @@ def _decode_text(text: str) -> Any:
         raise BadInput(f"invalid JSON: {exc}") from None
 
 
-# ------------------------------------------------- the common line, quickly
+# --------------------------------------------------- the common job, quickly
 #
-# A bulk load spends most of its client time here, once per line. A line in
-# the common shape is checked inline and its payload is passed on as the line
-# spells it (jsonb parses and normalises it in any case); any other line, and
-# any line this code is not sure of, takes the general path above, which
-# accepts it or names what is wrong with it.
+# A bulk load spends most of its client time here, once per job. A job in the
+# common shape is checked inline, without make_job's call per field, and made
+# into its COPY row at once; from a JSON line, its payload is passed on as the
+# line spells it when that can be done safely (jsonb parses and normalises it
+# in any case). Any other job, and any job this code is not sure of, takes
+# the general path (job_from_record, _job_row), which accepts it or names what
+# is wrong with it. Both paths give a row that holds the same job.
 
-# The keys a line may have here; a line that sets its own run_at or delay
-# goes through make_job, which parses them.
+# The keys a job may have here; one that sets its own run_at or delay goes
+# through make_job, which parses them.
 _SIMPLE_FIELDS = frozenset(("kind", "payload", "queue", "priority", "max_attempts"))
 _KIND_AND_PAYLOAD = frozenset(("kind", "payload"))
 _DEFAULTABLE = frozenset(("queue", "priority", "max_attempts", "run_at", "delay"))
@@ -326,32 +340,32 @@ _SIMPLE_DECODER = json.JSONDecoder(
 )
 
 
-class _LineDefaults(NamedTuple):
-    """What a line that sets only _SIMPLE_FIELDS gets for the others."""
+class _Defaults(NamedTuple):
+    """What a job that sets only _SIMPLE_FIELDS gets for the others."""
 
     queue: str
     priority: int
     max_attempts: int
     timing: str  # the run_at and delay columns
-    tail: str  # the columns from queue on, for a line that sets none of them
+    tail: str  # the columns from queue on, for a job that sets none of them
 
 
-def _line_defaults(defaults: Mapping[str, Any] | None) -> _LineDefaults | None:
-    """The defaults of `read_rows` for `_simple_row`; None: every line takes the general path."""
+def _simple_defaults(defaults: Mapping[str, Any] | None) -> _Defaults | None:
+    """`defaults` (see job_from_record) for the quick path; None: every job takes the other."""
     values = _without_nulls(defaults or {})
     if not _DEFAULTABLE.issuperset(values):
         return None
     try:
         base = make_job("-", **values)
     except BadInput:
-        return None  # each line then reports it, or overrides it, as job_from_record does
+        return None  # each job then reports it, or overrides it, as job_from_record does
     timing = _timing_columns(base)
     tail = f"{_copy_text(base.queue)}\t{base.priority}\t{base.max_attempts}\t{timing}\n"
-    return _LineDefaults(base.queue, base.priority, base.max_attempts, timing, tail)
+    return _Defaults(base.queue, base.priority, base.max_attempts, timing, tail)
 
 
-def _simple_row(number: int, text: str, fast: _LineDefaults) -> str | None:
-    """The row of a line in the common shape, checked inline; None for any other line.
+def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
+    """The row of a JSON line in the common shape; None for any other line.
 
     The line's text tells what make_job's checks look for: JSON can only
     spell a NUL or an unpaired surrogate as a \\u escape, and a backslash,
@@ -366,16 +380,9 @@ def _simple_row(number: int, text: str, fast: _LineDefaults) -> str | None:
         return None
     if end != len(text) or type(record) is not dict:
         return None
-    if _KIND_AND_PAYLOAD.issuperset(record):
-        tail: str | None = fast.tail
-    elif _SIMPLE_FIELDS.issuperset(record):
-        tail = _simple_tail(record, fast)
-        if tail is None:
-            return None
-    else:
-        return None
+    tail = _simple_tail(record, defaults)
     kind = record.get("kind")
-    if type(kind) is not str or not kind:
+    if tail is None or type(kind) is not str or not kind:
         return None
     payload = record.get("payload")
     if payload is None:
@@ -389,31 +396,72 @@ def _simple_row(number: int, text: str, fast: _LineDefaults) -> str | None:
     return f"{number}\t{kind}\t{payload_text}\t{tail}"
 
 
-def _simple_tail(record: dict[str, Any], fast: _LineDefaults) -> str | None:
-    """The columns from queue on of a line that sets some of them; None if one is not valid."""
+def _simple_record_row(number: int, record: object, defaults: _Defaults) -> str | None:
+    """The row of a job given as a dict in the common shape; None for any other."""
+    if type(record) is not dict:
+        return None
+    tail = _simple_tail(record, defaults)
+    kind = record.get("kind")
+    if tail is None or type(kind) is not str or not kind or not _storable(kind):
+        return None
+    payload = record.get("payload")
+    if payload is None:
+        payload_text = "{}"
+    elif type(payload) is not dict:
+        return None
+    else:
+        try:
+            payload_text = _encode(payload)
+        except (TypeError, ValueError, RecursionError):
+            return None
+        if "\\u0000" in payload_text or not _storable(payload_text):
+            return None
+    return f"{number}\t{_copy_text(kind)}\t{_copy_text(payload_text)}\t{tail}"
+
+
+def _simple_tail(record: dict[str, Any], defaults: _Defaults) -> str | None:
+    """The columns from queue on of a job in the common shape; None for any other job."""
+    if _KIND_AND_PAYLOAD.issuperset(record):
+        return defaults.tail
+    if not _SIMPLE_FIELDS.issuperset(record):
+        return None
     queue = record.get("queue")
     priority = record.get("priority")
     max_attempts = record.get("max_attempts")
     if queue is None:
-        queue = fast.queue
+        queue = defaults.queue
     if priority is None:
-        priority = fast.priority
+        priority = defaults.priority
     if max_attempts is None:
-        max_attempts = fast.max_attempts
+        max_attempts = defaults.max_attempts
     if (
         type(queue) is str
         and queue
+        and _storable(queue)
         and type(priority) is int
         and INT4_MIN <= priority <= INT4_MAX
         and type(max_attempts) is int
         and 1 <= max_attempts <= INT4_MAX
     ):
-        return f"{_copy_text(queue)}\t{priority}\t{max_attempts}\t{fast.timing}\n"
+        return f"{_copy_text(queue)}\t{priority}\t{max_attempts}\t{defaults.timing}\n"
     return None
 
 
+def _storable(text: str) -> bool:
+    """Whether PostgreSQL text holds `text` as it is (what _check_storable checks)."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _payload_as_written(text: str) -> str | None:
-    """The payload object's own text in a line `_simple_row` has checked, when it is last.
+    """The payload object's own text in a line `_simple_line_row` has checked, if it is last.
 
     Without a backslash in the line, every quote opens or closes a string,
     so a line holding the string "payload" once holds it as the key, and

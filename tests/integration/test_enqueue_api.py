@@ -121,6 +121,17 @@ def test_bad_input_raises_before_anything_is_sent(tx_conn: psycopg.Connection[An
     assert job_count(tx_conn) == 0
 
 
+def test_a_bad_job_in_a_bulk_load_raises_before_anything_is_sent(
+    tx_conn: psycopg.Connection[Any],
+) -> None:
+    jobs: list[dict[str, Any]] = [{"kind": "k", "payload": {"i": i}} for i in range(500)]
+    jobs[250] = {"kind": "k", "payload": {"text": "a\x00b"}}
+    with pytest.raises(BadInput, match=r"^jobs\[250\]: payload contains a NUL character"):
+        pgqctl.enqueue_many(tx_conn, jobs)
+    assert tx_conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert job_count(tx_conn) == 0
+
+
 def test_schema_argument_names_the_table(server_dsn: str, empty_dsn: str) -> None:
     schema = 'Odd "queue"'
     assert run_cli("migrate", "--schema", schema, "--dsn", empty_dsn).exit_code == 0

@@ -95,14 +95,14 @@ def test_a_row_holds_what_make_job_makes_of_its_line(
 
 @pytest.mark.parametrize("line", COMMON)
 def test_common_lines_are_checked_inline(line: str) -> None:
-    fast = ENQUEUE._line_defaults(None)
-    assert ENQUEUE._simple_row(1, line, fast) is not None
+    fast = ENQUEUE._simple_defaults(None)
+    assert ENQUEUE._simple_line_row(1, line, fast) is not None
 
 
 @pytest.mark.parametrize("line", GENERAL)
 def test_other_lines_go_through_make_job(line: str) -> None:
-    fast = ENQUEUE._line_defaults(None)
-    assert ENQUEUE._simple_row(1, line, fast) is None
+    fast = ENQUEUE._simple_defaults(None)
+    assert ENQUEUE._simple_line_row(1, line, fast) is None
 
 
 def test_a_payload_goes_as_written_when_it_can_be_cut_out_whole() -> None:
@@ -116,3 +116,54 @@ def test_bad_defaults_are_reported_on_each_line_that_uses_them() -> None:
     rows = read_rows([b'{"kind": "a", "delay": 5}', b'{"kind": "b"}'], defaults={"queue": ""})
     with pytest.raises(BadInput, match="line 1: queue must not be empty"):
         next(rows)
+
+
+ODD = 'tab\there, line\nbreak, cr\r, back\\slash \\N, quote " and café 😀'
+# Jobs as Python callers give them, in the common shape.
+COMMON_RECORDS: list[dict[str, Any]] = [
+    {"kind": "echo", "payload": {"argv": ["echo", "job 1"]}},
+    {"kind": "a"},
+    {"kind": ODD, "queue": ODD, "payload": {ODD: [ODD, 1.5, None, True]}},
+    {"kind": "a", "payload": None, "queue": None, "priority": None, "max_attempts": None},
+    {"kind": "a", "queue": "q", "priority": -(2**31), "max_attempts": 2**31 - 1},
+]
+# Jobs that make_job checks: its own timing, something it refuses, or text
+# that looks like an escaped NUL.
+OTHER_RECORDS: list[Any] = [
+    {"kind": "a", "payload": {"path": "C:\\u0000"}},
+    {"kind": "a", "delay": 5},
+    {"kind": "a", "run_at": "2030-01-01T00:00:00Z"},
+    {"kind": "a\x00"},
+    {"kind": "a", "queue": "\ud800"},
+    {"kind": "a", "payload": {"x": "a\x00b"}},
+    {"kind": "a", "payload": {"\ud800": 1}},
+    {"kind": "a", "payload": {"x": float("nan")}},
+    {"kind": "a", "payload": {"t": dt.date(2030, 1, 1)}},
+    {"kind": "a", "priority": True},
+    {"kind": "a", "max_attempts": 0},
+    {"kind": ""},
+    {"payload": {}},
+    {"kind": "a", "payload": [1]},
+    [("kind", "a")],
+]
+
+
+@pytest.mark.parametrize("defaults", DEFAULTS)
+@pytest.mark.parametrize("record", COMMON_RECORDS)
+def test_a_record_row_holds_what_make_job_makes_of_it(
+    record: dict[str, Any], defaults: dict[str, Any] | None
+) -> None:
+    fast = ENQUEUE._simple_defaults(defaults)
+    row = ENQUEUE._simple_record_row(3, record, fast)
+    assert row is not None
+    assert read_back(row) == expected_record_fields(3, record, defaults)
+
+
+@pytest.mark.parametrize("record", OTHER_RECORDS)
+def test_other_records_go_through_make_job(record: Any) -> None:
+    fast = ENQUEUE._simple_defaults(None)
+    assert ENQUEUE._simple_record_row(1, record, fast) is None
+
+
+def expected_record_fields(number: int, record: Any, defaults: dict[str, Any] | None) -> list[Any]:
+    return expected_fields(number, ENQUEUE._encode(record), defaults)
