@@ -390,9 +390,11 @@ def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
     elif type(payload) is not dict:
         return None
     elif escaped:
-        kind, payload_text = _copy_text(kind), _copy_text(_encode(payload))
+        payload_text = _copy_text(_encode(payload))
     else:
         payload_text = _copy_text(_payload_as_written(text) or _encode(payload))
+    if escaped:
+        kind = _copy_text(kind)
     return f"{number}\t{kind}\t{payload_text}\t{tail}"
 
 

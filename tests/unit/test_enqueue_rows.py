@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import random
 import re
 import sys
 from typing import Any
@@ -24,6 +25,7 @@ COMMON = [
     '{"kind": "payload", "payload": {"kind": "payload"}}',
     '{"kind": "a", "payload": {"s": "tab\\there \\"q\\" back\\\\slash\\nline\\r"}}',
     '{"kind": "a\\tb\\\\c", "queue": "q\\nr", "payload": {}}',
+    '{"kind": "\\\\N\\t"}',
     '{"kind": "a",\t"payload":\t{"x":\t1}\t}',
     '{"kind": "a", "payload": {"x": {}} }',
     '{"kind": "café", "payload": {"s": "ü€😀"}}',
@@ -167,3 +169,73 @@ def test_other_records_go_through_make_job(record: Any) -> None:
 
 def expected_record_fields(number: int, record: Any, defaults: dict[str, Any] | None) -> list[Any]:
     return expected_fields(number, ENQUEUE._encode(record), defaults)
+
+
+def general_path(number: int, line: str, defaults: dict[str, Any] | None) -> list[Any] | str:
+    """What make_job makes of a line: its row read back, or its error."""
+    try:
+        record = ENQUEUE._decode_text(line)
+        return read_back(ENQUEUE._job_row(number, job_from_record(record, defaults)))
+    except BadInput as exc:
+        return str(exc)
+
+
+def random_lines(seed: int, count: int) -> list[str]:
+    """Job lines made of the pieces the quick path must not be fooled by."""
+    rnd = random.Random(seed)
+    pieces = ["payload", "kind", '"', "\\", "\t", "\n", "\x00", "\\u0000", "é", "😀", "}", ":", "a"]
+    numbers = [0, -0.0, 1.5, 1e-400, 1e400, 5e-324, 2**31, -(2**31), 3, True, None, 10**25]
+
+    def text() -> str:
+        return "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 4)))
+
+    def value(depth: int) -> Any:
+        choice = rnd.random()
+        if depth > 2 or choice < 0.3:
+            return rnd.choice(numbers)
+        if choice < 0.6:
+            return text()
+        if choice < 0.8:
+            return [value(depth + 1) for _ in range(rnd.randint(0, 3))]
+        return {text(): value(depth + 1) for _ in range(rnd.randint(0, 3))}
+
+    fields = {
+        "kind": lambda: rnd.choice(["k", "payload", text(), 1, None]),
+        "payload": lambda: rnd.choice([{}, {text(): value(1)}, {"payload": value(1)}, value(1)]),
+        "queue": lambda: rnd.choice(["q", text(), None, 5]),
+        "priority": lambda: rnd.choice(numbers),
+        "max_attempts": lambda: rnd.choice(numbers),
+        "delay": lambda: rnd.choice([5, "5m", None]),
+        "extra": lambda: 1,
+    }
+    lines = []
+    for _ in range(count):
+        keys = rnd.sample(sorted(fields), rnd.randint(1, 4))
+        record = {"kind": "k", **{key: fields[key]() for key in keys}}
+        separators = rnd.choice([(",", ":"), (", ", ": ")])
+        ascii_only = rnd.random() < 0.3
+        lines.append(json.dumps(record, ensure_ascii=ascii_only, separators=separators))
+    return lines
+
+
+@pytest.mark.parametrize("defaults", DEFAULTS)
+def test_random_lines_are_read_as_make_job_reads_them(defaults: dict[str, Any] | None) -> None:
+    for line in random_lines(seed=len(str(defaults)), count=3000):
+        try:
+            (row,) = read_rows([line.encode("utf-8", "surrogatepass")], defaults=defaults)
+            got: list[Any] | str = read_back(row)
+        except BadInput as exc:
+            got = str(exc).removeprefix("input, line 1: ")
+        if any("\ud800" <= c <= "\udfff" for c in line):  # json.dumps let a lone one through
+            assert isinstance(got, str) and "not valid UTF-8" in got
+        else:
+            assert got == general_path(1, line, defaults), line
+
+
+def test_random_records_are_checked_as_make_job_checks_them() -> None:
+    fast = ENQUEUE._simple_defaults(None)
+    for line in random_lines(seed=7, count=3000):
+        record = json.loads(line)
+        row = ENQUEUE._simple_record_row(1, record, fast)
+        if row is not None:
+            assert read_back(row) == read_back(ENQUEUE._job_row(1, job_from_record(record)))
