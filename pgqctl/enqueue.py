@@ -13,9 +13,13 @@ become visible, and workers are woken, when the caller's transaction commits
 (in autocommit mode each call is its own transaction). Bad input raises
 ``BadInput`` (a ``ValueError``) before anything is sent to the database.
 
-One validation (`make_job`) serves the CLI's single job, its bulk file and the
-API; one writer (`insert_jobs`) inserts them all. psycopg and threads are
-imported only when jobs are inserted, so ``import pgqctl`` stays cheap.
+Every job is checked as `make_job` checks it: field by field, or, for the
+many jobs of a bulk load that have the common shape, by quicker inline checks
+that accept exactly what make_job accepts (tests compare the two). Bulk jobs
+become rows of COPY's text format (`read_rows` for a JSON-lines file) that
+`insert_rows` loads; `insert_jobs` sends a few jobs in one INSERT. psycopg
+and threads are imported only when jobs are inserted, so ``import pgqctl``
+stays cheap.
 
 Note: the package exports the *function* ``enqueue`` under the name of this
 module, so import from it with ``from pgqctl.enqueue import ...``.
