@@ -27,8 +27,8 @@ import psycopg
 from click.core import ParameterSource
 
 # Modules that only some commands use (the worker, migrations, the embedded
-# server) are imported inside those commands: every command pays for the
-# imports at the top, and a bulk enqueue is timed with its process start.
+# server) are imported inside those commands: every command pays for what is
+# imported here, and in a short command that is a good part of its run.
 from pgqctl import __version__, config, db, output, queue
 from pgqctl.durations import parse_duration
 from pgqctl.enqueue import (

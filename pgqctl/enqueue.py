@@ -295,7 +295,7 @@ def _decode_text(text: str) -> Any:
         value, end = _DECODER.raw_decode(text)
         if end == len(text):
             return value
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     try:
         return _DECODER.decode(text)
@@ -303,6 +303,8 @@ def _decode_text(text: str) -> Any:
         raise BadInput(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
     except ValueError as exc:
         raise BadInput(f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise BadInput("invalid JSON: nested too deeply") from None
 
 
 # --------------------------------------------------- the common job, quickly
@@ -380,7 +382,7 @@ def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
         return None
     try:
         record, end = _SIMPLE_DECODER.raw_decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if end != len(text) or type(record) is not dict:
         return None
@@ -390,13 +392,17 @@ def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
         return None
     payload = record.get("payload")
     if payload is None:
-        payload_text = "{}"
+        payload_text: str | None = "{}"
     elif type(payload) is not dict:
         return None
-    elif escaped:
-        payload_text = _copy_text(_encode(payload))
     else:
-        payload_text = _copy_text(_payload_as_written(text) or _encode(payload))
+        payload_text = None if escaped else _payload_as_written(text)
+        if payload_text is None:
+            try:
+                payload_text = _encode(payload)
+            except (ValueError, RecursionError):
+                return None
+        payload_text = _copy_text(payload_text)
     if escaped:
         kind = _copy_text(kind)
     return f"{number}\t{kind}\t{payload_text}\t{tail}"

@@ -148,6 +148,7 @@ def test_read_rows_skips_blank_lines_and_counts_physical_lines() -> None:
         (b'{"kind": "a", "priority": 1.0}', "line 1: priority must be an integer, not a number"),
         (b'{"kind": "a", "max_attempts": true}', "line 1: max_attempts must be an integer, not a "),
         (b'{"kind": "a", "payload": []}', "line 1: payload must be a JSON object, not an array"),
+        (b'{"kind": "a", "payload": {"x": ' + b"[" * 5000 + b"]" * 5000 + b"}}", "nested too deep"),
     ],
 )
 def test_read_rows_bad_lines(line: bytes, message: str) -> None:
