@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import gc
 import itertools
 import json
 import logging
@@ -25,10 +26,19 @@ import click
 import psycopg
 from click.core import ParameterSource
 
-from pgqctl import __version__, config, db, embedded, output, queue
-from pgqctl import migrate as migrations
+# Modules that only some commands use (the worker, migrations, the embedded
+# server) are imported inside those commands: every command pays for what is
+# imported here, and in a short command that is a good part of its run.
+from pgqctl import __version__, config, db, output, queue
 from pgqctl.durations import parse_duration
-from pgqctl.enqueue import insert_jobs, make_job, parse_payload, parse_run_at, read_jobs
+from pgqctl.enqueue import (
+    insert_jobs,
+    insert_rows,
+    make_job,
+    parse_payload,
+    parse_run_at,
+    read_rows,
+)
 from pgqctl.errors import (
     EXIT_FAILURE,
     BadInput,
@@ -37,8 +47,7 @@ from pgqctl.errors import (
     NotFound,
     PgqctlError,
 )
-from pgqctl.worker import CONNECTION_PARAMS, Worker, WorkerConfig, prepare_session
-from pgqctl.worklog import LOG_FORMATS, WorkLog
+from pgqctl.worklog import LOG_FORMATS  # small; the worker command's options need it
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,6 +71,8 @@ class Database:
         target = config.resolve_target(self.dsn_option, os.environ)
         if target.dsn is not None:
             return target.dsn
+        from pgqctl import embedded
+
         started = embedded.ensure_running()
         if started.started:
             what = "created and started" if started.created else "started"
@@ -214,6 +225,8 @@ def migrate_command(
         pgqctl migrate --check || echo "schema out of date"
         pgqctl --debug migrate --schema jobs_staging --status
     """
+    from pgqctl import migrate as migrations
+
     with database.connect(migrated=False) as conn:
         if show_status:
             states = migrations.status(conn, database.schema)
@@ -343,21 +356,21 @@ def enqueue_command(
 def _enqueue_file(database: Database, path: str, defaults: dict[str, Any], fmt: str) -> None:
     source = "stdin" if path == "-" else path
     try:
-        with click.open_file(path, "rb") as f, _progress(f) as progress:
+        with _gc_skips_older_objects(), click.open_file(path, "rb") as f, _progress(f) as progress:
             lines = f if progress is None else progress.lines(f)
             # Lines are validated while they stream to the server; a bad one
             # aborts the transaction. The first job is read before connecting,
             # so an empty or plainly wrong file never touches the database.
-            jobs = read_jobs(lines, source=source, defaults=defaults)
-            first = next(jobs, None)
+            rows = read_rows(lines, source=source, defaults=defaults)
+            first = next(rows, None)
             if first is None:
                 say(f"nothing to enqueue: {source} has no jobs")
                 _emit_ids([], fmt)
                 return
             with database.connect() as conn:
-                ids = insert_jobs(
+                ids = insert_rows(
                     conn,
-                    itertools.chain([first], jobs),
+                    itertools.chain([first], rows),
                     on_progress=None if progress is None else progress.sent,
                 )
     except BadInput as exc:
@@ -368,13 +381,28 @@ def _enqueue_file(database: Database, path: str, defaults: dict[str, Any], fmt: 
         _emit_ids(ids, fmt)
 
 
+@contextmanager
+def _gc_skips_older_objects() -> Iterator[None]:
+    """Keep the garbage collector's full passes off the objects that exist already.
+
+    A bulk load makes short-lived objects by the hundred thousand, which
+    triggers full passes; each would walk every module, class and function
+    imported at startup again.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _emit_ids(ids: list[int], fmt: str) -> None:
     if fmt in ("auto", *output.HUMAN_FORMATS):
         # Bare ids, one a line, so that `id=$(pgqctl enqueue ...)` works.
         if ids:
             click.echo("\n".join(map(str, ids)))
     else:
-        output.emit_rows([{"id": i} for i in ids], ["id"], fmt)
+        output.emit_ids(ids, fmt)
 
 
 def _id_span(ids: list[int]) -> str:
@@ -447,6 +475,8 @@ def embedded_group() -> None:
 @format_options
 def embedded_status(fmt: str) -> None:
     """Show whether the embedded PostgreSQL exists and runs."""
+    from pgqctl import embedded
+
     st = embedded.status()
     row = {
         "data_dir": str(st.data_dir),
@@ -469,6 +499,8 @@ def embedded_status(fmt: str) -> None:
 @embedded_group.command("stop", context_settings=CONTEXT)
 def embedded_stop() -> None:
     """Stop the embedded PostgreSQL (its data is kept)."""
+    from pgqctl import embedded
+
     if embedded.stop():
         say("stopped the embedded PostgreSQL")
     else:
@@ -483,6 +515,8 @@ def embedded_dsn() -> None:
     Example:
         export PGQCTL_DSN="$(pgqctl embedded dsn)"
     """
+    from pgqctl import embedded
+
     click.echo(embedded.ensure_running().dsn)
 
 
@@ -1026,6 +1060,9 @@ def worker_command(
         pgqctl worker --queue emails --handler 'send_receipt=bin/send-receipt' --burst
         pgqctl worker --kind report --timeout 10m --log-format json
     """
+    from pgqctl.worker import CONNECTION_PARAMS, Worker, WorkerConfig, prepare_session
+    from pgqctl.worklog import WorkLog
+
     if lease < 1:
         raise BadInput("--lease must be at least 1s (it is renewed every third of it)")
     if poll <= 0:

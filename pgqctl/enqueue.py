@@ -13,9 +13,13 @@ become visible, and workers are woken, when the caller's transaction commits
 (in autocommit mode each call is its own transaction). Bad input raises
 ``BadInput`` (a ``ValueError``) before anything is sent to the database.
 
-One validation (`make_job`) serves the CLI's single job, its bulk file and the
-API; one writer (`insert_jobs`) inserts them all. psycopg and threads are
-imported only when jobs are inserted, so ``import pgqctl`` stays cheap.
+Every job is checked as `make_job` checks it: field by field, or, for the
+many jobs of a bulk load that have the common shape, by quicker inline checks
+that accept exactly what make_job accepts (tests compare the two). Bulk jobs
+become rows of COPY's text format (`read_rows` for a JSON-lines file) that
+`insert_rows` loads; `insert_jobs` sends a few jobs in one INSERT. psycopg
+and threads are imported only when jobs are inserted, so ``import pgqctl``
+stays cheap.
 
 Note: the package exports the *function* ``enqueue`` under the name of this
 module, so import from it with ``from pgqctl.enqueue import ...``.
@@ -28,6 +32,7 @@ import itertools
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -52,6 +57,7 @@ MAX_DELAY_SECONDS = 100 * 365 * 86400
 # temporary table, whose few milliseconds of setup pay off only in bulk.
 COPY_MIN_JOBS = 200
 CHUNK_JOBS = 10_000
+FIRST_CHUNK_JOBS = 500
 
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -114,13 +120,25 @@ def enqueue_many(
     ``max_attempts``. All are validated before anything is sent; a bad one
     raises BadInput naming its index.
     """
-    valid = []
-    for index, record in enumerate(jobs):
+    records = list(jobs)
+    if len(records) < COPY_MIN_JOBS:
+        valid = []
+        for index, record in enumerate(records):
+            try:
+                valid.append(job_from_record(record))
+            except BadInput as exc:
+                raise BadInput(f"jobs[{index}]: {exc}") from None
+        return insert_jobs(conn, valid, schema=schema)
+    # Made into COPY rows now, so that loading them is all the work left.
+    fast = _simple_defaults(None)
+    rows = []
+    for number, record in enumerate(records, start=1):
         try:
-            valid.append(job_from_record(record))
+            row = None if fast is None else _simple_record_row(number, record, fast)
+            rows.append(row or _job_row(number, job_from_record(record)))
         except BadInput as exc:
-            raise BadInput(f"jobs[{index}]: {exc}") from None
-    return insert_jobs(conn, valid, schema=schema)
+            raise BadInput(f"jobs[{number - 1}]: {exc}") from None
+    return insert_rows(conn, rows, schema=schema)
 
 
 # ---------------------------------------------------------------- validation
@@ -221,23 +239,30 @@ def parse_run_at(value: object, *, what: str = "run_at") -> dt.datetime:
     return value if value.tzinfo is not None else value.astimezone()
 
 
-def read_jobs(
+def read_rows(
     lines: Iterable[bytes],
     *,
     source: str = "input",
     defaults: Mapping[str, Any] | None = None,
-) -> Iterator[Job]:
-    """The jobs of a JSON-lines input, lazily; blank lines are skipped.
+) -> Iterator[str]:
+    """The COPY rows (see `insert_rows`) of a JSON-lines input, lazily.
 
+    Each line is validated as `job_from_record` validates a record, with
+    ``defaults`` filling what it leaves out; blank lines are skipped.
     BadInput names the first bad line (counting every physical line from 1).
     """
+    fast = _simple_defaults(defaults)
     for number, raw in enumerate(lines, start=1):
         if not raw or raw.isspace():
             continue
         try:
-            yield job_from_record(_decode_line(raw, number), defaults)
+            text = _line_text(raw, number)
+            row = None if fast is None else _simple_line_row(number, text, fast)
+            if row is None:
+                row = _job_row(number, job_from_record(_decode_text(text), defaults))
         except BadInput as exc:
             raise BadInput(f"{source}, line {number}: {exc}") from None
+        yield row
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -254,21 +279,23 @@ def _reject(message: str) -> Any:
     raise ValueError(message)
 
 
-def _decode_line(raw: bytes, number: int) -> Any:
+def _line_text(raw: bytes, number: int) -> str:
     try:
         # Without its line end, so that an error's column is within the line.
         text = raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         raise BadInput(f"not valid UTF-8 (byte {exc.start + 1})") from None
-    if number == 1:
-        text = text.removeprefix("\ufeff")
+    return text.removeprefix("\ufeff") if number == 1 else text
+
+
+def _decode_text(text: str) -> Any:
     try:
         # raw_decode skips decode's two whitespace regexes; a line it does not
         # take whole goes through decode, for its exact error.
         value, end = _DECODER.raw_decode(text)
         if end == len(text):
             return value
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     try:
         return _DECODER.decode(text)
@@ -276,6 +303,189 @@ def _decode_line(raw: bytes, number: int) -> Any:
         raise BadInput(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
     except ValueError as exc:
         raise BadInput(f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise BadInput("invalid JSON: nested too deeply") from None
+
+
+# --------------------------------------------------- the common job, quickly
+#
+# A bulk load spends most of its client time here, once per job. A job in the
+# common shape is checked inline, without make_job's call per field, and made
+# into its COPY row at once; from a JSON line, its payload is passed on as the
+# line spells it when that can be done safely (jsonb parses and normalises it
+# in any case). Any other job, and any job this code is not sure of, takes
+# the general path (job_from_record, _job_row), which accepts it or names what
+# is wrong with it. Both paths give a row that holds the same job.
+
+# The keys a job may have here; one that sets its own run_at or delay goes
+# through make_job, which parses them.
+_SIMPLE_FIELDS = frozenset(("kind", "payload", "queue", "priority", "max_attempts"))
+_KIND_AND_PAYLOAD = frozenset(("kind", "payload"))
+_DEFAULTABLE = frozenset(("queue", "priority", "max_attempts", "run_at", "delay"))
+_JSON_SPACE = " \t\n\r"
+
+
+def _float_in_range(text: str) -> float:
+    """A JSON number with a fraction or an exponent as a float, if one holds it.
+
+    One that overflows or underflows is refused here (the general path then
+    rejects it or stores what a float keeps of it), so that a payload passed
+    on as written never holds a number PostgreSQL and make_job would read
+    differently.
+    """
+    value = float(text)
+    if sys.float_info.min <= abs(value) <= sys.float_info.max:
+        return value
+    if value == 0.0 and not text.lower().partition("e")[0].strip("-0."):
+        return value  # a zero as written
+    raise ValueError(f"{text} is beyond the range of a float")
+
+
+_SIMPLE_DECODER = json.JSONDecoder(
+    parse_constant=_DECODER.parse_constant, parse_float=_float_in_range
+)
+
+
+class _Defaults(NamedTuple):
+    """What a job that sets only _SIMPLE_FIELDS gets for the others."""
+
+    queue: str
+    priority: int
+    max_attempts: int
+    timing: str  # the run_at and delay columns
+    tail: str  # the columns from queue on, for a job that sets none of them
+
+
+def _simple_defaults(defaults: Mapping[str, Any] | None) -> _Defaults | None:
+    """`defaults` (see job_from_record) for the quick path; None: every job takes the other."""
+    values = _without_nulls(defaults or {})
+    if not _DEFAULTABLE.issuperset(values):
+        return None
+    try:
+        base = make_job("-", **values)
+    except BadInput:
+        return None  # each job then reports it, or overrides it, as job_from_record does
+    timing = _timing_columns(base)
+    tail = f"{_copy_text(base.queue)}\t{base.priority}\t{base.max_attempts}\t{timing}\n"
+    return _Defaults(base.queue, base.priority, base.max_attempts, timing, tail)
+
+
+def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
+    """The row of a JSON line in the common shape; None for any other line.
+
+    The line's text tells what make_job's checks look for: JSON can only
+    spell a NUL or an unpaired surrogate as a \\u escape, and a backslash,
+    tab, newline or carriage return inside a string as a backslash escape.
+    """
+    escaped = "\\" in text
+    if escaped and "\\u" in text:
+        return None
+    try:
+        record, end = _SIMPLE_DECODER.raw_decode(text)
+    except (ValueError, RecursionError):
+        return None
+    if end != len(text) or type(record) is not dict:
+        return None
+    tail = _simple_tail(record, defaults)
+    kind = record.get("kind")
+    if tail is None or type(kind) is not str or not kind:
+        return None
+    payload = record.get("payload")
+    if payload is None:
+        payload_text: str | None = "{}"
+    elif type(payload) is not dict:
+        return None
+    else:
+        payload_text = None if escaped else _payload_as_written(text)
+        if payload_text is None:
+            try:
+                payload_text = _encode(payload)
+            except (ValueError, RecursionError):
+                return None
+        payload_text = _copy_text(payload_text)
+    if escaped:
+        kind = _copy_text(kind)
+    return f"{number}\t{kind}\t{payload_text}\t{tail}"
+
+
+def _simple_record_row(number: int, record: object, defaults: _Defaults) -> str | None:
+    """The row of a job given as a dict in the common shape; None for any other."""
+    if type(record) is not dict:
+        return None
+    tail = _simple_tail(record, defaults)
+    kind = record.get("kind")
+    if tail is None or type(kind) is not str or not kind or not _storable(kind):
+        return None
+    payload = record.get("payload")
+    if payload is None:
+        payload_text = "{}"
+    elif type(payload) is not dict:
+        return None
+    else:
+        try:
+            payload_text = _encode(payload)
+        except (TypeError, ValueError, RecursionError):
+            return None
+        if "\\u0000" in payload_text or not _storable(payload_text):
+            return None
+    return f"{number}\t{_copy_text(kind)}\t{_copy_text(payload_text)}\t{tail}"
+
+
+def _simple_tail(record: dict[str, Any], defaults: _Defaults) -> str | None:
+    """The columns from queue on of a job in the common shape; None for any other job."""
+    if _KIND_AND_PAYLOAD.issuperset(record):
+        return defaults.tail
+    if not _SIMPLE_FIELDS.issuperset(record):
+        return None
+    queue = record.get("queue")
+    priority = record.get("priority")
+    max_attempts = record.get("max_attempts")
+    if queue is None:
+        queue = defaults.queue
+    if priority is None:
+        priority = defaults.priority
+    if max_attempts is None:
+        max_attempts = defaults.max_attempts
+    if (
+        type(queue) is str
+        and queue
+        and _storable(queue)
+        and type(priority) is int
+        and INT4_MIN <= priority <= INT4_MAX
+        and type(max_attempts) is int
+        and 1 <= max_attempts <= INT4_MAX
+    ):
+        return f"{_copy_text(queue)}\t{priority}\t{max_attempts}\t{defaults.timing}\n"
+    return None
+
+
+def _storable(text: str) -> bool:
+    """Whether PostgreSQL text holds `text` as it is (what _check_storable checks)."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _payload_as_written(text: str) -> str | None:
+    """The payload object's own text in a line `_simple_line_row` has checked, if it is last.
+
+    Without a backslash in the line, every quote opens or closes a string,
+    so a line holding the string "payload" once holds it as the key, and
+    the line after it is ``: <payload> }``, or more keys after the payload.
+    The payload is the one object among the checked fields: what ends in
+    ``}`` before the line's closing brace is the payload, whole.
+    """
+    key = text.find('"payload"')
+    if text.find('"payload"', key + 9) != -1:
+        return None
+    value = text[text.index(":", key + 9) + 1 : text.rindex("}")]
+    return value if value.rstrip(_JSON_SPACE).endswith("}") else None
 
 
 def _text(name: str, value: object) -> str:
@@ -367,20 +577,65 @@ def insert_jobs(
     """Insert jobs in the connection's transaction; return their ids in order.
 
     A list of fewer than COPY_MIN_JOBS goes in one INSERT from arrays. Other
-    jobs stream through COPY in chunks, so ``jobs`` may be a lazy iterator
+    jobs go through `insert_rows`, so ``jobs`` may be a lazy iterator that
+    validates as it goes.
+    """
+    if isinstance(jobs, Sequence) and len(jobs) < COPY_MIN_JOBS:
+        return _insert_from_arrays(conn, jobs, _jobs_table(schema)) if jobs else []
+    rows = itertools.starmap(_job_row, enumerate(jobs, start=1))
+    return insert_rows(conn, rows, schema=schema, on_progress=on_progress)
+
+
+def insert_rows(
+    conn: psycopg.Connection[Any],
+    rows: Iterable[str],
+    *,
+    schema: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[int]:
+    """Insert jobs given as COPY rows (`read_rows`, `_job_row`); return their ids in order.
+
+    Rows stream through COPY in chunks, so ``rows`` may be a lazy iterator
     that validates as it goes: an exception it raises aborts the transaction.
     ``on_progress`` gets the number of jobs sent so far, now and then.
 
-    Never commits an open transaction; in autocommit mode the bulk path wraps
-    its statements in a transaction of its own. Workers get one notification
+    Never commits an open transaction; in autocommit mode it wraps its
+    statements in a transaction of its own. Workers get one notification
     however many jobs and statements: the table's statement trigger sends the
     same one each time, and PostgreSQL delivers a transaction's duplicates once.
     """
-    table = _jobs_table(schema)
-    if isinstance(jobs, Sequence) and len(jobs) < COPY_MIN_JOBS:
-        return _insert_from_arrays(conn, jobs, table) if jobs else []
     with conn.transaction() if conn.autocommit else nullcontext():
-        return _insert_by_copy(conn, jobs, table, on_progress)
+        return _insert_by_copy(conn, rows, _jobs_table(schema), on_progress)
+
+
+def _job_row(number: int, job: Job) -> str:
+    """A validated job as one line of COPY's text format, in the columns of jobs_load_copy.
+
+    ``number`` orders the rows of a chunk: ids are given in that order.
+    """
+    return (
+        f"{number}\t{_copy_text(job.kind)}\t{_copy_text(job.payload)}\t{_copy_text(job.queue)}"
+        f"\t{job.priority}\t{job.max_attempts}\t{_timing_columns(job)}\n"
+    )
+
+
+def _timing_columns(job: Job) -> str:
+    # str(): the text psycopg itself sends for a datetime and a float.
+    run_at = "\\N" if job.run_at is None else str(job.run_at)
+    return f"{run_at}\t{job.delay}"
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(text: str) -> str:
+    """Text as a field of COPY's text format, which gives these four characters a meaning.
+
+    Validation has already refused NUL, which PostgreSQL text cannot hold.
+    """
+    if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
+        return text.translate(_COPY_ESCAPES)
+    return text
 
 
 def _jobs_table(schema: str | None) -> sql.Identifier:
@@ -406,7 +661,7 @@ def _insert_from_arrays(
 
 def _insert_by_copy(
     conn: psycopg.Connection[Any],
-    jobs: Iterable[Job],
+    rows: Iterable[str],
     table: sql.Identifier,
     on_progress: Callable[[int], None] | None,
 ) -> list[int]:
@@ -422,10 +677,10 @@ def _insert_by_copy(
         cur.execute(query("jobs_load_create"))
         loading: Future[list[int]] | None = None
         sent = 0
-        for chunk in _chunks(jobs, CHUNK_JOBS):
+        for chunk in _chunks(rows, CHUNK_JOBS):
             if loading is not None:
                 ids += loading.result()
-            loading = loader.submit(_load_chunk, cur, chunk, sent, insert)
+            loading = loader.submit(_load_chunk, cur, chunk, insert)
             sent += len(chunk)
             if on_progress is not None:
                 on_progress(sent)
@@ -435,19 +690,20 @@ def _insert_by_copy(
     return ids
 
 
-def _load_chunk(
-    cur: psycopg.Cursor[Any], chunk: list[Job], first: int, insert: sql.Composed
-) -> list[int]:
+def _load_chunk(cur: psycopg.Cursor[Any], rows: list[str], insert: sql.Composed) -> list[int]:
     with cur.copy(query("jobs_load_copy")) as copy:
-        for n, job in enumerate(chunk, start=first + 1):
-            copy.write_row((n, *job))
+        copy.write("".join(rows))
     cur.execute(insert)
     ids = [row[0] for row in cur.fetchall()]
     cur.execute(query("jobs_load_truncate"))
     return ids
 
 
-def _chunks(jobs: Iterable[Job], size: int) -> Iterator[list[Job]]:
-    it = iter(jobs)
-    while chunk := list(itertools.islice(it, size)):
+def _chunks(rows: Iterable[str], size: int) -> Iterator[list[str]]:
+    # Small at first, so that the server starts on the first rows while the
+    # client reads the next ones, then growing to `size`.
+    it = iter(rows)
+    length = min(size, FIRST_CHUNK_JOBS)
+    while chunk := list(itertools.islice(it, length)):
         yield chunk
+        length = min(size, length * 4)

@@ -97,6 +97,23 @@ def emit_rows(
         _write_plain(rows, columns, stream)
 
 
+def emit_ids(ids: Sequence[int], fmt: str, *, stream: IO[str] | None = None) -> None:
+    """Job ids as records with the one field "id": the same text as emit_rows.
+
+    Written without a dict per id: a bulk enqueue prints 100,000 of them.
+    """
+    stream = stream or sys.stdout
+    fmt = resolve_format(fmt, stream)
+    if fmt == "json":
+        stream.write('[{"id": ' + '}, {"id": '.join(map(str, ids)) + "}]\n" if ids else "[]\n")
+    elif fmt == "ndjson":
+        stream.write("".join(f'{{"id": {i}}}\n' for i in ids))
+    elif fmt in ("csv", "tsv"):
+        stream.write("".join(["id\n", *(f"{i}\n" for i in ids)]))
+    else:
+        emit_rows([{"id": i} for i in ids], ["id"], fmt, stream=stream)
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=_json_default)
 

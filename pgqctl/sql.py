@@ -14,7 +14,6 @@ psycopg placeholders for every value.
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +66,8 @@ class Migration:
 
     @property
     def checksum(self) -> str:
+        import hashlib  # here: only `migrate` checks migrations' checksums
+
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
 
 

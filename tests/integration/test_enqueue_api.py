@@ -121,6 +121,17 @@ def test_bad_input_raises_before_anything_is_sent(tx_conn: psycopg.Connection[An
     assert job_count(tx_conn) == 0
 
 
+def test_a_bad_job_in_a_bulk_load_raises_before_anything_is_sent(
+    tx_conn: psycopg.Connection[Any],
+) -> None:
+    jobs: list[dict[str, Any]] = [{"kind": "k", "payload": {"i": i}} for i in range(500)]
+    jobs[250] = {"kind": "k", "payload": {"text": "a\x00b"}}
+    with pytest.raises(BadInput, match=r"^jobs\[250\]: payload contains a NUL character"):
+        pgqctl.enqueue_many(tx_conn, jobs)
+    assert tx_conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert job_count(tx_conn) == 0
+
+
 def test_schema_argument_names_the_table(server_dsn: str, empty_dsn: str) -> None:
     schema = 'Odd "queue"'
     assert run_cli("migrate", "--schema", schema, "--dsn", empty_dsn).exit_code == 0
@@ -131,3 +142,13 @@ def test_schema_argument_names_the_table(server_dsn: str, empty_dsn: str) -> Non
         found = c.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(table)).fetchall()
         assert [r[0] for r in found] == [one, *many]
         assert c.execute("SELECT to_regclass('public.jobs')").fetchone() == (None,)
+
+
+def test_text_that_copy_must_escape_arrives_as_given(conn: psycopg.Connection[Any]) -> None:
+    odd = 'tab\there, line\nbreak, cr\r, back\\slash \\N, quote " and café 😀'
+    jobs = [{"kind": f"k {odd}", "queue": odd, "payload": {odd: [odd, i]}} for i in range(300)]
+    ids = pgqctl.enqueue_many(conn, jobs)
+    table = conn.execute(
+        "SELECT kind, queue, payload FROM jobs WHERE id = ANY(%s) ORDER BY id", (ids,)
+    ).fetchall()
+    assert table == [(j["kind"], j["queue"], j["payload"]) for j in jobs]

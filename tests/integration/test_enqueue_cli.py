@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from tests.conftest import run_cli
+from tests.unit.test_enqueue_rows import COMMON, GENERAL
 
 ENQUEUE = sys.modules["pgqctl.enqueue"]  # the package's `enqueue` is the function
 
@@ -226,6 +227,8 @@ def test_bad_line_500_of_1000_exits_2_naming_it_and_inserts_nothing(
         ('{"kind": "n", "run_at": "2030-13-01"}', "run_at '2030-13-01' is not an ISO 8601 time"),
         ('{"kind": "n", "max_attempts": 0}', "max_attempts must be from 1 to"),
         ('"just text"', "expected an object"),
+        ('{"kind": "n", "payload": {"x": 1e400}}', "payload cannot be stored as JSON"),
+        ('{"kind": "n", "payload": {"x": "a\\u0000"}}', "payload contains a NUL character"),
     ],
 )
 def test_bad_line_says_what_is_wrong(
@@ -237,6 +240,24 @@ def test_bad_line_says_what_is_wrong(
     assert result.exit_code == 2
     assert f"line 3: {message}" in result.stderr
     assert count_in(module_dsn) == 0
+
+
+def test_lines_are_stored_as_json_reads_them(
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    lines = COMMON + GENERAL
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    result = run_cli("enqueue", "--file", str(path), "--dsn", dsn)
+    assert result.exit_code == 0, result.stderr
+    table = conn.execute("SELECT kind, queue, payload FROM jobs ORDER BY id").fetchall()
+    expected = []
+    for line in lines:
+        record = json.loads(line)
+        expected.append(
+            (record["kind"], record.get("queue") or "default", record.get("payload") or {})
+        )
+    assert table == expected
 
 
 def test_stdin_dash(dsn: str, conn: psycopg.Connection[Any]) -> None:

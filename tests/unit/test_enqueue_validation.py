@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pgqctl.enqueue import Job, job_from_record, make_job, parse_payload, parse_run_at, read_jobs
+from pgqctl.enqueue import Job, job_from_record, make_job, parse_payload, parse_run_at, read_rows
 from pgqctl.errors import BadInput
 
 
@@ -119,13 +119,17 @@ def test_defaults_fill_what_a_record_leaves_out() -> None:
     assert own.run_at == dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 
 
-def test_read_jobs_skips_blank_lines_and_counts_physical_lines() -> None:
+def kinds(rows: list[str]) -> list[str]:
+    """The kind column of COPY rows (none of these kinds needs escaping)."""
+    return [row.split("\t")[1] for row in rows]
+
+
+def test_read_rows_skips_blank_lines_and_counts_physical_lines() -> None:
     lines = [b'\xef\xbb\xbf{"kind": "a"}\n', b"\n", b"   \n", b'{"kind": "b"}\n', b'{"kind": 1}\n']
-    jobs = read_jobs(lines, source="f.jsonl")
-    assert next(jobs).kind == "a"
-    assert next(jobs).kind == "b"
+    rows = read_rows(lines, source="f.jsonl")
+    assert kinds([next(rows), next(rows)]) == ["a", "b"]
     with pytest.raises(BadInput, match=r"^f\.jsonl, line 5: kind must be a string"):
-        next(jobs)
+        next(rows)
 
 
 @pytest.mark.parametrize(
@@ -136,11 +140,20 @@ def test_read_jobs_skips_blank_lines_and_counts_physical_lines() -> None:
         (b'{"kind": "\xff"}', r"line 1: not valid UTF-8 \(byte 11\)"),
         (b'["kind"]', "line 1: expected an object"),
         (b'{"kind": "a"} {"kind": "b"}', "line 1: invalid JSON: Extra data at column 15"),
+        (b'{"kind": "a", "payload": {"x": 1e400}}', "line 1: payload cannot be stored as JSON"),
+        (b'{"kind": "a", "payload": {"x": "\\u0000"}}', "line 1: payload contains a NUL"),
+        (b'{"kind": "a", "payload": {"x": "\\ud800"}}', "line 1: payload contains an unpaired"),
+        (b'{"kind": "a\\u0000"}', "line 1: kind contains a NUL"),
+        (b'{"kind": "a", "queue": ""}', "line 1: queue must not be empty"),
+        (b'{"kind": "a", "priority": 1.0}', "line 1: priority must be an integer, not a number"),
+        (b'{"kind": "a", "max_attempts": true}', "line 1: max_attempts must be an integer, not a "),
+        (b'{"kind": "a", "payload": []}', "line 1: payload must be a JSON object, not an array"),
+        (b'{"kind": "a", "payload": {"x": ' + b"[" * 5000 + b"]" * 5000 + b"}}", "nested too deep"),
     ],
 )
-def test_read_jobs_bad_lines(line: bytes, message: str) -> None:
+def test_read_rows_bad_lines(line: bytes, message: str) -> None:
     with pytest.raises(BadInput, match=message):
-        list(read_jobs([line]))
+        list(read_rows([line]))
 
 
 def test_parse_payload_says_where_json_breaks() -> None:

@@ -6,7 +6,9 @@ import datetime as dt
 import io
 import json
 
-from pgqctl.output import emit_object, emit_rows, format_seconds, resolve_format
+import pytest
+
+from pgqctl.output import emit_ids, emit_object, emit_rows, format_seconds, resolve_format
 
 ROWS = [
     {
@@ -77,3 +79,12 @@ def test_emit_object_and_durations() -> None:
     assert json.loads(out.getvalue()) == {"age": 90.0}
     assert format_seconds(-75) == "-1m15s"
     assert format_seconds(7380) == "2h03m"
+
+
+@pytest.mark.parametrize("fmt", ["json", "ndjson", "csv", "tsv", "plain", "table"])
+@pytest.mark.parametrize("ids", [[], [7], [1, 2, 30]])
+def test_ids_read_as_the_records_they_stand_for(fmt: str, ids: list[int]) -> None:
+    fast, rows = io.StringIO(), io.StringIO()
+    emit_ids(ids, fmt, stream=fast)
+    emit_rows([{"id": i} for i in ids], ["id"], fmt, stream=rows)
+    assert fast.getvalue() == rows.getvalue()
