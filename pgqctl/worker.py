@@ -406,6 +406,9 @@ class Worker:
             self._connection_failed(exc)
             return
         self.done, self.fails, self.handed_back = [], [], []
+        # New jobs first: their slots wait on nothing else, the logs can.
+        if limit:
+            self._start_jobs(changed.claimed, limit, sent)
         fenced_out = self._log_reports(done, fails, handed_back, changed)
         if fenced_out:
             self._explain_fenced_out(fenced_out)
@@ -417,7 +420,7 @@ class Worker:
             self.next_renew = sent + c.lease / 3
             self._check_renewal(held, changed.renewed)
         if limit:
-            self._start_jobs(changed.claimed, limit, sent)
+            self._find_next_due()
 
     def _start_jobs(self, jobs: list[Job], limit: int, now: float) -> None:
         if jobs and not self.running:
@@ -429,6 +432,9 @@ class Worker:
         self.claimed += len(jobs)
         self.last_claim_short = len(jobs) < limit
         self.next_due = None
+
+    def _find_next_due(self) -> None:
+        """After a short claim: when is the next delayed job due? (Sleep until then.)"""
         if self.last_claim_short and not self.config.burst and self.conn is not None:
             try:
                 due = claims.next_due(self.conn, queues=self.config.queues, kinds=self.config.kinds)
