@@ -213,6 +213,8 @@ def parse_payload(text: str) -> dict[str, Any]:
         ) from None
     except ValueError as exc:
         raise BadInput(f"payload is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadInput("payload is not valid JSON: nested too deeply") from None
     if not isinstance(value, dict):
         raise BadInput(
             f"""payload must be a JSON object such as '{{"n": 1}}', not {_kind_of(value)}"""

@@ -100,6 +100,7 @@ def test_naive_run_at_is_the_local_time(dsn: str, conn: psycopg.Connection[Any])
         (("k", '{"a": 1,'), "payload is not valid JSON: Expecting property name enclosed in "
          "double quotes at line 1 column 9"),
         (("k", "[1, 2]"), "payload must be a JSON object"),
+        (("k", '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"), "nested too deeply"),
         (("k", '"text"'), "payload must be a JSON object"),
         (("k", "--delay", "soon"), "Invalid value for '--delay'"),
         (("k", "--delay", "-5"), "Invalid value for '--delay'"),

@@ -162,3 +162,5 @@ def test_parse_payload_says_where_json_breaks() -> None:
         parse_payload('{"a": 1,\n "b": }')
     with pytest.raises(BadInput, match="must be a JSON object"):
         parse_payload("[1]")
+    with pytest.raises(BadInput, match="nested too deeply"):
+        parse_payload('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
