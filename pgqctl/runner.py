@@ -706,35 +706,13 @@ class _Child:
                 self._close(stdin)
 
     def _launch(self, env: Mapping[str, str], stdin: int, out_w: int) -> int:
-        argv = self.command.argv
         if self.command.cwd is None and _posix_spawn is not None:
             # posix_spawn costs the worker about half of what Popen does per
             # child; it cannot change directory, so a job with a `cwd` goes
             # through Popen.
-            _close_on_exec_inherited_fds()
-            actions = [
-                (os.POSIX_SPAWN_DUP2, stdin, 0),
-                (os.POSIX_SPAWN_DUP2, out_w, 1),
-                (os.POSIX_SPAWN_DUP2, out_w, 2),
-            ]
-            for retry in (False, True):
-                program = _find_program(argv[0], env)
-                try:
-                    return _posix_spawn(
-                        program,
-                        argv,
-                        env,
-                        setsid=True,
-                        setsigdef=_RESTORED_SIGNALS,
-                        file_actions=actions,
-                    )
-                except FileNotFoundError:
-                    if retry or program == argv[0]:
-                        raise
-                    # Removed since it was looked up: look again, once.
-                    _forget_program(argv[0], env)
+            return _spawn(self.command.argv, env, stdin, out_w)
         self.popen = subprocess.Popen(
-            list(argv),
+            list(self.command.argv),
             stdin=stdin,
             stdout=out_w,
             stderr=out_w,
@@ -973,6 +951,33 @@ class _Child:
         for fd in list(self.fds):
             self.reactor.forget(fd)
             self._close(fd)
+
+
+def _spawn(argv: Sequence[str], env: Mapping[str, str], stdin: int, out_w: int) -> int:
+    """posix_spawn `argv` in a session of its own, stdin from `stdin`, stdout
+    and stderr to `out_w`; its pid. Raises OSError as Popen would."""
+    _close_on_exec_inherited_fds()
+    actions = [
+        (os.POSIX_SPAWN_DUP2, stdin, 0),
+        (os.POSIX_SPAWN_DUP2, out_w, 1),
+        (os.POSIX_SPAWN_DUP2, out_w, 2),
+    ]
+
+    def spawn(program: str) -> int:
+        assert _posix_spawn is not None
+        return _posix_spawn(
+            program, argv, env, setsid=True, setsigdef=_RESTORED_SIGNALS, file_actions=actions
+        )
+
+    program = _find_program(argv[0], env)
+    try:
+        return spawn(program)
+    except FileNotFoundError:
+        if program == argv[0]:
+            raise
+    # Removed since it was looked up: look again, once.
+    _forget_program(argv[0], env)
+    return spawn(_find_program(argv[0], env))
 
 
 def _wakeup() -> tuple[int, int]:
