@@ -443,7 +443,9 @@ class Supervisor:
     What `run` does for one child, for any number: `submit` hands a command
     over from any thread and returns at once; when the child has ended,
     `on_done(key, outcome, error)` is called on the supervisor's thread, with
-    `error` set when `on_line` raised (the child's group was killed then).
+    `error` set when `on_line` raised (the child's group was killed then) or
+    when watching the child failed in some unforeseen way: every submission
+    gets exactly one call.
     One thread watching every child, rather than a thread per child, keeps a
     busy worker from paying for thread switches on every job.
     """
@@ -503,17 +505,23 @@ class Supervisor:
                         return  # the reactor kills and reaps what still runs
                     self._start(submission)
                 for child in reactor.step():
-                    outcome = reactor.finish(child)
-                    self._on_done(child.key, outcome, child.error)
+                    try:
+                        outcome, error = reactor.finish(child), child.error
+                    except Exception as exc:  # never lose a child's report
+                        outcome, error = Outcome(), exc
+                    self._on_done(child.key, outcome, error)
 
     def _start(self, s: _Submission) -> None:
         ended = _ended_before_start(s.command, s.stop)
         if ended is not None:
             self._on_done(s.key, ended, None)
             return
-        self._reactor.start(
-            s.command, s.env, stop=s.stop, on_line=s.on_line, started=s.started, key=s.key
-        )
+        try:
+            self._reactor.start(
+                s.command, s.env, stop=s.stop, on_line=s.on_line, started=s.started, key=s.key
+            )
+        except Exception as exc:  # never lose a job's report
+            self._on_done(s.key, Outcome(), exc)
 
 
 @dataclass(frozen=True)
@@ -580,8 +588,12 @@ class _Reactor:
         key: object = None,
     ) -> _Child:
         child = _Child(self, command, stop, on_line, started, key)
+        try:
+            child.start(env)
+        except BaseException:
+            child.abandon()  # whatever did start goes, and its fds
+            raise
         self.children.append(child)
-        child.start(env)
         if stop is not None and not child.complete:
             count = self.stops.get(stop, 0)
             self.stops[stop] = count + 1

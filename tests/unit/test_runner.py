@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -726,3 +727,29 @@ def test_supervisor_close_kills_what_still_runs(pidfile: Path) -> None:
     supervisor.close(5)
     assert gone(grandchild(pidfile))
     assert got.outcomes == {}
+
+
+def test_supervisor_reports_its_own_failure_on_a_child_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    watch = runner._Child._watch
+
+    def broken_watch(child: runner._Child) -> None:
+        if child.key == "broken":
+            raise RuntimeError("poller broke")
+        watch(child)
+
+    monkeypatch.setattr(runner._Child, "_watch", broken_watch)
+    try:
+        supervisor.submit("broken", Command(("sleep", "4321.5")), ENV)
+        supervisor.submit("fine", sh("echo fine"), ENV)
+        got.wait_for(2)
+    finally:
+        supervisor.close(5)
+    assert str(got.errors["broken"]) == "poller broke"
+    # It had started: it was killed and reaped, not left behind.
+    left = subprocess.run(["pgrep", "-f", "sleep 4321.5"], capture_output=True, text=True)
+    assert left.stdout == ""
+    assert got.outcomes["fine"].output_tail == "fine\n"
