@@ -88,6 +88,11 @@ DRAIN_AFTER_EXIT = 0.1
 _EXIT_POLL_SECONDS = 0.05
 
 _READ_SIZE = 65536
+# Output read from one child per turn of the poll loop: every line of it is
+# handed to `on_line` (a log line each, in the worker) before the loop turns
+# again, so a child printing as fast as it can gets no more than this much
+# attention before the others are looked at; its pipe fills and it waits.
+_OUTPUT_READ_SIZE = 4096
 _SHELL = "/bin/sh"
 _OPTIONAL_KEYS = ("env", "cwd", "timeout", "stdin")
 _KNOWN_KEYS = frozenset(("argv", "shell", *_OPTIONAL_KEYS))
@@ -464,6 +469,10 @@ class Supervisor:
         self._inbox: list[_Submission | None] = []
         self._inbox_lock = threading.Lock()
         self._woken = False
+        # Set (under the lock) when the thread has ended, by close or by an
+        # unforeseen error, which `failure` then holds.
+        self._ended = False
+        self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -480,16 +489,21 @@ class Supervisor:
         self._post(_Submission(key, command, env, stop, on_line, time.monotonic()))
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop the thread; children still running are killed and reaped."""
+        """Stop the thread; children still running are killed and reaped,
+        without `on_done` calls."""
         self._post(None)
         self._thread.join(timeout)
 
     def _post(self, item: _Submission | None) -> None:
         with self._inbox_lock:
-            self._inbox.append(item)
-            wake, self._woken = not self._woken, True
-        if wake:
-            self._reactor.wake()
+            if not self._ended:
+                self._inbox.append(item)
+                if not self._woken:
+                    self._woken = True
+                    self._reactor.wake()  # under the lock: the fd is open
+                return
+        if item is not None:  # the thread has failed: say so at once
+            self._on_done(item.key, Outcome(), self.failure)
 
     def _take(self) -> list[_Submission | None]:
         with self._inbox_lock:
@@ -498,18 +512,40 @@ class Supervisor:
 
     def _serve(self) -> None:
         reactor = self._reactor
-        with reactor:
-            while True:
-                for submission in self._take():
-                    if submission is None:
-                        return  # the reactor kills and reaps what still runs
-                    self._start(submission)
-                for child in reactor.step():
-                    try:
-                        outcome, error = reactor.finish(child), child.error
-                    except Exception as exc:  # never lose a child's report
-                        outcome, error = Outcome(), exc
-                    self._on_done(child.key, outcome, error)
+        orphans: list[_Child] = []
+        try:
+            with reactor:  # on the way out, kills and reaps what still runs
+                try:
+                    self._loop()
+                except Exception as exc:
+                    # Unforeseen (poll() itself failed?): every child is
+                    # killed and reported, new ones are refused; `failure`
+                    # says why.
+                    self.failure = exc
+                    orphans = list(reactor.children)
+            for child in orphans:
+                self._on_done(child.key, Outcome(), self.failure)
+        finally:
+            with self._inbox_lock:
+                self._ended = True
+                left, self._inbox = self._inbox, []
+            for item in left:
+                if item is not None:
+                    self._on_done(item.key, Outcome(), self.failure)
+
+    def _loop(self) -> None:
+        reactor = self._reactor
+        while True:
+            for submission in self._take():
+                if submission is None:
+                    return
+                self._start(submission)
+            for child in reactor.step():
+                try:
+                    outcome, error = reactor.finish(child), child.error
+                except Exception as exc:  # never lose a child's report
+                    outcome, error = Outcome(), exc
+                self._on_done(child.key, outcome, error)
 
     def _start(self, s: _Submission) -> None:
         ended = _ended_before_start(s.command, s.stop)
@@ -595,6 +631,7 @@ class _Reactor:
             raise
         self.children.append(child)
         if stop is not None and not child.complete:
+            child.subscribed = True
             count = self.stops.get(stop, 0)
             self.stops[stop] = count + 1
             if not count:
@@ -604,7 +641,7 @@ class _Reactor:
     def finish(self, child: _Child) -> Outcome:
         self.children.remove(child)
         stop = child.stop
-        if stop is not None and stop in self.stops:
+        if stop is not None and child.subscribed:
             self.stops[stop] -= 1
             if not self.stops[stop]:
                 del self.stops[stop]
@@ -689,6 +726,7 @@ class _Child:
         self.complete = False  # nothing more to wait for: `finish` may reap it
         self.start_error: str | None = None
         self.error: BaseException | None = None  # raised by on_line
+        self.subscribed = False  # counted in its reactor's `stops`
 
     # -- starting ---------------------------------------------------------------
 
@@ -879,7 +917,7 @@ class _Child:
 
     def _read(self) -> None:
         try:
-            chunk = os.read(self.out_fd, _READ_SIZE)
+            chunk = os.read(self.out_fd, _OUTPUT_READ_SIZE)
         except BlockingIOError:
             return
         if not chunk:

@@ -113,7 +113,10 @@ def prepare_session(conn: psycopg.Connection[Any]) -> None:
     Generic plans: the exchange statement runs thousands of times a second,
     and planning it afresh each time (what PostgreSQL's default ends up doing
     for it) costs several times more than running it; its SQL is written so
-    that the one cached plan stays right (see worker_exchange).
+    that the one cached plan stays right (see worker_exchange). The setting
+    holds for every statement on the worker's connections; the others
+    (next_due, fence_state, LISTEN) are simple lookups whose generic plans
+    are the same as their custom ones.
     """
     conn.execute(
         "SELECT set_config('statement_timeout', '30s', false),"
@@ -271,6 +274,10 @@ class Worker:
             return previous
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, self._on_signal_handler)
+        if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+            # Inherited from a parent: the kernel would reap our children
+            # itself, and no job's exit status could be read.
+            previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         return previous
 
     def _restore_signal_handlers(self, previous: dict[int, Any]) -> None:
@@ -286,6 +293,8 @@ class Worker:
     def _act(self) -> None:
         """Do whatever is due now: stop children, reconnect, report, renew, claim."""
         now = time.monotonic()
+        if self._children is not None and self._children.failure is not None:
+            self._supervisor_failed(self._children.failure)
         if (
             self.stopping
             and not self.children_stopped
@@ -690,6 +699,16 @@ class Worker:
             signal=name,
             running=count,
         )
+
+    def _supervisor_failed(self, failure: BaseException) -> None:
+        """The thread running children has failed: it reported every job it
+        held as failed; report them, claim nothing more, and exit 1."""
+        if self.exit_code == 0:
+            self.log.error("the worker can no longer run jobs; stopping", failure)
+            self.exit_code = 1
+        self.stopping = True
+        self.stop_now = True
+        self.children_stopped = True
 
     def _stop_children(self) -> None:
         self.children_stopped = True

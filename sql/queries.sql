@@ -227,6 +227,12 @@ DROP TABLE pg_temp.pgqctl_enqueue_load;
 -- ANY(ARRAY(...))`), a plan that stays right whatever the parameters and the
 -- table's statistics say; a join on the batch could turn into a scan of every
 -- running job, or of the whole table, when the planner cannot see the batch.
+-- The fence on status is spelled `IS NOT DISTINCT FROM 'running'`, not `=`, so
+-- that the planner cannot use the partial lease index (WHERE status =
+-- 'running') instead: a plan cached while few jobs ran believes that index
+-- empty, and would then scan every running job for each report. The text
+-- must stay under psycopg's 4 kB limit for caching its parse (comment lines
+-- are not sent; tests/unit/test_sql.py checks).
 WITH done AS (
     UPDATE jobs AS j
     SET status = 'done',

@@ -181,6 +181,34 @@ def test_command_that_cannot_start_is_a_retried_failure(dsn: str, conn: Any) -> 
     assert row["last_error"] == "command not found: pgqctl-no-such-program"
 
 
+def test_exit_statuses_are_read_even_when_the_worker_inherits_sigchld_ignored(
+    dsn: str, conn: Any, tmp_path: Path
+) -> None:
+    # A parent that ignores SIGCHLD passes that on: the kernel would then reap
+    # the worker's children itself, and no exit status could be read.
+    jobs = insert_jobs(
+        conn,
+        [{"argv": ["true"]}, sh("exit 4"), {**sh("exit 5"), "cwd": str(tmp_path)}],
+        max_attempts=1,
+    )
+    script = (
+        "import runpy, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+        "sys.argv[0] = 'pgqctl'; runpy.run_module('pgqctl', run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, "worker", "--dsn", dsn, "--burst"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert [(job(conn, j)["status"], job(conn, j)["last_error"]) for j in jobs] == [
+        ("done", None),
+        ("failed", "exit status 4"),
+        ("failed", "exit status 5"),
+    ]
+
+
 def test_shell_payload_is_refused_without_allow_shell_and_runs_with_it(
     conn: psycopg.Connection[Any], dsn: str
 ) -> None:

@@ -753,3 +753,74 @@ def test_supervisor_reports_its_own_failure_on_a_child_and_goes_on(
     left = subprocess.run(["pgrep", "-f", "sleep 4321.5"], capture_output=True, text=True)
     assert left.stdout == ""
     assert got.outcomes["fine"].output_tail == "fine\n"
+
+
+def test_one_stop_shared_by_a_child_that_never_started_still_stops_the_others() -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    stop = Stop()
+    try:
+        supervisor.submit("sleeping", sh("sleep 30"), ENV, stop=stop)
+        supervisor.submit("missing", Command(("pgqctl-no-such-command",)), ENV, stop=stop)
+        got.wait_for(1)
+        stop.request("shutdown")
+        got.wait_for(2, seconds=5)
+    finally:
+        supervisor.close(5)
+    assert got.outcomes["sleeping"].describe() == "stopped: shutdown"
+
+
+def test_supervisor_that_fails_reports_every_child_and_refuses_new_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    step = runner._Reactor.step
+    broken = threading.Event()
+
+    def failing_step(reactor: runner._Reactor) -> list[runner._Child]:
+        if broken.is_set():
+            raise OSError("poll broke")
+        return step(reactor)
+
+    monkeypatch.setattr(runner._Reactor, "step", failing_step)
+    supervisor.submit("running", Command(("sleep", "4321.25")), ENV)
+    time.sleep(0.3)
+    broken.set()
+    supervisor.submit("woke it", sh("true"), ENV)  # wakes the thread into the failure
+    got.wait_for(2)
+    supervisor.submit("after", sh("true"), ENV)
+    got.wait_for(3)
+    supervisor.close(5)
+    assert isinstance(supervisor.failure, OSError)
+    assert {key: str(error) for key, error in got.errors.items()} == {
+        "running": "poll broke",
+        "woke it": "poll broke",
+        "after": "poll broke",
+    }
+    left = subprocess.run(["pgrep", "-f", "sleep 4321.25"], capture_output=True, text=True)
+    assert left.stdout == ""  # killed and reaped
+
+
+def test_a_child_flooding_output_does_not_hold_up_the_others() -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+
+    def slow_sink(line: str) -> None:  # a log line costs time
+        until = time.perf_counter() + 50e-6
+        while time.perf_counter() < until:
+            pass
+
+    try:
+        flood = Command(("yes", "flooding"), timeout=20)
+        supervisor.submit("flood", flood, ENV, on_line=slow_sink)
+        time.sleep(0.2)
+        started = time.monotonic()
+        for n in range(10):  # one after the other, each waiting for the loop
+            supervisor.submit(n, sh("true"), ENV, on_line=slow_sink)
+            got.wait_for(n + 1)
+        elapsed = time.monotonic() - started
+    finally:
+        supervisor.close(5)
+    # Reading a whole 64 KiB pipe per turn would cost about 0.3 s a turn here.
+    assert elapsed < 3.0
