@@ -1148,7 +1148,9 @@ def _start_error(exc: Exception, command: Command) -> str:
             return f"cannot enter working directory {where}: permission denied"
         return f"cannot enter working directory {where}: {exc.strerror}"
     if isinstance(exc, FileNotFoundError):
-        if "/" in program and os.path.exists(program):
+        # The file that failed: the program as given, or as found on PATH.
+        file = exc.filename if isinstance(exc.filename, str) else program
+        if "/" in file and os.path.exists(file):
             return f"cannot run {program}: its #! interpreter was not found"
         return f"command not found: {program}"
     if isinstance(exc, PermissionError):

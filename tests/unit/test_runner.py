@@ -442,6 +442,14 @@ def test_script_with_missing_interpreter(tmp_path: Path) -> None:
     assert outcome.start_error == f"cannot run {script}: its #! interpreter was not found"
 
 
+def test_script_on_path_with_missing_interpreter(tmp_path: Path) -> None:
+    script = tmp_path / "job"
+    script.write_text("#!/nonexistent/interpreter\n")
+    script.chmod(0o755)
+    outcome = run(Command(("job",)), {**ENV, "PATH": str(tmp_path)})
+    assert outcome.start_error == "cannot run job: its #! interpreter was not found"
+
+
 def test_empty_command_is_a_start_error() -> None:
     assert run(Command(()), ENV).start_error == "empty command: nothing to run"
 
