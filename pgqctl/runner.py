@@ -511,27 +511,26 @@ class Supervisor:
         return items
 
     def _serve(self) -> None:
-        reactor = self._reactor
         orphans: list[_Child] = []
         try:
-            with reactor:  # on the way out, kills and reaps what still runs
-                try:
-                    self._loop()
-                except Exception as exc:
-                    # Unforeseen (poll() itself failed?): every child is
-                    # killed and reported, new ones are refused; `failure`
-                    # says why.
-                    self.failure = exc
-                    orphans = list(reactor.children)
-            for child in orphans:
-                self._on_done(child.key, Outcome(), self.failure)
+            self._loop()
+        except Exception as exc:
+            # Unforeseen (poll() itself failed?): every child is killed and
+            # reported, new ones are refused; `failure` says why.
+            self.failure = exc
+            orphans = list(self._reactor.children)
         finally:
+            # Ended before the reactor's wake-up fd closes, so that `_post`
+            # never writes to it (or to whatever reuses its number) after.
             with self._inbox_lock:
                 self._ended = True
                 left, self._inbox = self._inbox, []
-            for item in left:
-                if item is not None:
-                    self._on_done(item.key, Outcome(), self.failure)
+            self._reactor.close()  # kills and reaps what still runs
+        for child in orphans:
+            self._on_done(child.key, Outcome(), self.failure)
+        for item in left:
+            if item is not None:
+                self._on_done(item.key, Outcome(), self.failure)
 
     def _loop(self) -> None:
         reactor = self._reactor
@@ -600,6 +599,10 @@ class _Reactor:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill and reap every child still here; release the wake-up fd."""
         for child in self.children:
             child.abandon()
         for stop in self.stops:
