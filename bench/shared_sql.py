@@ -1,23 +1,16 @@
 """SQL the benchmarks share: the seed's plain loop and the history fixtures."""
 
-# The seed's lease claim (LIMIT 1) and its fenced report, verbatim but for
-# placeholders: the plain-SQL loop that pgqctl's worker is compared with.
-SEED_CLAIM = """
-UPDATE jobs
-SET status = 'running',
-    attempts = attempts + 1,
-    locked_until = now() + interval '5 minutes'
-WHERE id = (
-  SELECT id
-  FROM jobs
-  WHERE status = 'pending'
-    AND run_at <= now()
-  ORDER BY run_at, id
-  LIMIT 1
-  FOR UPDATE SKIP LOCKED
-)
-RETURNING id, kind, payload, attempts
-"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.integration.seed import SEED_CLAIM
+
+__all__ = ["HISTORY", "LIVE_SET", "REEXPIRE", "SEED_CLAIM", "SEED_DONE"]
+
+# The seed's lease claim (LIMIT 1), as the tests run it, and its fenced
+# report: the plain-SQL loop that pgqctl's worker is compared with.
 SEED_DONE = """
 UPDATE jobs SET status = 'done', locked_until = NULL
 WHERE id = %s

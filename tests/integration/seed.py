@@ -16,3 +16,21 @@ VALUES
   ('sync_crm', '{"customer": "carol"}', 'running', 3,
    now() - interval '10 minutes', now() - interval '5 minutes');
 """
+
+# The seed's lease claim: one due job, oldest first, skipping locked rows.
+SEED_CLAIM = """
+UPDATE jobs
+SET status = 'running',
+    attempts = attempts + 1,
+    locked_until = now() + interval '5 minutes'
+WHERE id = (
+  SELECT id
+  FROM jobs
+  WHERE status = 'pending'
+    AND run_at <= now()
+  ORDER BY run_at, id
+  LIMIT 1
+  FOR UPDATE SKIP LOCKED
+)
+RETURNING id, kind, payload, attempts
+"""

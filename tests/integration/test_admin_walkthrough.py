@@ -11,24 +11,7 @@ from typing import Any
 import psycopg
 
 from tests.conftest import run_cli
-from tests.integration.seed import SEED_ROWS
-
-SEED_CLAIM = """
-UPDATE jobs
-SET status = 'running',
-    attempts = attempts + 1,
-    locked_until = now() + interval '5 minutes'
-WHERE id = (
-  SELECT id
-  FROM jobs
-  WHERE status = 'pending'
-    AND run_at <= now()
-  ORDER BY run_at, id
-  LIMIT 1
-  FOR UPDATE SKIP LOCKED
-)
-RETURNING id, kind, payload, attempts;
-"""
+from tests.integration.seed import SEED_CLAIM, SEED_ROWS
 
 
 def cli_json(dsn: str, *args: str) -> Any:
