@@ -23,6 +23,11 @@ rounds:
   with 4 slots), 4 processes, against the classic loop (claim LIMIT 1, then
   one fenced update per job) with 4 processes; each way drains 20,000 jobs
   or stops after 15 s.
+- bare: bench/bare_loop.py, the barest loop that claims the way the worker
+  must (one exchange per refill, claiming only for free slots), against the
+  same pool: the most any Python worker under that rule could reach here;
+  and the same loop claiming 4 jobs ahead of its free slots, to show what
+  the rule costs. CPU per job of each (loop and children; server).
 - latency: an idle worker with --poll 5s; jobs enqueued one at a time, 20-50
   ms apart; latency from the enqueue's commit to the worker starting the job
   (its `started` log line).
@@ -52,6 +57,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import scratch
+from bare_loop import BareLoop
 from shared_sql import SEED_CLAIM, SEED_DONE
 
 from pgqctl import claims, db
@@ -178,6 +184,33 @@ def worker_drain(dsn: str, count: int, workdir: Path) -> float:
         ).fetchone()
     assert row is not None and row[0] == count, f"only {row} done"
     return count / (float(row[1]) - first)
+
+
+def bare_drain(dsn: str, count: int, ahead: int) -> float:
+    """Jobs/s of bench/bare_loop.py with 4 slots; its CPU and the server's per job."""
+    fill(dsn, count, {"argv": ["true"]})
+    loop = BareLoop(dsn, SLOTS, ahead)
+    try:
+        cpu = cpu_seconds(resource.RUSAGE_SELF) + cpu_seconds(resource.RUSAGE_CHILDREN)
+        server = server_cpu_seconds()
+        rate: float = loop.run()
+        cpu = cpu_seconds(resource.RUSAGE_SELF) + cpu_seconds(resource.RUSAGE_CHILDREN) - cpu
+        server_after = server_cpu_seconds()
+    finally:
+        loop.close()
+    BARE_CPU[ahead].append(cpu / count * 1e6)
+    if server is not None and server_after is not None:
+        BARE_SERVER_CPU[ahead].append((server_after - server) / count * 1e6)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM jobs WHERE status <> 'done'").fetchone()
+    assert row == (0,), f"{row} jobs not done"
+    return rate
+
+
+# CPU microseconds per job of the bare loop's runs, by jobs claimed ahead: its
+# own and its children's, and the server's.
+BARE_CPU: dict[int, list[float]] = {0: [], 4: []}
+BARE_SERVER_CPU: dict[int, list[float]] = {0: [], 4: []}
 
 
 # ------------------------------------------------------------ claims path
@@ -318,14 +351,39 @@ def paired(
     return ours, theirs, [a / b for a, b in zip(ours, theirs, strict=True)]
 
 
+def bare_rounds(dsn: str, rounds: int, jobs: int) -> None:
+    pools: list[float] = []
+    rates: dict[int, list[float]] = {0: [], 4: []}
+    ways: list[int | None] = [0, 4, None]  # jobs claimed ahead; None: the pool
+    for n in range(rounds):
+        for ahead in ways if n % 2 else reversed(ways):
+            if ahead is None:
+                pools.append(spawn_pool(jobs))
+            else:
+                rates[ahead].append(bare_drain(dsn, jobs, ahead))
+    print(f"bare_jobs: {jobs} jobs per round, 4 slots")
+    show("spawn_pool_4_threads", pools, "jobs/s")
+    for ahead, label in ((0, "bare_loop_free_slots"), (4, "bare_loop_4_ahead")):
+        show(label, rates[ahead], "jobs/s")
+        show(
+            f"ratio {label}/spawn_pool",
+            [b / p for b, p in zip(rates[ahead], pools, strict=True)],
+            "x",
+            2,
+        )
+        show(f"cpu_{label}", BARE_CPU[ahead], "us/job")
+        if BARE_SERVER_CPU[ahead]:
+            show(f"cpu_server_{label}", BARE_SERVER_CPU[ahead], "us/job")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="admin DSN (default: PGQCTL_TEST_DSN, else embedded)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer jobs per round")
-    parser.add_argument("--only", choices=("e2e", "claims", "latency"), action="append")
+    parser.add_argument("--only", choices=("e2e", "bare", "claims", "latency"), action="append")
     args = parser.parse_args()
-    only = set(args.only or ("e2e", "claims", "latency"))
+    only = set(args.only or ("e2e", "bare", "claims", "latency"))
     e2e_jobs, claim_jobs, latency_jobs = (1000, 5000, 50) if args.quick else (4000, 20000, 200)
 
     with (
@@ -365,6 +423,8 @@ def main() -> None:
                     )
                 ]
                 show("cpu ratio spawn_pool/(worker+server)", bound, "x", 2)
+        if "bare" in only:
+            bare_rounds(dsn, args.rounds, e2e_jobs)
         if "claims" in only:
             batched, seed, ratio = paired(
                 args.rounds,
