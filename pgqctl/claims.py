@@ -89,6 +89,7 @@ def exchange(
     hand_back_reason: str = "",
     renew: Sequence[Held] = (),
     claim: int = 0,
+    slots: Sequence[int] = (),
     lease: float,
     worker: str,
     queues: Sequence[str] = (),
@@ -100,6 +101,9 @@ def exchange(
     back unfinished, with `hand_back_reason` as last_error. renew: leases to
     extend to `lease` seconds from now. claim: how many due jobs (of these
     queues and kinds, if any) to claim for `worker`, for `lease` seconds.
+    slots: the worker's slot of each job it may claim, in claim order; the
+    n-th claimed job is held by ``<worker>:<slots[n]>`` (by `worker` alone
+    without them).
     """
     rows = conn.execute(
         query("worker_exchange"),
@@ -110,6 +114,7 @@ def exchange(
             "reason": hand_back_reason,
             "renew": _held_json(renew),
             "limit": claim,
+            "slots": "{" + ",".join(str(int(n)) for n in slots) + "}" if slots else None,
             "lease": lease,
             "worker": worker,
             "queues": list(queues) or None,

@@ -130,7 +130,7 @@ def jittered(delay: float) -> float:
 
 
 def identity() -> str:
-    """What `locked_by` says about this worker: host:pid."""
+    """This worker in the logs and in `locked_by` (there followed by :slot): host:pid."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -405,6 +405,9 @@ class Worker:
                 hand_back_reason=_HAND_BACK_REASON,
                 renew=held,
                 claim=limit,
+                # The slots the claimed jobs will take, in the order _launch
+                # takes them, so that locked_by names each job's slot.
+                slots=self._free_slots[-limit:][::-1] if limit else (),
                 lease=c.lease,
                 worker=self.worker_id,
                 queues=c.queues,

@@ -286,13 +286,8 @@ WITH done AS (
       AND j.attempts = r.attempt
       AND j.status IS NOT DISTINCT FROM 'running'
     RETURNING j.id
-), claimed AS (
-    UPDATE jobs AS j
-    SET status = 'running',
-        attempts = j.attempts + 1,
-        locked_until = now() + %(lease)s * interval '1 second',
-        locked_by = %(worker)s
-    WHERE j.id = ANY(ARRAY(
+), picked AS MATERIALIZED (
+    SELECT ARRAY(
         SELECT id
         FROM jobs
         WHERE status = 'pending'
@@ -302,7 +297,15 @@ WITH done AS (
         ORDER BY priority DESC, run_at, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
-    ))
+    ) AS ids
+), claimed AS (
+    UPDATE jobs AS j
+    SET status = 'running',
+        attempts = j.attempts + 1,
+        locked_until = now() + %(lease)s * interval '1 second',
+        locked_by = %(worker)s || COALESCE(
+            ':' || (%(slots)s::int[])[array_position((SELECT ids FROM picked), j.id)], '')
+    WHERE j.id = ANY((SELECT ids FROM picked)::bigint[])
     RETURNING j.id, j.queue, j.kind, j.payload, j.attempts, j.max_attempts,
               j.priority, j.run_at
 )

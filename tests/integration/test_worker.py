@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -410,6 +411,25 @@ def test_delayed_job_runs_when_due_without_a_poll(
 
 
 # -- stopping -----------------------------------------------------------------------
+
+
+def test_locked_by_names_the_host_pid_and_slot_the_log_gives(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
+) -> None:
+    ids = insert_jobs(conn, [sh("sleep 30")] * 3)
+    worker = start_worker(dsn, "--concurrency", "3", "--grace", "0s")
+    for job_id in ids:
+        worker.wait_for_log(f"job {job_id} started")
+    slots = {
+        int(m.group(1)): m.group(2)
+        for m in re.finditer(r"job (\d+) started: .*slot (\d+)\)", worker.log)
+    }
+    holder = f"{socket.gethostname()}:{worker.proc.pid}"
+    held = dict(conn.execute("SELECT id, locked_by FROM jobs").fetchall())
+    assert held == {job_id: f"{holder}:{slots[job_id]}" for job_id in ids}
+    assert sorted(slots.values()) == ["0", "1", "2"]
+    worker.signal(signal.SIGTERM)
+    assert worker.finish() == 0
 
 
 def test_sigterm_lets_a_running_job_finish(
