@@ -20,7 +20,8 @@ SELECT queue,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'done') AS done,
        count(*) FILTER (WHERE status = 'failed') AS failed,
-       count(*) FILTER (WHERE status = 'running' AND locked_until < now()) AS expired_leases,
+       count(*) FILTER (WHERE status = 'running'
+                          AND (locked_until < now() OR locked_until IS NULL)) AS expired_leases,
        extract(epoch FROM now() - min(run_at) FILTER (
            WHERE status = 'pending' AND run_at <= now()))::float8 AS oldest_pending_age_seconds
 FROM (
@@ -53,14 +54,16 @@ LEFT JOIN pg_stats AS st
 WHERE c.oid = 'jobs'::regclass;
 
 -- name: lease_list
--- Running jobs, soonest lease end first (jobs_lease_idx order).
+-- Running jobs, soonest lease end first (jobs_lease_idx order). A running job
+-- without a lease (only plain SQL makes one) counts as expired, here, in
+-- stats and for reap: nobody holds it, so nothing else would ever free it.
 SELECT *,
-       locked_until < now() AS expired,
+       locked_until < now() OR locked_until IS NULL AS expired,
        round(extract(epoch FROM locked_until - now())::numeric, 3) AS seconds_left
 FROM jobs
 WHERE status = 'running'
-  AND (locked_until < now() OR NOT %(expired_only)s)
-ORDER BY locked_until, id;
+  AND (locked_until < now() OR locked_until IS NULL OR NOT %(expired_only)s)
+ORDER BY locked_until NULLS FIRST, id;
 
 -- name: lease_reap_preview
 -- What lease_reap would do now, without locking or writing anything.
@@ -68,8 +71,8 @@ SELECT *,
        CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END AS reaped_status,
        locked_by AS held_by
 FROM jobs
-WHERE status = 'running' AND locked_until < now()
-ORDER BY locked_until, id;
+WHERE status = 'running' AND (locked_until < now() OR locked_until IS NULL)
+ORDER BY locked_until NULLS FIRST, id;
 
 -- name: lease_reap
 -- The seed's reclaim in one statement. SKIP LOCKED: rows a worker is updating
@@ -78,14 +81,19 @@ ORDER BY locked_until, id;
 UPDATE jobs
 SET status = CASE WHEN jobs.attempts >= jobs.max_attempts THEN 'failed' ELSE 'pending' END,
     finished_at = CASE WHEN jobs.attempts >= jobs.max_attempts THEN now() END,
-    last_error = format('lease expired at %%s (held by %%s)',
-                        expired.locked_until, coalesce(expired.locked_by, 'an unnamed worker')),
+    last_error = CASE
+        WHEN expired.locked_until IS NULL
+        THEN format('running without a lease (held by %%s)',
+                    coalesce(expired.locked_by, 'an unnamed worker'))
+        ELSE format('lease expired at %%s (held by %%s)',
+                    expired.locked_until, coalesce(expired.locked_by, 'an unnamed worker'))
+    END,
     locked_until = NULL,
     locked_by = NULL
 FROM (
     SELECT id, locked_by, locked_until
     FROM jobs
-    WHERE status = 'running' AND locked_until < now()
+    WHERE status = 'running' AND (locked_until < now() OR locked_until IS NULL)
     FOR UPDATE SKIP LOCKED
 ) AS expired
 WHERE jobs.id = expired.id

@@ -296,6 +296,25 @@ def test_reap_says_what_it_did_and_records_the_holder(
     assert error is not None and "(held by web-1:42:3)" in error[0]
 
 
+def test_a_running_job_without_a_lease_counts_as_expired_and_is_reaped(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    # Only plain SQL makes one; nothing but reap could ever free it.
+    (bare,) = add_jobs(conn, status="running", attempts=1, locked_by="web-1:42:0")
+    (held,) = add_jobs(conn, status="running", attempts=1, locked_until=ago("-10 minutes"))
+    assert cli_json(dsn, "stats")["expired_leases"] == 1
+    assert [(j["id"], j["expired"]) for j in cli_json(dsn, "leases")] == [
+        (bare, True),
+        (held, False),
+    ]
+    assert [j["id"] for j in cli_json(dsn, "leases", "--expired")] == [bare]
+    assert [j["id"] for j in cli_json(dsn, "reap", "--dry-run")] == [bare]
+    assert [j["id"] for j in cli_json(dsn, "reap")] == [bare]
+    row = conn.execute("SELECT status, last_error FROM jobs WHERE id = %s", (bare,)).fetchone()
+    assert row == ("pending", "running without a lease (held by web-1:42:0)")
+    assert conn.execute("SELECT status FROM jobs WHERE id = %s", (held,)).fetchone() == ("running",)
+
+
 def test_reap_with_nothing_expired_exits_0(dsn: str, conn: psycopg.Connection[Any]) -> None:
     add_jobs(conn, status="running", attempts=1, locked_until=ago("-5 minutes"))
     result = run_cli("reap", "--dsn", dsn)
