@@ -120,6 +120,7 @@ class BareLoop:
             "reason": b"",
             "renew": b"[]",
             "limit": str(claim).encode(),
+            "slots": None,
             "lease": b"300",
             "worker": b"bare:0",
             "queues": None,
