@@ -913,7 +913,6 @@ def purge_command(
     say(f"deleted {deleted} {what}")
 
 
-name_envvars(cli)
 # --- worker ------------------------------------------------------------------
 
 WORKER_APPLICATION_NAME = "pgqctl worker"
@@ -1114,6 +1113,10 @@ def worker_command(
     log = WorkLog(sys.stderr, log_format, debug=bool(root.params.get("debug")))
     worker = Worker(settings, connect, log, describe_target=config.describe(dsn))
     return worker.run(conn)
+
+
+# Last, once every command exists: each option reads PGQCTL_<OPTION>.
+name_envvars(cli)
 
 
 # --- the error boundary ------------------------------------------------------

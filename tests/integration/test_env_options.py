@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from typing import Any
 
+import click
 import psycopg
 
 from tests.conftest import run_cli
@@ -39,3 +45,71 @@ def test_a_stray_dry_run_variable_does_not_disable_reap(
     result = run_cli("reap", "--dsn", dsn, env={"PGQCTL_DRY_RUN": "1"})
     assert result.exit_code == 0, result.stderr
     assert conn.execute("SELECT status FROM jobs").fetchone() == ("pending",)
+
+
+def test_every_option_but_the_selections_reads_its_variable() -> None:
+    from pgqctl.cli import cli
+
+    def options(cmd: click.Command, path: str) -> Iterator[tuple[str, click.Option]]:
+        for param in cmd.params:
+            if isinstance(param, click.Option):
+                yield path, param
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from options(sub, f"{path} {name}")
+
+    found = list(options(cli, "pgqctl"))
+    assert any(path == "pgqctl worker" for path, _ in found)
+    for path, option in found:
+        if option.allow_from_autoenv:
+            flag = max(option.opts, key=len)
+            assert option.envvar, f"{path} {flag} reads no variable"
+
+
+def test_the_worker_reads_its_options_from_the_environment(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    assert run_cli("migrate", "--schema", "staging", "--dsn", dsn).exit_code == 0
+    (public_job,) = add_jobs(conn)
+    staging = conn.execute(
+        "INSERT INTO staging.jobs (kind, payload) VALUES ('test', '{\"argv\": [\"true\"]}') "
+        "RETURNING id"
+    ).fetchone()
+    assert staging is not None
+    env = {
+        **os.environ,
+        "PGQCTL_DSN": dsn,
+        "PGQCTL_SCHEMA": "staging",
+        "PGQCTL_BURST": "1",
+        "PGQCTL_CONCURRENCY": "3",
+        "PGQCTL_LOG_FORMAT": "json",
+    }
+    worker = subprocess.run(
+        [sys.executable, "-m", "pgqctl", "worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert worker.returncode == 0, worker.stderr
+    started = json.loads(worker.stderr.splitlines()[0])
+    assert (started["event"], started["schema"], started["concurrency"]) == (
+        "worker_started",
+        "staging",
+        3,
+    )
+    done = conn.execute("SELECT status FROM staging.jobs WHERE id = %s", staging).fetchone()
+    assert done == ("done",)
+    assert conn.execute("SELECT status FROM jobs WHERE id = %s", (public_job,)).fetchone() == (
+        "pending",
+    )
+
+    env["PGQCTL_CONCURRENCY"] = "abc"
+    bad = subprocess.run(
+        [sys.executable, "-m", "pgqctl", "worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert len(bad.stderr.strip().splitlines()) == 1 and "abc" in bad.stderr
