@@ -8,6 +8,9 @@ from pgqctl.errors import BadInput
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+# Longer is never meant, and would overflow PostgreSQL's timestamps (a lease
+# or a delay added to now()) or the system's timers.
+MAX_SECONDS = 100 * 365 * 86400
 
 
 def parse_duration(text: str, *, what: str = "duration") -> float:
@@ -19,6 +22,8 @@ def parse_duration(text: str, *, what: str = "duration") -> float:
         seconds = _parse_units(value, text, what)
     if seconds < 0 or seconds != seconds or seconds == float("inf"):
         raise BadInput(f"{what} must be a non-negative duration, got {text!r}")
+    if seconds > MAX_SECONDS:
+        raise BadInput(f"{what} must be at most 100 years (36500d), got {text!r}")
     return seconds
 
 

@@ -87,6 +87,8 @@ DRAIN_AFTER_EXIT = 0.1
 # child that closed its output has exited.
 _EXIT_POLL_SECONDS = 0.05
 
+# The longest one wait in the children's poll() may last.
+_MAX_POLL_MS = 60_000
 _READ_SIZE = 65536
 # Output read from one child per turn of the poll loop: every line of it is
 # handed to `on_line` (a log line each, in the worker) before the loop turns
@@ -667,7 +669,9 @@ class _Reactor:
         if complete:
             return complete
         ms = -1 if not deadlines else max(0, math.ceil((min(deadlines) - now) * 1000))
-        for fd, _ in self.poller.poll(ms):
+        # A far deadline (a timeout of years) would overflow poll(): wake
+        # now and then instead; advance() acts only once a deadline is due.
+        for fd, _ in self.poller.poll(min(ms, _MAX_POLL_MS) if ms >= 0 else ms):
             if fd == self.wake_fd:
                 self._woken()
                 continue

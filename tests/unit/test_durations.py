@@ -27,7 +27,9 @@ def test_accepted(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "abc", "5x", "-3", "m5", "1h 30m", "nan", "inf"])
+@pytest.mark.parametrize(
+    "text", ["", "abc", "5x", "-3", "m5", "1h 30m", "nan", "inf", "1e300", "36501d"]
+)
 def test_rejected_with_an_example(text: str) -> None:
     with pytest.raises(BadInput) as err:
         parse_duration(text, what="--delay")

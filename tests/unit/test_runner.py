@@ -832,3 +832,18 @@ def test_a_child_flooding_output_does_not_hold_up_the_others() -> None:
         supervisor.close(5)
     # Reading a whole 64 KiB pipe per turn would cost about 0.3 s a turn here.
     assert elapsed < 3.0
+
+
+def test_a_timeout_of_centuries_is_only_a_far_deadline() -> None:
+    # poll() cannot wait that long: the loop must wake now and then, not fail.
+    assert run(Command(("true",), timeout=1e300), ENV).succeeded
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    try:
+        supervisor.submit("far", sh("sleep 0.2", timeout=3e12), ENV)
+        supervisor.submit("near", sh("exit 3", timeout=3e6), ENV)
+        got.wait_for(2)
+    finally:
+        supervisor.close(5)
+    assert supervisor.failure is None
+    assert {k: o.exit_code for k, o in got.outcomes.items()} == {"far": 0, "near": 3}
