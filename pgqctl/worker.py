@@ -496,11 +496,15 @@ class Worker:
         if isinstance(exc, (psycopg.OperationalError, PgqctlError)):
             broken = self.conn is None or self.conn.broken or self.conn.closed
             what = "database connection lost" if broken else "database unavailable"
+            waiting = len(self._unreported())
             self.log.event(
                 "db_lost",
                 f"{what}: {reason(exc)}; retrying with backoff ({len(self.running)} job(s) "
-                "keep running, their results are reported once it is back)",
+                f"keep running; their results and {waiting} finished job(s) are reported "
+                "once it is back)",
                 error=reason(exc),
+                running=len(self.running),
+                unreported=waiting,
             )
         else:
             self.log.error("database error; retrying with backoff", exc)

@@ -21,6 +21,11 @@ from pgqctl.output import format_seconds
 LOG_FORMATS = ("text", "json")
 # One encoder for every line: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+# Control characters in a text line (a job's output may hold terminal escapes
+# or carriage returns) are shown escaped, so no job can recolour the
+# operator's terminal, overwrite the "job N |" prefix or split a line. Tabs
+# stay. JSON lines escape them by themselves.
+_ESCAPED = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c != 0x09}
 
 
 class WorkLog:
@@ -38,6 +43,8 @@ class WorkLog:
             record = {"ts": ts, "event": event, **fields, "message": message}
             line = _ENCODER.encode(record)
         else:
+            if not message.isprintable():
+                message = message.translate(_ESCAPED)
             line = f"{ts} {message}"
         self._write(line + "\n")
 
@@ -73,7 +80,7 @@ _LAST_SECOND: list[Any] = [-1, ""]
 
 
 def seconds(value: float) -> str:
-    """A duration for a log line: 0.042s, 2.35s, 4m05s."""
-    if value < 10:
+    """A duration for a log line: 0.042s, 2.35s, 30s, 4m05s."""
+    if value < 60:
         return f"{value:.3g}s"
     return format_seconds(value)

@@ -442,7 +442,7 @@ def test_sigterm_lets_a_running_job_finish(
     assert worker.finish() == 0
     row = job(conn, job_id)
     assert (row["status"], row["attempts"]) == ("done", 1)
-    assert "SIGTERM: claiming no more jobs; waiting up to 20.0s for 1 running job(s)" in worker.log
+    assert "SIGTERM: claiming no more jobs; waiting up to 20s for 1 running job(s)" in worker.log
 
 
 def test_sigterm_with_a_short_grace_hands_the_job_back(

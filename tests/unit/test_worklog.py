@@ -67,6 +67,7 @@ def test_timestamps_and_durations() -> None:
     assert seconds(0.0421) == "0.0421s"
     assert seconds(2.345) == "2.35s"
     assert seconds(245) == "4m05s"
+    assert (seconds(30.0), seconds(4.0), seconds(12.34)) == ("30s", "4s", "12.3s")
 
 
 @pytest.mark.parametrize(("attempt", "middle"), [(1, 2.0), (2, 4.0), (3, 8.0), (6, 64.0)])
@@ -80,3 +81,15 @@ def test_backoff_is_capped_at_an_hour() -> None:
     assert backoff_delay(40, 2.0) == BACKOFF_CAP
     assert backoff_delay(10_000, 2.0) == BACKOFF_CAP
     assert backoff_delay(3, 0.0) == 0.0
+
+
+def test_text_lines_show_control_characters_escaped() -> None:
+    stream = io.StringIO()
+    log = WorkLog(stream, "text")
+    log.event("output", "job 3 | \x1b[31mred\x1b[0m\rjob 4 | fake\x9b\tnext\nline", job_id=3)
+    line = stream.getvalue()
+    assert line.endswith("Z job 3 | \\x1b[31mred\\x1b[0m\\x0djob 4 | fake\\x9b\tnext\\x0aline\n")
+    assert line.count("\n") == 1
+    plain = io.StringIO()
+    WorkLog(plain, "text").event("done", "job 12 done in 0.5s — héllo")
+    assert plain.getvalue().endswith(" job 12 done in 0.5s — héllo\n")
