@@ -541,10 +541,14 @@ def _one_line(text: str | None, width: int = 60) -> str:
 def _job_cells(job: queue.Job) -> dict[str, Any]:
     """A job as the human tables show it; JSON and CSV carry the job itself."""
     left = job.get("seconds_left")
+    if left is not None:
+        left = output.format_seconds(float(left))
+    elif "seconds_left" in job:  # a lease listing: a running job without a lease
+        left = "no lease"
     return {
         **job,
         "attempt": f"{job['attempts']}/{job['max_attempts']}",
-        "left": "" if left is None else output.format_seconds(float(left)),
+        "left": left or "",
         "error": _one_line(job.get("last_error")),
     }
 
@@ -843,7 +847,9 @@ def requeue_command(
     verb = "would requeue" if dry_run else "requeued"
     say(f"{verb} {_plural(len(result.jobs), 'job')}" if result.jobs else "no failed jobs match")
     if None in result.left.values():
-        raise NotFound("some --id jobs do not exist: `pgqctl list --status failed` lists them")
+        raise NotFound(
+            "some --id jobs do not exist: `pgqctl list --status failed` lists the failed ones"
+        )
 
 
 @command("purge")

@@ -308,6 +308,8 @@ def test_a_running_job_without_a_lease_counts_as_expired_and_is_reaped(
         (held, False),
     ]
     assert [j["id"] for j in cli_json(dsn, "leases", "--expired")] == [bare]
+    table = run_cli("leases", "--format", "plain", "--dsn", dsn).stdout.splitlines()
+    assert table[2].split()[0] == str(bare) and table[2].endswith("no lease")
     assert [j["id"] for j in cli_json(dsn, "reap", "--dry-run")] == [bare]
     assert [j["id"] for j in cli_json(dsn, "reap")] == [bare]
     row = conn.execute("SELECT status, last_error FROM jobs WHERE id = %s", (bare,)).fetchone()
