@@ -1134,6 +1134,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in args or os.environ.get("PGQCTL_DEBUG", "") not in ("", "0")
     try:
         result = cli.main(args=args, prog_name="pgqctl", standalone_mode=False)
+        # Here, not at exit: a full disk must end in one line and exit 1.
+        sys.stdout.flush()
         return result if isinstance(result, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
@@ -1165,6 +1167,13 @@ def main(argv: list[str] | None = None) -> int:
         # The reader of our stdout went away (`pgqctl list | head`): not an error.
         _silence_stdout()
         return 0
+    except OSError as exc:  # writing the output (a full disk), or a file named by an option
+        if debug:
+            traceback.print_exc()
+        what = exc.filename if exc.filename else "writing the output"
+        say(f"error: {what}: {exc.strerror or exc}")
+        _silence_stdout()
+        return EXIT_FAILURE
 
 
 def _report(exc: BaseException, code: int, debug: bool) -> int:

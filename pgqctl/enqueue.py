@@ -224,6 +224,7 @@ def parse_payload(text: str) -> dict[str, Any]:
 
 def parse_run_at(value: object, *, what: str = "run_at") -> dt.datetime:
     """An aware datetime from a datetime or ISO 8601 text; naive means local time."""
+    shown = value.strip() if isinstance(value, str) else str(value)
     if isinstance(value, str):
         text = value.strip()
         # Python 3.10's fromisoformat does not know the Z suffix.
@@ -237,8 +238,14 @@ def parse_run_at(value: object, *, what: str = "run_at") -> dt.datetime:
             ) from None
     if not isinstance(value, dt.datetime):
         raise BadInput(f"{what} must be an ISO 8601 time or a datetime, not {_kind_of(value)}")
-    # astimezone() reads a naive time as local time, the least surprising reading.
-    return value if value.tzinfo is not None else value.astimezone()
+    try:
+        # astimezone() reads a naive time as local time, the least surprising reading.
+        aware = value if value.tzinfo is not None else value.astimezone()
+        # Stored in UTC and read back as a Python datetime: it must be one there.
+        aware.astimezone(dt.timezone.utc)
+    except (OverflowError, ValueError, OSError):
+        raise BadInput(f"{what} {shown!r} is out of range: years 1 to 9999 in UTC") from None
+    return aware
 
 
 def read_rows(

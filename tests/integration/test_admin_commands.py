@@ -492,3 +492,20 @@ def test_commands_work_in_another_schema(empty_dsn: str) -> None:
         run_cli("purge", "--status", "failed", "--json", "--dsn", empty_dsn, env=env).stdout
     ) == {"deleted": 2}
     assert os.environ.get("PGQCTL_SCHEMA") is None
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_that_cannot_be_written_is_one_line_and_exit_1(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    add_jobs(conn, 3)
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "pgqctl", "list", "--dsn", dsn],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert result.stderr == "pgqctl: error: writing the output: No space left on device\n"

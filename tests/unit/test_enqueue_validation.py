@@ -61,6 +61,8 @@ def test_delay_forms(delay: Any, seconds: float) -> None:
         ({"kind": "k", "run_at": "tomorrow"}, "is not an ISO 8601 time"),
         ({"kind": "k", "run_at": 1700000000}, "run_at must be an ISO 8601 time or a datetime"),
         ({"kind": "k", "run_at": "2030-01-01T00:00:00Z", "delay": 5}, "run_at or delay"),
+        ({"kind": "k", "run_at": "9999-12-31T23:59:59-12:00"}, "out of range: years 1 to 9999"),
+        ({"kind": "k", "run_at": "0001-01-01T00:00:00+14:00"}, "out of range: years 1 to 9999"),
     ],
 )
 def test_bad_fields_name_the_problem(fields: dict[str, Any], message: str) -> None:
