@@ -797,7 +797,7 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
 @selection_option(
     "--attempts",
     "more",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=1_000_000),
     default=1,
     show_default=True,
     help="Tries each job gets: max_attempts becomes attempts + N.",

@@ -31,8 +31,10 @@ class MigrationState:
 
 
 def status(conn: psycopg.Connection[Any], schema: str) -> list[MigrationState]:
-    """Every known migration with whether it is applied, pending or changed."""
+    """Every known migration with whether it is applied, pending or changed,
+    then any applied by a newer pgqctl ("unknown")."""
     applied = _applied(conn, schema)
+    _refuse_foreign_jobs_table(conn, schema, applied)
     states = []
     for m in migrations():
         if m.name not in applied:
@@ -41,6 +43,9 @@ def status(conn: psycopg.Connection[Any], schema: str) -> list[MigrationState]:
             checksum, applied_at = applied[m.name]
             state = "applied" if checksum == m.checksum else "changed"
             states.append(MigrationState(m.name, state, applied_at))
+    known = {m.name for m in migrations()}
+    for name in sorted(set(applied) - known):
+        states.append(MigrationState(name, "unknown", applied[name][1]))
     return states
 
 
@@ -52,6 +57,7 @@ def pending(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         applied = _applied(conn, schema)
         _refuse_changed(applied)
+        _refuse_newer(applied, schema)
         _refuse_foreign_jobs_table(conn, schema, applied)
     return [m for m in migrations() if m.name not in applied]
 
@@ -89,6 +95,19 @@ def _applied(conn: psycopg.Connection[Any], schema: str) -> dict[str, tuple[str,
     ).fetchone()
     if not exists:
         return {}
+    columns = {
+        row[0]
+        for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = 'pgqctl_migrations'",
+            (schema,),
+        )
+    }
+    if not {"name", "checksum", "applied_at"} <= columns:
+        raise MigrationError(
+            f"schema {schema} has a pgqctl_migrations table that pgqctl did not create; "
+            "left it untouched: use --schema to put the queue in another schema"
+        )
     rows = conn.execute("SELECT name, checksum, applied_at FROM pgqctl_migrations").fetchall()
     return {name: (checksum, applied_at) for name, checksum, applied_at in rows}
 
@@ -102,19 +121,45 @@ def _refuse_changed(applied: dict[str, tuple[str, dt.datetime]]) -> None:
             )
 
 
+def _refuse_newer(applied: dict[str, tuple[str, dt.datetime]], schema: str) -> None:
+    unknown = sorted(set(applied) - {m.name for m in migrations()})
+    if unknown:
+        raise MigrationError(
+            f"schema {schema} was migrated by a newer pgqctl ({', '.join(unknown)} "
+            "applied, unknown to this one): upgrade pgqctl"
+        )
+
+
 def _refuse_foreign_jobs_table(
     conn: psycopg.Connection[Any], schema: str, applied: dict[str, tuple[str, dt.datetime]]
 ) -> None:
     if applied:
         return
+    # Any relation of that name would collide: a table, a view, a sequence...
     row = conn.execute(
-        "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'jobs'", (schema,)
+        "SELECT c.relkind FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = 'jobs'",
+        (schema,),
     ).fetchone()
     if row:
+        what = _RELATION_KINDS.get(row[0], "relation")
         raise MigrationError(
-            f"schema {schema} already has a jobs table that pgqctl did not create; "
+            f"schema {schema} already has a {what} named jobs that pgqctl did not create; "
             "left it untouched: use --schema to put the queue in another schema"
         )
+
+
+_RELATION_KINDS = {
+    "r": "table",
+    "p": "table",
+    "v": "view",
+    "m": "materialized view",
+    "f": "foreign table",
+    "S": "sequence",
+    "i": "index",
+    "I": "index",
+    "c": "type",
+}
 
 
 def _create_bookkeeping(conn: psycopg.Connection[Any], schema: str) -> None:

@@ -108,6 +108,44 @@ def test_a_foreign_jobs_table_is_left_untouched(empty_dsn: str) -> None:
         assert c.execute("SELECT to_regclass('pgqctl_migrations')").fetchone() == (None,)
 
 
+@pytest.mark.parametrize(
+    "create, what",
+    [
+        ("CREATE VIEW jobs AS SELECT 1 AS id", "a view named jobs"),
+        ("CREATE SEQUENCE jobs", "a sequence named jobs"),
+        ("CREATE TABLE pgqctl_migrations (x int)", "a pgqctl_migrations table"),
+    ],
+)
+def test_whatever_else_holds_the_names_is_left_untouched_in_every_mode(
+    empty_dsn: str, create: str, what: str
+) -> None:
+    with psycopg.connect(empty_dsn) as c:
+        c.execute(create)
+    for mode in ((), ("--dry-run",), ("--check",), ("--status",)):
+        result = run_cli("migrate", *mode, "--dsn", empty_dsn)
+        assert result.exit_code == 1, (mode, result.stderr)
+        assert what in result.stderr and "did not create" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    with psycopg.connect(empty_dsn) as c:
+        # Nothing created: only the table the test made, if it made one.
+        assert c.execute(
+            "SELECT count(*) FROM pg_tables WHERE tablename IN ('jobs', 'pgqctl_migrations')"
+        ).fetchone() == (1 if "TABLE" in create else 0,)
+
+
+def test_a_schema_migrated_by_a_newer_pgqctl_fails_the_check(empty_dsn: str) -> None:
+    assert run_cli("migrate", "--dsn", empty_dsn).exit_code == 0
+    with psycopg.connect(empty_dsn) as c:
+        c.execute("INSERT INTO pgqctl_migrations (name, checksum) VALUES ('9999_later.sql', 'x')")
+    check = run_cli("migrate", "--check", "--dsn", empty_dsn)
+    assert check.exit_code == 1
+    assert "newer pgqctl (9999_later.sql applied" in check.stderr
+    status = run_cli("migrate", "--status", "--format", "csv", "--dsn", empty_dsn)
+    assert status.exit_code == 0
+    assert status.stdout.splitlines()[-1].startswith("9999_later.sql,unknown,")
+    assert run_cli("migrate", "--dsn", empty_dsn).exit_code == 1
+
+
 def test_schema_option_puts_the_queue_in_its_own_schema(empty_dsn: str) -> None:
     result = run_cli("migrate", "--schema", "Queue Schema", "--dsn", empty_dsn)
     assert result.exit_code == 0, result.stderr
