@@ -60,6 +60,15 @@ def say(message: str) -> None:
     click.echo(f"pgqctl: {message}", err=True)
 
 
+def _started(started: Any) -> str:
+    """What `embedded.ensure_running` did, for the person who did not ask for it."""
+    what = "created and started" if started.created else "started"
+    return (
+        f"{what} the embedded PostgreSQL in {started.data_dir}; "
+        "it keeps running (`pgqctl embedded stop` stops it)"
+    )
+
+
 @dataclass
 class Database:
     """Where this invocation connects; the connection is opened on demand."""
@@ -75,10 +84,8 @@ class Database:
 
         started = embedded.ensure_running()
         if started.started:
-            what = "created and started" if started.created else "started"
             say(
-                f"no database configured: {what} the embedded PostgreSQL in "
-                f"{started.data_dir}; it keeps running (`pgqctl embedded stop` stops it). "
+                f"no database configured: {_started(started)}. "
                 "Set PGQCTL_DSN or --dsn to use your own database."
             )
         return started.dsn
@@ -517,7 +524,10 @@ def embedded_dsn() -> None:
     """
     from pgqctl import embedded
 
-    click.echo(embedded.ensure_running().dsn)
+    started = embedded.ensure_running()
+    if started.started:
+        say(_started(started))
+    click.echo(started.dsn)
 
 
 # --- operator commands: stats, leases, list, show, reap, requeue, purge --------

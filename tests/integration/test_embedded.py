@@ -243,3 +243,26 @@ def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
 
     monkeypatch.setenv("PGQCTL_EMBEDDED_DIR", "~/pg")
     assert embedded.default_data_dir() == tmp_path / "pg"
+
+
+def test_embedded_dsn_says_when_it_started_the_server(data_dir: Path) -> None:
+    env = {**os.environ, "PGQCTL_EMBEDDED_DIR": str(data_dir)}
+
+    def dsn() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pgqctl", "embedded", "dsn"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    first = dsn()
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == embedded.dsn(data_dir) + "\n"
+    assert "created and started the embedded PostgreSQL" in first.stderr
+    again = dsn()
+    assert (again.stdout, again.stderr) == (first.stdout, "")
+    embedded.stop(data_dir)
+    restarted = dsn()
+    assert restarted.stderr.startswith("pgqctl: started the embedded PostgreSQL in")
