@@ -53,10 +53,27 @@ def human(value: Any) -> str:
     if isinstance(value, dt.timedelta):
         return format_seconds(value.total_seconds())
     if isinstance(value, (Mapping, list)):
-        return json.dumps(jsonable(value), separators=(",", ":"), ensure_ascii=False)
+        return printable(json.dumps(jsonable(value), separators=(",", ":"), ensure_ascii=False))
     if isinstance(value, float):
         return f"{value:.1f}"
-    return str(value)
+    return printable(str(value))
+
+
+def _control_escapes(keep: str) -> dict[int, str]:
+    return {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in keep}
+
+
+# Job data shown to a person (a kind, an error, a job's output) may hold
+# terminal escapes or carriage returns: shown escaped (\x1b), they cannot
+# recolour the terminal or overwrite what is around them. Table cells keep
+# tabs and newlines (`show` prints a whole error); log lines keep only tabs.
+CELL_ESCAPES = _control_escapes("\t\n")
+LINE_ESCAPES = _control_escapes("\t")
+
+
+def printable(text: str, escapes: Mapping[int, str] = CELL_ESCAPES) -> str:
+    """`text` with its control characters escaped (but for those `escapes` keeps)."""
+    return text if text.isprintable() else text.translate(escapes)
 
 
 def format_seconds(seconds: float) -> str:

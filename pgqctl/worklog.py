@@ -16,16 +16,11 @@ import time
 import traceback
 from typing import Any, TextIO
 
-from pgqctl.output import format_seconds
+from pgqctl.output import LINE_ESCAPES, format_seconds, printable
 
 LOG_FORMATS = ("text", "json")
 # One encoder for every line: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
-# Control characters in a text line (a job's output may hold terminal escapes
-# or carriage returns) are shown escaped, so no job can recolour the
-# operator's terminal, overwrite the "job N |" prefix or split a line. Tabs
-# stay. JSON lines escape them by themselves.
-_ESCAPED = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c != 0x09}
 
 
 class WorkLog:
@@ -43,9 +38,9 @@ class WorkLog:
             record = {"ts": ts, "event": event, **fields, "message": message}
             line = _ENCODER.encode(record)
         else:
-            if not message.isprintable():
-                message = message.translate(_ESCAPED)
-            line = f"{ts} {message}"
+            # A job's output shown as it is could recolour the operator's
+            # terminal, overwrite the "job N |" prefix or split the line.
+            line = f"{ts} {printable(message, LINE_ESCAPES)}"
         self._write(line + "\n")
 
     def error(self, message: str, exc: BaseException) -> None:

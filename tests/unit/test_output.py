@@ -88,3 +88,13 @@ def test_ids_read_as_the_records_they_stand_for(fmt: str, ids: list[int]) -> Non
     emit_ids(ids, fmt, stream=fast)
     emit_rows([{"id": i} for i in ids], ["id"], fmt, stream=rows)
     assert fast.getvalue() == rows.getvalue()
+
+
+def test_tables_show_control_characters_escaped_but_keep_lines() -> None:
+    stream = io.StringIO()
+    rows = [{"kind": "k\x01\x1b[31mred", "error": "line one\nline two\r\x9b"}]
+    emit_rows(rows, ["kind", "error"], "plain", stream=stream)
+    text = stream.getvalue()
+    assert "\x1b" not in text and "\r" not in text and "\x9b" not in text
+    assert "k\\x01\\x1b[31mred" in text
+    assert "line one\n" in text and "line two\\x0d\\x9b" in text
