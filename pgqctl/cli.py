@@ -1163,11 +1163,13 @@ def main(argv: list[str] | None = None) -> int:
     except PgqctlError as exc:
         return _report(exc, exc.exit_code, debug)
     except psycopg.OperationalError as exc:
-        return _report(
-            DatabaseUnavailable(f"lost the database connection: {db.reason(exc)}"),
-            EXIT_FAILURE,
-            debug,
-        )
+        if _connection_lost(exc):
+            return _report(
+                DatabaseUnavailable(f"lost the database connection: {db.reason(exc)}"),
+                EXIT_FAILURE,
+                debug,
+            )
+        return _report(PgqctlError(f"database error: {db.reason(exc)}"), EXIT_FAILURE, debug)
     except psycopg.Error as exc:
         return _report(PgqctlError(f"database error: {db.reason(exc)}"), EXIT_FAILURE, debug)
     except KeyboardInterrupt:
@@ -1184,6 +1186,14 @@ def main(argv: list[str] | None = None) -> int:
         say(f"error: {what}: {exc.strerror or exc}")
         _silence_stdout()
         return EXIT_FAILURE
+
+
+def _connection_lost(exc: psycopg.OperationalError) -> bool:
+    """Whether the error is the connection going away, not one the server
+    reported on a statement (a value too large, a statement timeout...),
+    which psycopg files under the same class."""
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 def _report(exc: BaseException, code: int, debug: bool) -> int:

@@ -509,3 +509,15 @@ def test_output_that_cannot_be_written_is_one_line_and_exit_1(
         )
     assert result.returncode == 1
     assert result.stderr == "pgqctl: error: writing the output: No space left on device\n"
+
+
+def test_a_statement_the_server_cancels_is_not_called_a_lost_connection(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    with psycopg.connect(dsn) as holder:
+        holder.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        result = run_cli("list", "--dsn", dsn, env={"PGOPTIONS": "-c lock_timeout=200"})
+    assert result.exit_code == 1
+    assert (
+        result.stderr == "pgqctl: error: database error: canceling statement due to lock timeout\n"
+    )
