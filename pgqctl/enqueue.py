@@ -397,7 +397,7 @@ def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
         return None
     tail = _simple_tail(record, defaults)
     kind = record.get("kind")
-    if tail is None or type(kind) is not str or not kind:
+    if tail is None or type(kind) is not str or not kind or kind.isspace():
         return None
     payload = record.get("payload")
     if payload is None:
@@ -423,7 +423,7 @@ def _simple_record_row(number: int, record: object, defaults: _Defaults) -> str 
         return None
     tail = _simple_tail(record, defaults)
     kind = record.get("kind")
-    if tail is None or type(kind) is not str or not kind or not _storable(kind):
+    if tail is None or type(kind) is not str or not kind or kind.isspace() or not _storable(kind):
         return None
     payload = record.get("payload")
     if payload is None:
@@ -458,6 +458,7 @@ def _simple_tail(record: dict[str, Any], defaults: _Defaults) -> str | None:
     if (
         type(queue) is str
         and queue
+        and not queue.isspace()
         and _storable(queue)
         and type(priority) is int
         and INT4_MIN <= priority <= INT4_MAX
@@ -500,8 +501,8 @@ def _payload_as_written(text: str) -> str | None:
 def _text(name: str, value: object) -> str:
     if not isinstance(value, str):
         raise BadInput(f"{name} must be a string, not {_kind_of(value)}")
-    if not value:
-        raise BadInput(f"{name} must not be empty")
+    if not value or value.isspace():
+        raise BadInput(f"{name} must not be empty or only spaces")
     _check_storable(name, value)
     return value
 
@@ -524,7 +525,14 @@ def _payload_text(payload: object) -> str:
         raise BadInput(f"payload must be a JSON object, not {_kind_of(payload)}")
     try:
         text = _encode(payload)
-    except (TypeError, ValueError, RecursionError) as exc:
+    except ValueError as exc:
+        if "Out of range float" in str(exc):  # 1e400 reads as infinity
+            raise BadInput(
+                "payload cannot be stored as JSON: it holds NaN, Infinity "
+                "or a number beyond about 1.8e308"
+            ) from None
+        raise BadInput(f"payload cannot be stored as JSON: {exc}") from None
+    except (TypeError, RecursionError) as exc:
         raise BadInput(f"payload cannot be stored as JSON: {exc}") from None
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise BadInput("payload contains a NUL character (\\u0000), which jsonb cannot store")

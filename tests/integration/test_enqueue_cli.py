@@ -303,7 +303,7 @@ def test_bad_option_with_a_file_is_reported_once(module_dsn: str, tmp_path: Path
     path = write_lines(tmp_path / "jobs.jsonl", [{"kind": "a"}])
     result = run_cli("enqueue", "--file", str(path), "--queue", "", "--dsn", module_dsn)
     assert result.exit_code == 2
-    assert result.stderr == "pgqctl: error: queue must not be empty\n"
+    assert result.stderr == "pgqctl: error: queue must not be empty or only spaces\n"
 
 
 def test_a_bulk_load_sends_one_notification(
