@@ -154,10 +154,22 @@ def _write_delimited(
     rows: Sequence[Mapping[str, Any]], columns: Sequence[str], stream: IO[str], sep: str
 ) -> None:
     keys = list(rows[0].keys()) if rows else list(columns)
+    if sep == "\t":
+        # TSV: one line per record whatever the data, for line-based tools:
+        # backslash, tab, newline and carriage return are escaped as
+        # PostgreSQL's text format does (\\, \t, \n, \r); nothing is quoted.
+        stream.write("\t".join(keys) + "\n")
+        for r in rows:
+            cells = (_delimited_cell(r.get(k)).translate(_TSV_ESCAPES) for k in keys)
+            stream.write("\t".join(cells) + "\n")
+        return
     writer = csv.writer(stream, delimiter=sep, lineterminator="\n")
     writer.writerow(keys)
     for r in rows:
         writer.writerow([_delimited_cell(r.get(k)) for k in keys])
+
+
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
 def _delimited_cell(value: Any) -> str:

@@ -98,3 +98,13 @@ def test_tables_show_control_characters_escaped_but_keep_lines() -> None:
     assert "\x1b" not in text and "\r" not in text and "\x9b" not in text
     assert "k\\x01\\x1b[31mred" in text
     assert "line one\n" in text and "line two\\x0d\\x9b" in text
+
+
+def test_tsv_is_one_line_per_record_with_escapes_not_quotes() -> None:
+    stream = io.StringIO()
+    rows = [
+        {"id": 1, "last_error": 'exit 1\nboom\tat C:\\tmp "x"\r'},
+        {"id": 2, "last_error": None},
+    ]
+    emit_rows(rows, ["id", "last_error"], "tsv", stream=stream)
+    assert stream.getvalue() == ('id\tlast_error\n1\texit 1\\nboom\\tat C:\\\\tmp "x"\\r\n2\t\n')
