@@ -83,13 +83,7 @@ def test_the_worker_reads_its_options_from_the_environment(
         "PGQCTL_CONCURRENCY": "3",
         "PGQCTL_LOG_FORMAT": "json",
     }
-    worker = subprocess.run(
-        [sys.executable, "-m", "pgqctl", "worker"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    worker = run_worker(env)
     assert worker.returncode == 0, worker.stderr
     started = json.loads(worker.stderr.splitlines()[0])
     assert (started["event"], started["schema"], started["concurrency"]) == (
@@ -104,12 +98,17 @@ def test_the_worker_reads_its_options_from_the_environment(
     )
 
     env["PGQCTL_CONCURRENCY"] = "abc"
-    bad = subprocess.run(
+    bad = run_worker(env)
+    assert bad.returncode == 2
+    assert len(bad.stderr.strip().splitlines()) == 1 and "abc" in bad.stderr
+
+
+def run_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`pgqctl worker` with only this environment; a timeout, not a hang, if it never ends."""
+    return subprocess.run(
         [sys.executable, "-m", "pgqctl", "worker"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert bad.returncode == 2
-    assert len(bad.stderr.strip().splitlines()) == 1 and "abc" in bad.stderr
