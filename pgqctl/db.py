@@ -41,9 +41,11 @@ def connect(
             **params,
         )
     except psycopg.OperationalError as exc:
+        # An empty DSN: libpq chose the server from PGHOST, PGPORT and the like.
+        source = "--dsn / PGQCTL_DSN" if dsn else "PGHOST, PGPORT and the other PG* variables"
         raise DatabaseUnavailable(
             f"cannot connect to {config.describe(dsn)}: {reason(exc)}; "
-            "check --dsn / PGQCTL_DSN and that the server is running"
+            f"check {source} and that the server is running"
         ) from exc
     use_schema(conn, schema)
     return conn

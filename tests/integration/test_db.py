@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from pgqctl import db
-from pgqctl.errors import NotMigrated
+from pgqctl.errors import DatabaseUnavailable, NotMigrated
 
 
 def test_connections_name_pgqctl_and_use_the_queue_schema(dsn: str) -> None:
@@ -36,3 +36,14 @@ def test_an_unmigrated_database_says_to_run_migrate(empty_dsn: str) -> None:
 def test_a_migrated_database_passes_the_check(dsn: str) -> None:
     with db.connect(dsn, schema="public") as conn:
         db.require_migrated(conn, "public")
+
+
+def test_a_refused_connection_names_where_the_server_came_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PGHOST", "127.0.0.1")
+    monkeypatch.setenv("PGPORT", "1")  # nothing listens there
+    with pytest.raises(DatabaseUnavailable, match="check PGHOST, PGPORT and the other PG"):
+        db.connect("", schema="public")
+    with pytest.raises(DatabaseUnavailable, match="check --dsn / PGQCTL_DSN"):
+        db.connect("postgresql://postgres@127.0.0.1:1/x", schema="public")
