@@ -69,6 +69,24 @@ def _started(started: Any) -> str:
     )
 
 
+class JobId(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """A job id: a positive integer."""
+
+    name = "id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            number = 0
+        if number < 1 or number > 2**63 - 1:
+            self.fail(f"a job id is a positive whole number, got {value!r}", param, ctx)
+        return number
+
+
+JOB_ID = JobId()
+
+
 @dataclass
 class Database:
     """Where this invocation connects; the connection is opened on demand."""
@@ -731,7 +749,7 @@ def list_command(
 
 @command("show")
 @database_options
-@click.argument("job_id", metavar="ID", type=click.IntRange(min=1))
+@click.argument("job_id", metavar="ID", type=JOB_ID)
 @format_options
 def show_command(database: Database, job_id: int, fmt: str) -> None:
     """One job, whole: every column, the payload pretty-printed and the full
@@ -796,9 +814,7 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
 @command("requeue")
 @database_options
 @selection_option("--failed", "all_failed", is_flag=True, help="Every failed job.")
-@selection_option(
-    "--id", "ids", type=click.IntRange(min=1), multiple=True, help="This job (repeatable)."
-)
+@selection_option("--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable).")
 @selection_option("--kind", metavar="KIND", help="Only failed jobs of this kind.")
 @selection_option("--queue", "queue_name", metavar="QUEUE", help="Only failed jobs of this queue.")
 @selection_option(

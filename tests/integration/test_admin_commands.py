@@ -448,7 +448,9 @@ def test_purge_deletes_old_done_rows_in_batches_and_nothing_else(
         (["list", "--status", "bogus"], 2, "--status"),
         (["list", "--limit", "0"], 2, "--limit"),
         (["show", "424242"], 1, "job 424242 not found"),
-        (["show", "abc"], 2, "ID"),
+        (["show", "abc"], 2, "a job id is a positive whole number, got 'abc'"),
+        (["show", "99999999999999999999"], 2, "a job id is a positive whole number"),
+        (["requeue", "--id", "0"], 2, "a job id is a positive whole number, got '0'"),
         (["stats", "--watch", "0"], 2, "--watch"),
     ],
 )
