@@ -1168,7 +1168,8 @@ def main(argv: list[str] | None = None) -> int:
     except click.UsageError as exc:
         # One line, like every other error, with where to look next.
         where = exc.ctx.command_path if exc.ctx else "pgqctl"
-        say(f"error: {exc.format_message().rstrip('.')}; see `{where} --help`")
+        message = exc.format_message().rstrip(".") + _from_environment(exc)
+        say(f"error: {message}; see `{where} --help`")
         return exc.exit_code
     except click.ClickException as exc:
         say(f"error: {exc.format_message()}")
@@ -1202,6 +1203,15 @@ def main(argv: list[str] | None = None) -> int:
         say(f"error: {what}: {exc.strerror or exc}")
         _silence_stdout()
         return EXIT_FAILURE
+
+
+def _from_environment(exc: click.UsageError) -> str:
+    """' (from PGQCTL_X)' when the bad value came from that variable, not the command line."""
+    param = getattr(exc, "param", None)
+    if param is None or exc.ctx is None or not param.name or not isinstance(param.envvar, str):
+        return ""
+    source = exc.ctx.get_parameter_source(param.name)
+    return f" (from {param.envvar})" if source == ParameterSource.ENVIRONMENT else ""
 
 
 def _connection_lost(exc: psycopg.OperationalError) -> bool:

@@ -112,3 +112,11 @@ def run_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
+def test_a_bad_value_from_a_variable_names_the_variable(dsn: str) -> None:
+    result = run_cli("purge", "--dry-run", "--dsn", dsn, env={"PGQCTL_BATCH_SIZE": "0"})
+    assert result.exit_code == 2
+    assert "(from PGQCTL_BATCH_SIZE)" in result.stderr
+    typed = run_cli("purge", "--dry-run", "--batch-size", "0", "--dsn", dsn)
+    assert typed.exit_code == 2 and "(from" not in typed.stderr
