@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import psycopg
@@ -49,6 +49,9 @@ from pgqctl.errors import (
 )
 from pgqctl.worklog import LOG_FORMATS  # small; the worker command's options need it
 
+if TYPE_CHECKING:  # imported by the commands that start it, not at start-up
+    from pgqctl.embedded import EmbeddedStart
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Every option also reads PGQCTL_<OPTION> from the environment.
@@ -60,7 +63,7 @@ def say(message: str) -> None:
     click.echo(f"pgqctl: {message}", err=True)
 
 
-def _started(started: Any) -> str:
+def _started(started: EmbeddedStart) -> str:
     """What `embedded.ensure_running` did, for the person who did not ask for it."""
     what = "created and started" if started.created else "started"
     return (
