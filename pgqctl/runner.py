@@ -48,7 +48,8 @@ the job may run again: PGQCTL_JOB_ID is the idempotency key.
 
 Costs. Children start with ``posix_spawn`` (with ``Popen`` for a job with a
 ``cwd``, which posix_spawn cannot set). `run` uses no thread of its own and
-the supervisor one thread for all its children; neither sleeps to poll: they
+the supervisor one thread for all its children (or its caller's, see
+`Supervisor.drive`); neither sleeps to poll: they
 block in one ``poll()`` on the output pipes, the stdin pipes, a pidfd for
 each child's exit (Linux 5.3+; elsewhere they check every 50 ms) and an
 eventfd for `Stop` requests and new children, with the nearest deadline as
@@ -445,17 +446,28 @@ def run(
 
 
 class Supervisor:
-    """Runs many children at once from one thread of its own.
+    """Runs many children at once, watched from one thread at a time.
 
     What `run` does for one child, for any number: `submit` hands a command
     over from any thread and returns at once; when the child has ended,
-    `on_done(key, outcome, error)` is called on the supervisor's thread, with
-    `error` set when `on_line` raised (the child's group was killed then) or
-    when watching the child failed in some unforeseen way: every submission
-    gets exactly one call.
-    One thread watching every child, rather than a thread per child, keeps a
-    busy worker from paying for thread switches on every job.
+    `on_done(key, outcome, error)` is called, with `error` set when
+    `on_line` raised (the child's group was killed then) or when watching
+    the child failed in some unforeseen way: every submission gets exactly
+    one call.
+
+    By default the supervisor's own thread watches the children. A caller
+    with a loop of its own (the worker) may watch them itself instead, by
+    calling `drive` where it would otherwise wait: children then start and
+    end on the caller's thread, with no thread switch per job, which costs a
+    busy worker more than the children themselves. While the caller is away
+    from `drive` for longer than `STANDBY` seconds (a slow statement, a
+    reconnect), the supervisor's thread stands in, so a timeout or a job's
+    output never waits on the caller; it hands back as soon as the caller
+    drives again. Whoever holds `_baton` is the only one touching the
+    children.
     """
+
+    STANDBY = 0.1
 
     def __init__(
         self,
@@ -466,15 +478,24 @@ class Supervisor:
     ) -> None:
         self._on_done = on_done
         self._reactor = _Reactor(term_grace)
-        # Submissions not yet taken (None: close). The thread is woken once
+        # Submissions not yet taken (None: close). The driver is woken once
         # per batch of them, not once per child.
         self._inbox: list[_Submission | None] = []
-        self._inbox_lock = threading.Lock()
+        # Reentrant: `wake` may come from a signal handler that interrupted
+        # this very thread while it held the lock.
+        self._inbox_lock = threading.RLock()
         self._woken = False
-        # Set (under the lock) when the thread has ended, by close or by an
-        # unforeseen error, which `failure` then holds.
+        # Set (under the lock) when the children are no longer watched, by
+        # close or by an unforeseen error, which `failure` then holds.
         self._ended = False
         self.failure: BaseException | None = None
+        self._baton = threading.Lock()
+        self._guest: int | None = None  # the thread that drives, once one does
+        self._guest_inside = False
+        self._guest_left = 0.0  # when it last left `drive`
+        self._want_back = False
+        self._standing_in = False
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -488,13 +509,56 @@ class Supervisor:
         on_line: Callable[[str], None] | None = None,
     ) -> None:
         """Start `command` soon; `on_done(key, ...)` says how it ended."""
-        self._post(_Submission(key, command, env, stop, on_line, time.monotonic()))
+        submission = _Submission(key, command, env, stop, on_line, time.monotonic())
+        if threading.get_ident() == self._guest and self._baton.acquire(blocking=False):
+            # The driving thread, between two turns: start it now.
+            try:
+                if not self._ended:
+                    self._start(submission)
+                    return
+            finally:
+                self._baton.release()
+        self._post(submission)
+
+    def drive(self, timeout: float) -> None:
+        """Watch the children from this thread for up to `timeout` seconds,
+        or until something happens (a child ends, `wake`); call it in a loop."""
+        self._guest = threading.get_ident()
+        self._guest_inside = True
+        self._want_back = True
+        try:
+            if not self._baton.acquire(blocking=False):
+                self._reactor_wake()  # the stand-in is in poll(): hand back
+                self._baton.acquire()
+            try:
+                self._want_back = False
+                if self._ended:
+                    time.sleep(min(max(timeout, 0.0), self.STANDBY))
+                    return
+                self._turn(timeout)
+            except Exception as exc:
+                self._fail(exc)
+            finally:
+                self._baton.release()
+        finally:
+            self._guest_inside = False
+            self._guest_left = time.monotonic()
+
+    def wake(self) -> None:
+        """Make a `drive` in progress return now (from any thread, or a signal handler)."""
+        self._reactor_wake()
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop the thread; children still running are killed and reaped,
+        """Stop watching; children still running are killed and reaped,
         without `on_done` calls."""
+        self._closing.set()
         self._post(None)
         self._thread.join(timeout)
+
+    def _reactor_wake(self) -> None:
+        with self._inbox_lock:
+            if not self._ended:
+                self._reactor.wake()  # under the lock: the fd is open
 
     def _post(self, item: _Submission | None) -> None:
         with self._inbox_lock:
@@ -504,7 +568,7 @@ class Supervisor:
                     self._woken = True
                     self._reactor.wake()  # under the lock: the fd is open
                 return
-        if item is not None:  # the thread has failed: say so at once
+        if item is not None:  # no longer watching: say so at once
             self._on_done(item.key, Outcome(), self.failure)
 
     def _take(self) -> list[_Submission | None]:
@@ -513,40 +577,78 @@ class Supervisor:
         return items
 
     def _serve(self) -> None:
-        orphans: list[_Child] = []
         try:
-            self._loop()
+            while self._stand_by():
+                with self._baton:
+                    if self._ended:
+                        return
+                    self._standing_in = True
+                    try:
+                        while self._turn(self.STANDBY if self._guest else None):
+                            if self._guest and self._want_back and not self._closing.is_set():
+                                break
+                        else:
+                            self._end(None)
+                            return
+                    finally:
+                        self._standing_in = False
         except Exception as exc:
-            # Unforeseen (poll() itself failed?): every child is killed and
-            # reported, new ones are refused; `failure` says why.
-            self.failure = exc
-            orphans = list(self._reactor.children)
-        finally:
-            # Ended before the reactor's wake-up fd closes, so that `_post`
-            # never writes to it (or to whatever reuses its number) after.
-            with self._inbox_lock:
-                self._ended = True
-                left, self._inbox = self._inbox, []
-            self._reactor.close()  # kills and reaps what still runs
+            with self._baton:
+                self._fail(exc)
+
+    def _stand_by(self) -> bool:
+        """Wait until the children need this thread: always while no caller
+        drives; otherwise once the caller has been away for STANDBY seconds,
+        or to close. False once they are no longer watched."""
+        while not self._ended:
+            if self._guest is None or self._closing.is_set():
+                return True
+            if not self._guest_inside and time.monotonic() - self._guest_left >= self.STANDBY:
+                return True
+            self._closing.wait(self.STANDBY)
+        return False
+
+    def _turn(self, timeout: float | None) -> bool:
+        """Start what was submitted, wait for the next event, report the
+        children that ended; False once closed."""
+        for submission in self._take():
+            if submission is None:
+                return False
+            self._start(submission)
+        reactor = self._reactor
+        ended = reactor.step(timeout)
+        for child in ended:
+            try:
+                outcome, error = reactor.finish(child), child.error
+            except Exception as exc:  # never lose a child's report
+                outcome, error = Outcome(), exc
+            self._on_done(child.key, outcome, error)
+        if ended and self._standing_in and self._guest is not None:
+            reactor.wake()  # the caller waits in poll() next: it should look at them
+        return True
+
+    def _fail(self, exc: BaseException) -> None:
+        """Unforeseen (poll() itself failed?): every child is killed and
+        reported, new ones are refused; `failure` says why. Holds the baton."""
+        self.failure = exc
+        self._end(exc)
+
+    def _end(self, failure: BaseException | None) -> None:
+        orphans = list(self._reactor.children) if failure is not None else []
+        # Ended before the reactor's wake-up fd closes, so that `_post`
+        # never writes to it (or to whatever reuses its number) after.
+        with self._inbox_lock:
+            self._ended = True
+            left, self._inbox = self._inbox, []
+        self._reactor.close()  # kills and reaps what still runs
+        self._closing.set()  # the stand-in stops waiting
+        if failure is None:
+            return
         for child in orphans:
-            self._on_done(child.key, Outcome(), self.failure)
+            self._on_done(child.key, Outcome(), failure)
         for item in left:
             if item is not None:
-                self._on_done(item.key, Outcome(), self.failure)
-
-    def _loop(self) -> None:
-        reactor = self._reactor
-        while True:
-            for submission in self._take():
-                if submission is None:
-                    return
-                self._start(submission)
-            for child in reactor.step():
-                try:
-                    outcome, error = reactor.finish(child), child.error
-                except Exception as exc:  # never lose a child's report
-                    outcome, error = Outcome(), exc
-                self._on_done(child.key, outcome, error)
+                self._on_done(item.key, Outcome(), failure)
 
     def _start(self, s: _Submission) -> None:
         ended = _ended_before_start(s.command, s.stop)
@@ -661,13 +763,16 @@ class _Reactor:
         if self.owners.pop(fd, None) is not None:
             self.poller.unregister(fd)
 
-    def step(self) -> list[_Child]:
-        """Wait for the next event or deadline; the children now complete."""
+    def step(self, timeout: float | None = None) -> list[_Child]:
+        """Wait for the next event or deadline (or `timeout` seconds at most);
+        the children now complete."""
         now = time.monotonic()
         deadlines = [d for c in self.children if (d := c.advance(now)) is not None]
         complete = [c for c in self.children if c.complete]
         if complete:
             return complete
+        if timeout is not None:
+            deadlines.append(now + max(timeout, 0.0))
         ms = -1 if not deadlines else max(0, math.ceil((min(deadlines) - now) * 1000))
         # A far deadline (a timeout of years) would overflow poll(): wake
         # now and then instead; advance() acts only once a deadline is due.

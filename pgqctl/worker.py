@@ -7,22 +7,24 @@ Threads, and who owns what:
   renews leases, and handles signals and reconnects. Everything that ended
   since the last time, the lease renewal when due and the next claim go out
   as one statement (`claims.exchange`): one round trip, one commit.
-- One thread (`runner.Supervisor`) starts the children of the claimed jobs
-  and watches them all: their output, timeouts, stop requests and exits. It
-  posts each result back. No transaction is open meanwhile. Children are
-  watched apart from the main thread so that a slow statement or a reconnect
-  never delays a timeout or a job's output; one thread for all of them,
-  rather than one per slot, because thread switches per job cost a busy
-  worker more than the children themselves.
+- The children of the claimed jobs (`runner.Supervisor`) are started and
+  watched by the main thread too, where it waits: their output, timeouts,
+  stop requests and exits, in the same poll() as everything else. No
+  transaction is open meanwhile. When the main thread is away for more than
+  a tenth of a second (a slow statement, a reconnect), the supervisor's own
+  thread stands in for it, so that a timeout or a job's output never waits
+  on the database. Not a thread per slot, and not a thread of their own in
+  the common case: thread switches per job cost a busy worker more than the
+  children themselves (about 10% of its CPU per job of `true`).
 - A listener thread holds a second connection in ``LISTEN pgqctl_jobs`` (the
   main one stays free for queries) and posts a wake-up for each notification
   about this schema.
 
 Everything reaches the main thread through one queue, `events`, so the loop
-waits in one place, until an event or the nearest deadline: lease renewal,
-poll, the next delayed job, the end of the grace period, a reconnect. It never
-spins. Signal handlers only post the signal number to that queue; the loop
-decides what to do.
+waits in one place (watching the children), until an event or the nearest
+deadline: lease renewal, poll, the next delayed job, the end of the grace
+period, a reconnect. It never spins. Other threads and signal handlers post
+to that queue and wake the wait (`_post`); the loop decides what to do.
 
 State of a job held by this worker: claimed and running in a slot (in
 `running`), then finished and waiting to be reported (in the report lists),
@@ -286,7 +288,14 @@ class Worker:
 
     def _on_signal_handler(self, signum: int, frame: FrameType | None) -> None:
         # Only post it: the loop acts on it (SimpleQueue.put is reentrant).
-        self.events.put(signum)
+        self._post(signum)
+
+    def _post(self, event: object) -> None:
+        """An event from another thread (or a signal handler): the loop may be
+        watching the children, so wake it too."""
+        self.events.put(event)
+        if self._children is not None:
+            self._children.wake()
 
     # ------------------------------------------------------------- the loop
 
@@ -322,13 +331,11 @@ class Worker:
         return self.config.burst and self.last_claim_short and not self.claim_wanted
 
     def _wait(self) -> None:
-        """Block until an event arrives or the nearest deadline; apply every event."""
-        timeout = self._next_deadline() - time.monotonic()
-        try:
-            event = self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait()
-        except queue.Empty:
-            return
-        self._apply(event)
+        """Watch the children until an event arrives or the nearest deadline;
+        apply every event."""
+        if self.events.empty():
+            assert self._children is not None
+            self._children.drive(self._next_deadline() - time.monotonic())
         while True:
             try:
                 event = self.events.get_nowait()
@@ -769,7 +776,7 @@ class Worker:
     def _child_done(
         self, key: object, outcome: runner.Outcome, error: BaseException | None
     ) -> None:
-        """A child ended (called on the supervisor's thread): post its result."""
+        """A child ended (called on whichever thread watches the children): post its result."""
         assert isinstance(key, _Running)
         if error is not None:
             self.log.error(f"job {key.job.id}: unexpected error running it", error)
@@ -796,7 +803,7 @@ class Worker:
                 conn.execute(f"LISTEN {CHANNEL}")
                 delay = RECONNECT_FIRST
                 # Jobs may have come while nobody listened.
-                self.events.put(_WAKE)
+                self._post(_WAKE)
                 self._relay_notifications(conn)
             except Exception as exc:
                 if self.log.debug:
@@ -818,7 +825,7 @@ class Worker:
                 return
             for note in conn.notifies(timeout=0):
                 if note.payload in ("", self.config.schema):
-                    self.events.put(_WAKE)
+                    self._post(_WAKE)
 
 
 def _close_quietly(conn: psycopg.Connection[Any]) -> None:

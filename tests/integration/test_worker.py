@@ -273,6 +273,32 @@ def test_timeout_kills_the_child_and_its_grandchild(
     assert gone(int(pidfile.read_text()), within=5)
 
 
+def test_a_timeout_fires_on_time_while_the_worker_waits_on_a_locked_table(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any, pidfile: Path
+) -> None:
+    script = sh('sleep 30 & echo $! > "$1"; wait', str(pidfile))
+    [job_id] = insert_jobs(conn, [{**script, "timeout": 1}], max_attempts=1)
+    worker = start_worker(dsn, "--poll", "0.2s")
+    worker.wait_for_log(f"job {job_id} started")
+    wait_until(lambda: pidfile.exists() and pidfile.read_text(), 5, "the grandchild")
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        locked = time.monotonic()
+        # The worker's next statement waits on the lock (up to its 10 s lock
+        # timeout); the job's timeout must not wait with it.
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'pgqctl worker' AND wait_event_type = 'Lock'"
+        )
+        wait_until(lambda: conn.execute(waiting).fetchone() == (1,), 3, "the worker to wait")
+        assert gone(int(pidfile.read_text()), within=5)
+        assert time.monotonic() - locked < 5
+    wait_until(lambda: job(conn, job_id)["status"] == "failed", 15, "the report")
+    assert job(conn, job_id)["last_error"] == "timed out after 1s"
+    worker.signal(signal.SIGTERM)
+    assert worker.finish() == 0
+
+
 def test_handler_gets_the_payload_on_stdin_and_json_logs(
     conn: psycopg.Connection[Any], dsn: str, tmp_path: Path
 ) -> None:

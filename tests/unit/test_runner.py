@@ -786,10 +786,10 @@ def test_supervisor_that_fails_reports_every_child_and_refuses_new_ones(
     step = runner._Reactor.step
     broken = threading.Event()
 
-    def failing_step(reactor: runner._Reactor) -> list[runner._Child]:
+    def failing_step(reactor: runner._Reactor, timeout: float | None = None) -> list[runner._Child]:
         if broken.is_set():
             raise OSError("poll broke")
-        return step(reactor)
+        return step(reactor, timeout)
 
     monkeypatch.setattr(runner._Reactor, "step", failing_step)
     supervisor.submit("running", Command(("sleep", "4321.25")), ENV)
@@ -847,3 +847,93 @@ def test_a_timeout_of_centuries_is_only_a_far_deadline() -> None:
         supervisor.close(5)
     assert supervisor.failure is None
     assert {k: o.exit_code for k, o in got.outcomes.items()} == {"far": 0, "near": 3}
+
+
+# -- a caller that drives the supervisor itself --------------------------------------
+
+
+def drive_until(supervisor: runner.Supervisor, got: Collected, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(got.outcomes) < count:
+        assert time.monotonic() < deadline, f"only {len(got.outcomes)} of {count} ended"
+        supervisor.drive(1.0)
+
+
+def test_a_driving_caller_runs_the_children_on_its_own_thread() -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    try:
+        supervisor.drive(0)  # from now on, this thread drives
+        for n in range(3):
+            supervisor.submit(n, sh(f"echo {n}; exit {n}"), ENV)
+        drive_until(supervisor, got, 3)
+    finally:
+        supervisor.close(5)
+    assert {k: (o.exit_code, o.output_tail) for k, o in got.outcomes.items()} == {
+        n: (n, f"{n}\n") for n in range(3)
+    }
+    assert got.threads == {threading.current_thread().name}
+
+
+def test_the_supervisors_thread_stands_in_while_the_caller_is_away(pidfile: Path) -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got, term_grace=5)
+    try:
+        supervisor.drive(0)
+        supervisor.submit("slow", sh(f"sleep 100 & echo $! > {pidfile}; wait", timeout=0.3), ENV)
+        started = time.monotonic()
+        time.sleep(1.5)  # away, as in a slow statement: the timeout must not wait for us
+        assert got.outcomes["slow"].timed_out
+        assert got.outcomes["slow"].duration < 1.2
+        assert got.threads == {"pgqctl-children"}
+        assert gone(grandchild(pidfile))
+        # Back: the caller drives again, and new children are its own.
+        supervisor.drive(0)
+        supervisor.submit("back", sh("exit 7"), ENV)
+        drive_until(supervisor, got, 2)
+        assert got.outcomes["back"].exit_code == 7
+        assert time.monotonic() - started < 5
+    finally:
+        supervisor.close(5)
+    assert got.threads == {"pgqctl-children", threading.current_thread().name}
+
+
+def test_wake_ends_a_drive_early_and_close_kills_what_runs(pidfile: Path) -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    supervisor.drive(0)
+    supervisor.submit("left", sh(f"echo $$ > {pidfile}; exec sleep 100"), ENV)
+    while not pidfile.exists() or not pidfile.read_text():
+        supervisor.drive(0.05)
+    threading.Timer(0.2, supervisor.wake).start()
+    started = time.monotonic()
+    supervisor.drive(30)
+    assert time.monotonic() - started < 5
+    supervisor.close(5)
+    assert gone(grandchild(pidfile))
+    assert got.outcomes == {}  # close reports nothing
+
+
+def test_a_drive_that_fails_reports_every_child_and_refuses_new_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    supervisor.drive(0)
+    supervisor.submit("running", Command(("sleep", "4321.5")), ENV)
+
+    def failing_step(reactor: runner._Reactor, timeout: float | None = None) -> list[runner._Child]:
+        raise OSError("poll broke")
+
+    monkeypatch.setattr(runner._Reactor, "step", failing_step)
+    supervisor.drive(0)  # fails: reported, not raised
+    supervisor.submit("after", sh("true"), ENV)
+    supervisor.drive(0)
+    supervisor.close(5)
+    assert isinstance(supervisor.failure, OSError)
+    assert {key: str(error) for key, error in got.errors.items()} == {
+        "running": "poll broke",
+        "after": "poll broke",
+    }
+    left = subprocess.run(["pgrep", "-f", "sleep 4321.5"], capture_output=True, text=True)
+    assert left.stdout == ""
