@@ -630,8 +630,9 @@ class Supervisor:
     def _fail(self, exc: BaseException) -> None:
         """Unforeseen (poll() itself failed?): every child is killed and
         reported, new ones are refused; `failure` says why. Holds the baton."""
-        self.failure = exc
-        self._end(exc)
+        if not self._ended:
+            self.failure = exc
+            self._end(exc)
 
     def _end(self, failure: BaseException | None) -> None:
         orphans = list(self._reactor.children) if failure is not None else []
