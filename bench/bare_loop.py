@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 
+from pgqctl import claims
 from pgqctl.sql import query
 
 STATEMENT = b"pgqctl_bare_exchange"
@@ -42,10 +43,6 @@ def _positional(text: str) -> tuple[str, list[str]]:
         return f"${names.index(match.group(1)) + 1}"
 
     return re.sub(r"%\((\w+)\)s", number, text), names
-
-
-def _held(held: list[tuple[int, int]]) -> bytes:
-    return ("[" + ",".join(f'{{"id":{i},"attempt":{a}}}' for i, a in held) + "]").encode()
 
 
 class BareLoop:
@@ -114,7 +111,7 @@ class BareLoop:
 
     def _send(self, ended: list[tuple[int, int]], claim: int) -> None:
         values = {
-            "done": _held(ended),
+            "done": claims._held_json(ended).encode(),
             "failed": b"[]",
             "handed_back": b"[]",
             "reason": b"",

@@ -43,8 +43,7 @@ def status(conn: psycopg.Connection[Any], schema: str) -> list[MigrationState]:
             checksum, applied_at = applied[m.name]
             state = "applied" if checksum == m.checksum else "changed"
             states.append(MigrationState(m.name, state, applied_at))
-    known = {m.name for m in migrations()}
-    for name in sorted(set(applied) - known):
+    for name in _unknown(applied):
         states.append(MigrationState(name, "unknown", applied[name][1]))
     return states
 
@@ -121,8 +120,13 @@ def _refuse_changed(applied: dict[str, tuple[str, dt.datetime]]) -> None:
             )
 
 
+def _unknown(applied: dict[str, tuple[str, dt.datetime]]) -> list[str]:
+    """Applied migrations this pgqctl has no file for: a newer one applied them."""
+    return sorted(set(applied) - {m.name for m in migrations()})
+
+
 def _refuse_newer(applied: dict[str, tuple[str, dt.datetime]], schema: str) -> None:
-    unknown = sorted(set(applied) - {m.name for m in migrations()})
+    unknown = _unknown(applied)
     if unknown:
         raise MigrationError(
             f"schema {schema} was migrated by a newer pgqctl ({', '.join(unknown)} "

@@ -14,8 +14,9 @@ these functions and decides what each outcome means.
   stderr, enforces the timeout, honours a `Stop` request from another
   thread, and returns an `Outcome`. It never raises for anything the child
   does, including failing to start.
-- `Supervisor` does what `run` does for any number of children at once, from
-  one thread of its own, and reports each `Outcome` to a callback.
+- `Supervisor` does what `run` does for any number of children at once,
+  watched from one thread (its own, or its caller's while it calls `drive`),
+  and reports each `Outcome` to a callback.
 
 Payload rules. With a handler for the job's kind (``--handler KIND=CMD``),
 the handler runs with the payload, whatever it holds, as compact JSON on
@@ -494,7 +495,6 @@ class Supervisor:
         self._guest_inside = False
         self._guest_left = 0.0  # when it last left `drive`
         self._want_back = False
-        self._standing_in = False
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -528,7 +528,7 @@ class Supervisor:
         self._want_back = True
         try:
             if not self._baton.acquire(blocking=False):
-                self._reactor_wake()  # the stand-in is in poll(): hand back
+                self.wake()  # the stand-in is in poll(): hand back
                 self._baton.acquire()
             try:
                 self._want_back = False
@@ -546,7 +546,9 @@ class Supervisor:
 
     def wake(self) -> None:
         """Make a `drive` in progress return now (from any thread, or a signal handler)."""
-        self._reactor_wake()
+        with self._inbox_lock:
+            if not self._ended:
+                self._reactor.wake()  # under the lock: the fd is open
 
     def close(self, timeout: float | None = None) -> None:
         """Stop watching; children still running are killed and reaped,
@@ -554,11 +556,6 @@ class Supervisor:
         self._closing.set()
         self._post(None)
         self._thread.join(timeout)
-
-    def _reactor_wake(self) -> None:
-        with self._inbox_lock:
-            if not self._ended:
-                self._reactor.wake()  # under the lock: the fd is open
 
     def _post(self, item: _Submission | None) -> None:
         with self._inbox_lock:
@@ -582,16 +579,12 @@ class Supervisor:
                 with self._baton:
                     if self._ended:
                         return
-                    self._standing_in = True
-                    try:
-                        while self._turn(self.STANDBY if self._guest else None):
-                            if self._guest and self._want_back and not self._closing.is_set():
-                                break
-                        else:
-                            self._end(None)
-                            return
-                    finally:
-                        self._standing_in = False
+                    while self._turn(self.STANDBY if self._guest else None):
+                        if self._guest and self._want_back and not self._closing.is_set():
+                            break
+                    else:
+                        self._end(None)
+                        return
         except Exception as exc:
             with self._baton:
                 self._fail(exc)
@@ -623,8 +616,8 @@ class Supervisor:
             except Exception as exc:  # never lose a child's report
                 outcome, error = Outcome(), exc
             self._on_done(child.key, outcome, error)
-        if ended and self._standing_in and self._guest is not None:
-            reactor.wake()  # the caller waits in poll() next: it should look at them
+        if ended and self._guest is not None and threading.current_thread() is self._thread:
+            reactor.wake()  # standing in: the caller waits in poll() next, it should look
         return True
 
     def _fail(self, exc: BaseException) -> None:

@@ -397,6 +397,9 @@ class Worker:
         c = self.config
         done, fails, handed_back = self.done, self.fails, self.handed_back
         held = [r.job.held for r in self.running.values() if not r.lost] if renew else []
+        # The slots the jobs claimed now will take, in claim order, so that
+        # locked_by names each job's slot (the lowest free ones first).
+        slots = self._free_slots[::-1][:limit]
         sent = time.monotonic()
         if limit:
             # What asks for a claim from now on (a job ending, a notification)
@@ -412,9 +415,7 @@ class Worker:
                 hand_back_reason=_HAND_BACK_REASON,
                 renew=held,
                 claim=limit,
-                # The slots the claimed jobs will take, in the order _launch
-                # takes them, so that locked_by names each job's slot.
-                slots=self._free_slots[-limit:][::-1] if limit else (),
+                slots=slots,
                 lease=c.lease,
                 worker=self.worker_id,
                 queues=c.queues,
@@ -427,7 +428,7 @@ class Worker:
         self.done, self.fails, self.handed_back = [], [], []
         # New jobs first: their slots wait on nothing else, the logs can.
         if limit:
-            self._start_jobs(changed.claimed, limit, sent)
+            self._start_jobs(changed.claimed, slots, sent)
         fenced_out = self._log_reports(done, fails, handed_back, changed)
         if fenced_out:
             self._explain_fenced_out(fenced_out)
@@ -441,15 +442,16 @@ class Worker:
         if limit:
             self._find_next_due()
 
-    def _start_jobs(self, jobs: list[Job], limit: int, now: float) -> None:
+    def _start_jobs(self, jobs: list[Job], slots: list[int], now: float) -> None:
         if jobs and not self.running:
             self.next_renew = now + self.config.lease / 3
-        for job in jobs:
-            running = _Running(job, runner.Stop())
+        del self._free_slots[len(self._free_slots) - len(jobs) :]
+        for job, slot in zip(jobs, slots, strict=False):
+            running = _Running(job, runner.Stop(), slot)
             self.running[job.held] = running
             self._launch(running)
         self.claimed += len(jobs)
-        self.last_claim_short = len(jobs) < limit
+        self.last_claim_short = len(jobs) < len(slots)
         self.next_due = None
 
     def _find_next_due(self) -> None:
@@ -734,7 +736,6 @@ class Worker:
     def _launch(self, running: _Running) -> None:
         """Hand a claimed job's command to the supervisor; a payload that can
         never run, or a failure to prepare it, ends the job at once."""
-        running.slot = self._free_slots.pop()
         job = running.job
         self.log.event(
             "started",
