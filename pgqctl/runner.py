@@ -454,7 +454,9 @@ class Supervisor:
     `on_done(key, outcome, error)` is called, with `error` set when
     `on_line` raised (the child's group was killed then) or when watching
     the child failed in some unforeseen way: every submission gets exactly
-    one call.
+    one call. `on_start(key, pid)`, if given, is called once the child's
+    process exists (not for a child that could not start), before any of
+    its output.
 
     By default the supervisor's own thread watches the children. A caller
     with a loop of its own (the worker) may watch them itself instead, by
@@ -474,10 +476,12 @@ class Supervisor:
         self,
         on_done: Callable[[object, Outcome, BaseException | None], None],
         *,
+        on_start: Callable[[object, int], None] | None = None,
         term_grace: float = 5.0,
         name: str = "pgqctl-children",
     ) -> None:
         self._on_done = on_done
+        self._on_start = on_start
         self._reactor = _Reactor(term_grace)
         # Submissions not yet taken (None: close). The driver is woken once
         # per batch of them, not once per child.
@@ -650,11 +654,17 @@ class Supervisor:
             self._on_done(s.key, ended, None)
             return
         try:
-            self._reactor.start(
+            child = self._reactor.start(
                 s.command, s.env, stop=s.stop, on_line=s.on_line, started=s.started, key=s.key
             )
         except Exception as exc:  # never lose a job's report
             self._on_done(s.key, Outcome(), exc)
+            return
+        if self._on_start is not None and child.start_error is None:
+            try:
+                self._on_start(s.key, child.pid)
+            except Exception as exc:  # as when on_line raises: the child goes
+                child.fail(exc)
 
 
 @dataclass(frozen=True)
@@ -900,8 +910,8 @@ class _Child:
     # -- running ----------------------------------------------------------------
 
     def fail(self, exc: Exception) -> None:
-        """`on_line` raised: kill the group, and keep the exception for
-        whoever finishes this child."""
+        """`on_line` (or the supervisor's `on_start`) raised: kill the group,
+        and keep the exception for whoever finishes this child."""
         self.error = exc
         self._kill(signal.SIGKILL)
         self.killed = True

@@ -255,7 +255,9 @@ class Worker:
         )
 
     def _start_threads(self) -> None:
-        self._children = runner.Supervisor(self._child_done, term_grace=TERM_GRACE)
+        self._children = runner.Supervisor(
+            self._child_done, on_start=self._child_started, term_grace=TERM_GRACE
+        )
         self._listener = threading.Thread(target=self._listen, name="pgqctl-listen", daemon=True)
         self._listener.start()
 
@@ -737,17 +739,6 @@ class Worker:
         """Hand a claimed job's command to the supervisor; a payload that can
         never run, or a failure to prepare it, ends the job at once."""
         job = running.job
-        self.log.event(
-            "started",
-            f"job {job.id} started: {job.kind}, attempt {job.attempt} of {job.max_attempts} "
-            f"(queue {job.queue}, slot {running.slot})",
-            job_id=job.id,
-            kind=job.kind,
-            queue=job.queue,
-            attempt=job.attempt,
-            max_attempts=job.max_attempts,
-            slot=running.slot,
-        )
         c = self.config
         try:
             command = runner.command_for_job(
@@ -773,6 +764,23 @@ class Worker:
             self.events.put(_Finished(running, runner.Outcome(start_error=exc.reason), exc.reason))
         except Exception as exc:  # never lose the job's report
             self._child_done(running, runner.Outcome(), exc)
+
+    def _child_started(self, key: object, pid: int) -> None:
+        """A job's process exists (called on whichever thread started it)."""
+        assert isinstance(key, _Running)
+        job = key.job
+        self.log.event(
+            "started",
+            f"job {job.id} started: {job.kind}, attempt {job.attempt} of {job.max_attempts} "
+            f"(queue {job.queue}, slot {key.slot}, pid {pid})",
+            job_id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            slot=key.slot,
+            pid=pid,
+        )
 
     def _child_done(
         self, key: object, outcome: runner.Outcome, error: BaseException | None

@@ -180,6 +180,9 @@ def test_command_that_cannot_start_is_a_retried_failure(dsn: str, conn: Any) -> 
     row = job(conn, job_id)
     assert (row["status"], row["attempts"]) == ("failed", 2)
     assert row["last_error"] == "command not found: pgqctl-no-such-program"
+    # "started" means a process exists: a job that never got one says why instead.
+    assert f"job {job_id} started" not in result.stderr
+    assert f"job {job_id} failed: command not found: pgqctl-no-such-program" in result.stderr
 
 
 def test_exit_statuses_are_read_even_when_the_worker_inherits_sigchld_ignored(
@@ -446,10 +449,12 @@ def test_locked_by_names_the_host_pid_and_slot_the_log_gives(
     worker = start_worker(dsn, "--concurrency", "3", "--grace", "0s")
     for job_id in ids:
         worker.wait_for_log(f"job {job_id} started")
-    slots = {
-        int(m.group(1)): m.group(2)
-        for m in re.finditer(r"job (\d+) started: .*slot (\d+)\)", worker.log)
-    }
+    started = re.findall(r"job (\d+) started: .*slot (\d+), pid (\d+)\)", worker.log)
+    slots = {int(job_id): slot for job_id, slot, _ in started}
+    # The pid the log gives is the job's process, a child of the worker.
+    for _, _, pid in started:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        assert int(stat.rsplit(")", 1)[1].split()[1]) == worker.proc.pid
     holder = f"{socket.gethostname()}:{worker.proc.pid}"
     held = dict(conn.execute("SELECT id, locked_by FROM jobs").fetchall())
     assert held == {job_id: f"{holder}:{slots[job_id]}" for job_id in ids}

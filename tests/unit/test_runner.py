@@ -704,6 +704,48 @@ def test_supervisor_reports_start_errors_and_stops_before_start(tmp_path: Path) 
     assert got.outcomes["fine"].succeeded
 
 
+def test_supervisor_says_when_each_process_exists_before_its_output() -> None:
+    got = Collected()
+    events: list[tuple[object, str]] = []
+
+    def on_start(key: object, pid: int) -> None:
+        # The process is there: its own pid is what it prints.
+        events.append((key, f"pid {pid}"))
+
+    supervisor = runner.Supervisor(got, on_start=on_start)
+    try:
+        supervisor.submit(
+            "ran", sh("echo $$"), ENV, on_line=lambda line: events.append(("ran", line))
+        )
+        supervisor.submit("missing", Command(("pgqctl-no-such-command",)), ENV)
+        supervisor.submit("refused", Command(()), ENV)
+        got.wait_for(3)
+    finally:
+        supervisor.close(5)
+    [(_, started), (_, printed)] = events
+    assert started == f"pid {printed}"
+    assert got.outcomes["ran"].succeeded
+    assert got.outcomes["missing"].start_error and got.outcomes["refused"].start_error
+
+
+def test_supervisor_start_callback_raising_kills_that_child(tmp_path: Path) -> None:
+    got = Collected()
+
+    def on_start(key: object, pid: int) -> None:
+        raise RuntimeError("log sink broke")
+
+    supervisor = runner.Supervisor(got, on_start=on_start)
+    try:
+        supervisor.submit("broken", sh(f"sleep 1; touch {tmp_path / 'ran'}"), ENV)
+        got.wait_for(1)
+    finally:
+        supervisor.close(5)
+    assert str(got.errors["broken"]) == "log sink broke"
+    assert got.outcomes["broken"].signal == signal.SIGKILL
+    time.sleep(1.2)
+    assert not (tmp_path / "ran").exists()
+
+
 def test_supervisor_output_callback_raising_kills_that_child_only(pidfile: Path) -> None:
     got = Collected()
     supervisor = runner.Supervisor(got)
