@@ -7,17 +7,21 @@ SQL stays unqualified.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from pgqctl import config
-from pgqctl.errors import DatabaseUnavailable, NotMigrated
+from pgqctl.errors import BadInput, DatabaseUnavailable, NotMigrated
 from pgqctl.sql import migrations
 
 APPLICATION_NAME = "pgqctl"
 CONNECT_TIMEOUT_SECONDS = 10
+# How libpq words a parameter value it refuses to use, e.g. 'invalid integer
+# value "abc" for connection option "port"', 'invalid sslmode value: "x"'.
+_BAD_SETTING = re.compile(r"invalid [\w ]*(value|number)\b")
 
 
 def connect(
@@ -43,8 +47,12 @@ def connect(
     except psycopg.OperationalError as exc:
         # An empty DSN: libpq chose the server from PGHOST, PGPORT and the like.
         source = "--dsn / PGQCTL_DSN" if dsn else "PGHOST, PGPORT and the other PG* variables"
+        why = reason(exc)
+        if _BAD_SETTING.match(why):
+            # libpq refused a value before trying any server ("port=abc").
+            raise BadInput(f"bad connection setting: {why}; fix it in {source}") from exc
         raise DatabaseUnavailable(
-            f"cannot connect to {config.describe(dsn)}: {reason(exc)}; "
+            f"cannot connect to {config.describe(dsn)}: {why}; "
             f"check {source} and that the server is running"
         ) from exc
     use_schema(conn, schema)

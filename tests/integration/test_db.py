@@ -7,6 +7,7 @@ import pytest
 
 from pgqctl import db
 from pgqctl.errors import DatabaseUnavailable, NotMigrated
+from tests.conftest import run_cli
 
 
 def test_connections_name_pgqctl_and_use_the_queue_schema(dsn: str) -> None:
@@ -47,3 +48,18 @@ def test_a_refused_connection_names_where_the_server_came_from(
         db.connect("", schema="public")
     with pytest.raises(DatabaseUnavailable, match="check --dsn / PGQCTL_DSN"):
         db.connect("postgresql://postgres@127.0.0.1:1/x", schema="public")
+
+
+@pytest.mark.parametrize(
+    ("setting", "why"),
+    [
+        ("port=abc", 'invalid integer value "abc" for connection option "port"'),
+        ("host=127.0.0.1 sslmode=sometimes", 'invalid sslmode value: "sometimes"'),
+    ],
+)
+def test_a_setting_libpq_refuses_is_bad_input_not_an_outage(setting: str, why: str) -> None:
+    result = run_cli("stats", "--dsn", setting)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"pgqctl: error: bad connection setting: {why}; fix it in --dsn / PGQCTL_DSN\n"
+    )
