@@ -164,9 +164,12 @@ def format_options(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+DEBUG_HELP = "Show tracebacks on errors."
+
+
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="pgqctl")
-@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.option("--debug", is_flag=True, help=DEBUG_HELP)
 def cli(debug: bool) -> None:
     """Run and administer a job queue stored in one PostgreSQL table.
 
@@ -208,9 +211,27 @@ def selection_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
 
 
 def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
-    """A subcommand whose options read PGQCTL_<OPTION>, not PGQCTL_<CMD>_<OPTION>."""
+    """A subcommand whose options read PGQCTL_<OPTION>, not PGQCTL_<CMD>_<OPTION>.
 
-    return cli.command(name, context_settings=CONTEXT, **kwargs)  # type: ignore[return-value]
+    Each also takes --debug, as people type it after the command too.
+    """
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, debug: bool, **kw: Any) -> Any:
+            return func(*args, **kw)  # `main` and `_debugging` see it
+
+        made = cli.command(name, context_settings=CONTEXT, **kwargs)(wrapper)
+        made.params.append(click.Option(["--debug"], is_flag=True, help=DEBUG_HELP))
+        return made  # type: ignore[return-value]
+
+    return decorate
+
+
+def _debugging() -> bool:
+    """--debug (or PGQCTL_DEBUG), given before the command or after it."""
+    ctx = click.get_current_context()
+    return any(c.params.get("debug") for c in (ctx, ctx.find_root()))
 
 
 def name_envvars(cmd: click.Command) -> None:
@@ -1144,8 +1165,7 @@ def worker_command(
     except BaseException:
         conn.close()
         raise
-    root = click.get_current_context().find_root()
-    log = WorkLog(sys.stderr, log_format, debug=bool(root.params.get("debug")))
+    log = WorkLog(sys.stderr, log_format, debug=_debugging())
     worker = Worker(settings, connect, log, describe_target=config.describe(dsn))
     return worker.run(conn)
 

@@ -207,10 +207,12 @@ def test_unreachable_database_is_one_line_without_password(password: str) -> Non
     assert "alice@127.0.0.1:1/queue" in lines[0]
     assert "Traceback" not in result.stderr
 
-    debug = run_cli("--debug", "migrate", "--dsn", dsn)
-    assert debug.exit_code == 1
-    assert "Traceback" in debug.stderr
-    assert password not in debug.stderr.split("Traceback")[0]
+    # --debug before the command or after it.
+    for args in (["--debug", "migrate", "--dsn", dsn], ["migrate", "--dsn", dsn, "--debug"]):
+        debug = run_cli(*args)
+        assert debug.exit_code == 1
+        assert "Traceback" in debug.stderr
+        assert password not in debug.stderr.split("Traceback")[0]
 
 
 def test_invalid_dsn_is_bad_input_without_echoing_it() -> None:
