@@ -88,8 +88,7 @@ SET status = CASE WHEN jobs.attempts >= jobs.max_attempts THEN 'failed' ELSE 'pe
         ELSE format('lease expired at %%s (held by %%s)',
                     expired.locked_until, coalesce(expired.locked_by, 'an unnamed worker'))
     END,
-    locked_until = NULL,
-    locked_by = NULL
+    locked_until = NULL  -- locked_by stays: the worker that last held it
 FROM (
     SELECT id, locked_by, locked_until
     FROM jobs
@@ -140,8 +139,7 @@ SET status = 'pending',
     run_at = now(),
     max_attempts = attempts + %(more)s,
     finished_at = NULL,
-    locked_until = NULL,
-    locked_by = NULL
+    locked_until = NULL
 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'failed'
 RETURNING *;
 

@@ -292,8 +292,12 @@ def test_reap_says_what_it_did_and_records_the_holder(
         "1/3",
     ]
     assert "reaped 1 expired lease: 1 back to pending, 0 failed" in result.stderr
-    error = conn.execute("SELECT last_error FROM jobs WHERE id = %s", (job_id,)).fetchone()
-    assert error is not None and "(held by web-1:42:3)" in error[0]
+    row = conn.execute(
+        "SELECT last_error, locked_by, locked_until FROM jobs WHERE id = %s", (job_id,)
+    ).fetchone()
+    assert row is not None and "(held by web-1:42:3)" in row[0]
+    # The lease is gone; who last held it stays on the job.
+    assert row[1:] == ("web-1:42:3", None)
 
 
 def test_a_running_job_without_a_lease_counts_as_expired_and_is_reaped(
@@ -376,9 +380,12 @@ def test_requeue_narrows_by_kind_queue_and_since(dsn: str, conn: psycopg.Connect
 
 
 def test_requeue_keeps_attempts_and_the_last_error(dsn: str, conn: psycopg.Connection[Any]) -> None:
-    (job_id,) = add_jobs(conn, status="failed", attempts=5, max_attempts=5, last_error="boom")
+    (job_id,) = add_jobs(
+        conn, status="failed", attempts=5, max_attempts=5, last_error="boom", locked_by="w:1:0"
+    )
     (moved,) = cli_json(dsn, "requeue", "--id", str(job_id), "--attempts", "2")
     assert (moved["attempts"], moved["max_attempts"], moved["last_error"]) == (5, 7, "boom")
+    assert moved["locked_by"] == "w:1:0"  # who ran it last, until another worker claims it
 
 
 def test_requeue_id_of_a_job_that_is_not_failed_says_so(
