@@ -324,11 +324,31 @@ class Timestamp(click.ParamType):  # type: ignore[type-arg]  # generic only in n
             self.fail(str(exc), param, ctx)
 
 
+def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A PGQCTL_QUEUE naming several queues is a worker's: a job would go to
+    a queue called "emails reports" that no worker reads."""
+    from_env = param.name and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
+    if from_env and len(value.split()) > 1:
+        raise click.BadParameter(
+            f"{value!r} names several queues, as a worker's list does; "
+            "a job goes to one queue: pass --queue",
+            ctx,
+            param,
+        )
+    return value
+
+
 @command("enqueue")
 @database_options
 @click.argument("kind", required=False)
 @click.argument("payload", required=False)
-@click.option("--queue", default="default", show_default=True, help="Queue to put the job in.")
+@click.option(
+    "--queue",
+    default="default",
+    show_default=True,
+    callback=_one_queue,
+    help="Queue to put the job in.",
+)
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
 @click.option("--delay", type=DURATION, help="Due after this long: 30s, 5m, 2h, 1d or seconds.")
 @click.option(

@@ -38,6 +38,25 @@ def test_a_workers_queue_variable_does_not_narrow_requeue(
     assert pending == 3
 
 
+def test_enqueue_takes_one_queue_from_the_environment_never_a_workers_list(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    one = run_cli("enqueue", "ping", "--dsn", dsn, env={"PGQCTL_QUEUE": "mail"})
+    assert one.exit_code == 0, one.stderr
+    # A worker's list would make a queue named "mail billing" that nobody reads.
+    both = run_cli("enqueue", "ping", "--dsn", dsn, env={"PGQCTL_QUEUE": "mail billing"})
+    assert both.exit_code == 2
+    assert "names several queues" in both.stderr and "(from PGQCTL_QUEUE)" in both.stderr
+    given = run_cli(
+        "enqueue", "ping", "--queue", "billing", "--dsn", dsn, env={"PGQCTL_QUEUE": "a b"}
+    )
+    assert given.exit_code == 0, given.stderr
+    assert conn.execute("SELECT queue FROM jobs ORDER BY id").fetchall() == [
+        ("mail",),
+        ("billing",),
+    ]
+
+
 def test_a_stray_dry_run_variable_does_not_disable_reap(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
