@@ -17,7 +17,7 @@ import shlex
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,6 +41,7 @@ from pgqctl.enqueue import (
 )
 from pgqctl.errors import (
     EXIT_FAILURE,
+    EXIT_USAGE,
     BadInput,
     CheckFailed,
     DatabaseUnavailable,
@@ -1201,6 +1202,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; turn every expected failure into one line and an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("PGQCTL_DEBUG", "") not in ("", "0")
+    undecodable = _not_utf8(args, os.environ)
+    if undecodable:
+        say(f"error: {undecodable} is not valid UTF-8: give names, payloads and DSNs as UTF-8 text")
+        return EXIT_USAGE
     try:
         result = cli.main(args=args, prog_name="pgqctl", standalone_mode=False)
         # Here, not at exit: a full disk must end in one line and exit 1.
@@ -1246,6 +1251,31 @@ def main(argv: list[str] | None = None) -> int:
         say(f"error: {what}: {exc.strerror or exc}")
         _silence_stdout()
         return EXIT_FAILURE
+
+
+def _not_utf8(args: list[str], environ: Mapping[str, str]) -> str | None:
+    """The first argument or PGQCTL_/DATABASE_URL variable that holds bytes
+    that are not UTF-8 (Python keeps them as lone surrogates, which no
+    query can carry), named for a message; None if all are text. A --file
+    path may be any bytes: it only names a file."""
+    for i, arg in enumerate(args):
+        if (i and args[i - 1] == "--file") or arg.startswith("--file="):
+            continue
+        if not _is_utf8(arg):
+            shown = arg.encode("utf-8", "surrogateescape")
+            return f"argument {str(shown)[1:]}"
+    for name, value in environ.items():
+        if (name.startswith("PGQCTL_") or name == "DATABASE_URL") and not _is_utf8(value):
+            return name
+    return None
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _from_environment(exc: click.UsageError) -> str:

@@ -530,3 +530,24 @@ def test_a_statement_the_server_cancels_is_not_called_a_lost_connection(
     assert (
         result.stderr == "pgqctl: error: database error: canceling statement due to lock timeout\n"
     )
+
+
+def test_bytes_that_are_not_utf8_are_bad_input_not_a_traceback(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    def pgqctl(*args: str | bytes, **env: bytes) -> subprocess.CompletedProcess[bytes]:
+        environ = {**os.environb, **{k.encode(): v for k, v in env.items()}}
+        command = [sys.executable, "-m", "pgqctl", *args, "--dsn", dsn]
+        return subprocess.run(command, env=environ, capture_output=True, timeout=30)
+
+    listed = pgqctl("list", "--kind", b"k\xff")
+    assert (listed.returncode, listed.stderr) == (
+        2,
+        b"pgqctl: error: argument 'k\\xff' is not valid UTF-8: "
+        b"give names, payloads and DSNs as UTF-8 text\n",
+    )
+    # A worker given such a queue exits at once instead of failing forever.
+    worker = pgqctl("worker", "--burst", PGQCTL_QUEUE=b"q\xff")
+    assert worker.returncode == 2
+    assert worker.stderr.startswith(b"pgqctl: error: PGQCTL_QUEUE is not valid UTF-8")
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
