@@ -17,7 +17,7 @@ import shlex
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -626,9 +626,17 @@ def _job_cells(job: queue.Job) -> dict[str, Any]:
     }
 
 
-def _emit_jobs(jobs: list[queue.Job], columns: list[str], fmt: str) -> None:
-    rows = [_job_cells(j) for j in jobs] if _human(fmt) else jobs
-    output.emit_rows(rows, columns, fmt)
+def _emit_jobs(
+    jobs: list[queue.Job],
+    columns: list[str],
+    fmt: str,
+    fields: Sequence[str] = queue.JOB_FIELDS,
+) -> None:
+    """Jobs as a table of `columns`, or as records of their `fields`."""
+    if _human(fmt):
+        output.emit_rows([_job_cells(j) for j in jobs], columns, fmt)
+    else:
+        output.emit_rows(jobs, fields, fmt)
 
 
 def _emit_object(obj: dict[str, Any], fmt: str) -> None:
@@ -755,7 +763,7 @@ def leases_command(database: Database, expired: bool, fmt: str) -> None:
     with database.connect() as conn:
         jobs = queue.leases(conn, expired_only=expired)
     columns = ["id", "queue", "kind", "attempt", "locked_by", "locked_until", "left"]
-    _emit_jobs(jobs, columns, fmt)
+    _emit_jobs(jobs, columns, fmt, queue.LEASE_FIELDS)
     if not jobs:
         say("no expired leases" if expired else "no running jobs")
 
@@ -842,7 +850,7 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
         jobs = queue.reap_preview(conn) if dry_run else queue.reap(conn)
     if not jobs and quiet:
         return
-    _emit_jobs(jobs, CHANGE_COLUMNS, fmt)
+    _emit_jobs(jobs, CHANGE_COLUMNS, fmt, queue.REAP_FIELDS)
     if quiet:
         return
     if not jobs:

@@ -20,6 +20,27 @@ from pgqctl.sql import query
 Job = dict[str, Any]
 Connection = psycopg.Connection[Any]
 
+# A job's fields in machine output, the table's columns in order; `leases`
+# and `reap` add their own. (CSV of no jobs still has the header.)
+JOB_FIELDS = (
+    "id",
+    "queue",
+    "kind",
+    "payload",
+    "status",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "run_at",
+    "locked_until",
+    "locked_by",
+    "last_error",
+    "created_at",
+    "finished_at",
+)
+LEASE_FIELDS = (*JOB_FIELDS, "expired", "seconds_left")
+REAP_FIELDS = (*JOB_FIELDS, "held_by")
+
 STATUSES = ("pending", "running", "done", "failed")
 FINISHED = ("done", "failed")
 

@@ -551,3 +551,33 @@ def test_bytes_that_are_not_utf8_are_bad_input_not_a_traceback(
     assert worker.returncode == 2
     assert worker.stderr.startswith(b"pgqctl: error: PGQCTL_QUEUE is not valid UTF-8")
     assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv"])
+def test_delimited_output_has_the_same_header_with_or_without_jobs(
+    dsn: str, conn: psycopg.Connection[Any], fmt: str
+) -> None:
+    commands = [
+        ["list"],
+        ["leases"],
+        ["reap", "--dry-run"],
+        ["reap"],
+        ["requeue", "--failed", "--dry-run"],
+        ["requeue", "--failed"],
+    ]
+
+    def outputs() -> list[list[str]]:
+        found = []
+        for args in commands:
+            result = run_cli(*args, "--format", fmt, "--dsn", dsn)
+            assert result.exit_code == 0, result.stderr
+            found.append(result.stdout.splitlines())
+        return found
+
+    empty = outputs()
+    assert all(len(lines) == 1 for lines in empty)
+    expired(conn)  # for leases and reap
+    add_jobs(conn, status="failed", attempts=3)  # for requeue
+    full = outputs()
+    assert all(len(lines) >= 2 for lines in full)
+    assert [lines[0] for lines in full] == [lines[0] for lines in empty]
