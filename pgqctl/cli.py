@@ -200,6 +200,8 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in ne
 
 
 DURATION = Duration()
+# A count the database stores or compares as a 32-bit integer.
+COUNT = click.IntRange(min=1, max=2**31 - 1)
 
 
 def selection_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
@@ -773,9 +775,7 @@ def leases_command(database: Database, expired: bool, fmt: str) -> None:
 @selection_option("--status", type=JOB_STATUSES, help="Only jobs in this status.")
 @selection_option("--queue", "queue_name", metavar="QUEUE", help="Only jobs of this queue.")
 @selection_option("--kind", metavar="KIND", help="Only jobs of this kind.")
-@click.option(
-    "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many."
-)
+@click.option("--limit", type=COUNT, default=50, show_default=True, help="At most this many.")
 @format_options
 def list_command(
     database: Database,
@@ -951,7 +951,7 @@ def requeue_command(
 )
 @click.option(
     "--batch-size",
-    type=click.IntRange(min=1),
+    type=COUNT,
     default=10_000,
     show_default=True,
     help="Rows deleted per transaction.",
@@ -1088,7 +1088,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
 @click.option("--burst", is_flag=True, help="Exit once no job is due and none is running.")
 @click.option(
     "--max-jobs",
-    type=click.IntRange(min=1),
+    type=COUNT,
     default=None,
     help="Exit after claiming this many jobs (once they finish).",
 )

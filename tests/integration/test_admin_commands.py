@@ -581,3 +581,17 @@ def test_delimited_output_has_the_same_header_with_or_without_jobs(
     full = outputs()
     assert all(len(lines) >= 2 for lines in full)
     assert [lines[0] for lines in full] == [lines[0] for lines in empty]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["list", "--limit", "100000000000000000000"],
+        ["purge", "--batch-size", "2147483648"],
+        ["worker", "--max-jobs", "2147483648"],
+    ],
+)
+def test_counts_beyond_what_the_database_takes_are_bad_input(dsn: str, args: list[str]) -> None:
+    result = run_cli(*args, "--dsn", dsn)
+    assert result.exit_code == 2
+    assert "is not in the range 1<=x<=2147483647" in result.stderr
