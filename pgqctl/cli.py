@@ -1153,6 +1153,7 @@ def worker_command(
         raise BadInput("--poll must be more than 0s, e.g. --poll 5s")
     if timeout is not None and timeout <= 0:
         raise BadInput("--timeout must be more than 0s; leave it out for no limit")
+    _check_open_files(concurrency)
     handler_map: dict[str, tuple[str, ...]] = {}
     for kind, argv in handlers:
         if kind in handler_map:
@@ -1197,6 +1198,23 @@ def worker_command(
     log = WorkLog(sys.stderr, log_format, debug=_debugging())
     worker = Worker(settings, connect, log, describe_target=config.describe(dsn))
     return worker.run(conn)
+
+
+def _check_open_files(concurrency: int) -> None:
+    """Refuse a --concurrency the open-file limit cannot serve: its jobs would
+    fail to start one by one ("too many open files"), each losing an attempt."""
+    import resource
+
+    from pgqctl.runner import open_files_needed
+
+    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = open_files_needed(concurrency)
+    if limit != resource.RLIM_INFINITY and need > limit:
+        raise BadInput(
+            f"--concurrency {concurrency} needs up to {need} open files and the limit "
+            f"is {limit}: raise it (ulimit -n {need}, LimitNOFILE= in systemd) "
+            "or lower --concurrency"
+        )
 
 
 # Last, once every command exists: each option reads PGQCTL_<OPTION>.

@@ -89,6 +89,20 @@ DRAIN_AFTER_EXIT = 0.1
 # child that closed its output has exited.
 _EXIT_POLL_SECONDS = 0.05
 
+# Descriptors a running child holds open in its parent: its output pipe,
+# its stdin pipe (when it has stdin), its pidfd.
+_FDS_PER_CHILD = 3
+# What a process running children needs besides: standard streams, wake-up
+# pipes, database connections, a child's pipe ends while it starts, Python's
+# own; with room to spare.
+_FDS_BESIDES = 64
+
+
+def open_files_needed(children: int) -> int:
+    """Open files a process needs to run this many children at once."""
+    return children * _FDS_PER_CHILD + _FDS_BESIDES
+
+
 # The longest one wait in the children's poll() may last.
 _MAX_POLL_MS = 60_000
 _READ_SIZE = 65536

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -604,3 +605,38 @@ def test_database_restart_mid_run_loses_no_job(tmp_path: Path, start_worker: Any
     finally:
         embedded.stop(data)
         shutil.rmtree(data.parent, ignore_errors=True)
+
+
+def test_concurrency_fits_the_open_file_limit_or_is_refused(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    from pgqctl.runner import open_files_needed
+
+    slots = 60
+    # Each job holds all three of its descriptors (output, stdin, pidfd) at once.
+    ids = insert_jobs(conn, [{**sh("sleep 1; cat > /dev/null"), "stdin": "x"}] * slots)
+
+    def worker(limit: int) -> subprocess.CompletedProcess[str]:
+        def set_limit() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+        command = [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn, "--burst"]
+        return subprocess.run(
+            [*command, "--concurrency", str(slots)],
+            preexec_fn=set_limit,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    need = open_files_needed(slots)
+    refused = worker(need - 1)
+    assert refused.returncode == 2
+    assert f"--concurrency {slots} needs up to {need} open files" in refused.stderr
+    assert statuses(conn) == {"pending": slots}
+
+    ran = worker(need)
+    assert ran.returncode == 0, ran.stderr
+    assert [job(conn, i)["attempts"] for i in ids] == [1] * slots
+    assert statuses(conn) == {"done": slots}
+    assert len(re.findall(r"job \d+ started: ", ran.stderr)) == slots
