@@ -1239,6 +1239,9 @@ def main(argv: list[str] | None = None) -> int:
         return result if isinstance(result, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.exceptions.NoArgsIsHelpError as exc:  # `pgqctl` alone: its help
+        click.echo(exc.format_message(), err=True)
+        return exc.exit_code
     except click.UsageError as exc:
         # One line, like every other error, with where to look next.
         where = exc.ctx.command_path if exc.ctx else "pgqctl"

@@ -486,6 +486,14 @@ def test_every_command_help_has_an_example(command: str) -> None:
     assert f"pgqctl {command}" in example
 
 
+@pytest.mark.parametrize("group", [[], ["embedded"]])
+def test_a_group_alone_shows_its_help_not_an_error(group: list[str]) -> None:
+    result = run_cli(*group)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"Usage: pgqctl {' '.join([*group, ''])}")
+    assert "pgqctl: error" not in result.stderr and "Commands:" in result.stderr
+
+
 def test_commands_work_in_another_schema(empty_dsn: str) -> None:
     assert run_cli("migrate", "--schema", "Work Queue", "--dsn", empty_dsn).exit_code == 0
     with psycopg.connect(empty_dsn, autocommit=True) as c:
