@@ -543,12 +543,13 @@ class Worker:
             return False
         if now < self.report_deadline:
             return False
-        count = len(self.done) + len(self.fails) + len(self.handed_back)
+        ids = sorted(f.running.job.id for f in self._unreported())
+        shown = ", ".join(map(str, ids[:20])) + (f" and {len(ids) - 20} more" if ids[20:] else "")
         self.log.event(
             "unreported",
-            f"could not report {count} job(s): the database is unreachable; they return to "
-            "the queue when their leases expire (`pgqctl reap`)",
-            jobs=[f.running.job.id for f in self._unreported()],
+            f"could not report {len(ids)} job(s) ({shown}): the database is unreachable; "
+            "they return to the queue when their leases expire (`pgqctl reap`)",
+            jobs=ids,
         )
         self.exit_code = 1
         return True

@@ -607,6 +607,34 @@ def test_database_restart_mid_run_loses_no_job(tmp_path: Path, start_worker: Any
         shutil.rmtree(data.parent, ignore_errors=True)
 
 
+def test_a_worker_stopping_while_the_database_is_down_names_what_it_could_not_report(
+    tmp_path: Path, start_worker: Any
+) -> None:
+    data = Path(tempfile.mkdtemp(prefix="pgqctl-down-", dir="/tmp")) / "data"
+    server = embedded.start_throwaway(data)
+    try:
+        assert run_cli("migrate", "--dsn", server.dsn).exit_code == 0
+        with psycopg.connect(server.dsn, autocommit=True) as db:
+            [job_id] = insert_jobs(db, [sh("sleep 1")])
+        worker = start_worker(server.dsn, "--lease", "2s", "--grace", "30s")
+        worker.wait_for_log(f"job {job_id} started")
+        embedded.stop(data)
+        worker.signal(signal.SIGTERM)
+        # The job ends within the grace; its result has nowhere to go.
+        assert worker.finish(timeout=30) == 1
+        assert (
+            f"could not report 1 job(s) ({job_id}): the database is unreachable; "
+            "they return to the queue when their leases expire"
+        ) in worker.log
+        embedded.ensure_running(data)
+        with psycopg.connect(server.dsn, autocommit=True) as db:
+            wait_until(lambda: db.execute(REAP).fetchall() == [(job_id,)], 10, "the reap")
+            assert job(db, job_id)["attempts"] == 1
+    finally:
+        embedded.stop(data)
+        shutil.rmtree(data.parent, ignore_errors=True)
+
+
 def test_concurrency_fits_the_open_file_limit_or_is_refused(
     conn: psycopg.Connection[Any], dsn: str
 ) -> None:
