@@ -82,9 +82,16 @@ def reason(exc: BaseException) -> str:
 def require_migrated(conn: psycopg.Connection[Any], schema: str) -> None:
     """Raise NotMigrated unless every migration this pgqctl knows is applied."""
     row = conn.execute(
-        "SELECT to_regclass('pgqctl_migrations') IS NOT NULL AND to_regclass('jobs') IS NOT NULL"
+        "SELECT to_regclass('pgqctl_migrations') IS NOT NULL, to_regclass('jobs') IS NOT NULL"
     ).fetchone()
-    if not row or not row[0]:
+    recorded, jobs = row or (False, False)
+    if jobs and not recorded:
+        # `migrate` would refuse to touch it: saying "run migrate" would not help.
+        raise NotMigrated(
+            f"schema {schema} has a jobs relation that pgqctl did not create: "
+            "use --schema to name the queue's schema (`pgqctl migrate --schema NAME` makes one)"
+        )
+    if not (recorded and jobs):
         raise NotMigrated(f"no pgqctl queue in schema {schema}: run `pgqctl migrate`")
     count_row = conn.execute("SELECT count(*) FROM pgqctl_migrations").fetchone()
     applied = count_row[0] if count_row else 0

@@ -63,3 +63,11 @@ def test_a_setting_libpq_refuses_is_bad_input_not_an_outage(setting: str, why: s
     assert result.stderr == (
         f"pgqctl: error: bad connection setting: {why}; fix it in --dsn / PGQCTL_DSN\n"
     )
+
+
+def test_a_foreign_jobs_table_is_not_answered_with_run_migrate(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE jobs (id int)")
+    with db.connect(empty_dsn, schema="public") as conn, pytest.raises(NotMigrated) as err:
+        db.require_migrated(conn, "public")
+    assert "has a jobs relation that pgqctl did not create: use --schema" in str(err.value)
