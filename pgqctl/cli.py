@@ -469,12 +469,28 @@ def _gc_skips_older_objects() -> Iterator[None]:
 
 
 def _emit_ids(ids: list[int], fmt: str) -> None:
-    if fmt in ("auto", *output.HUMAN_FORMATS):
-        # Bare ids, one a line, so that `id=$(pgqctl enqueue ...)` works.
-        if ids:
-            click.echo("\n".join(map(str, ids)))
-    else:
-        output.emit_ids(ids, fmt)
+    """Print the ids of jobs just committed; if they cannot be written, say
+    that the jobs are in the queue all the same (a retry would add them twice)."""
+    try:
+        if fmt in ("auto", *output.HUMAN_FORMATS):
+            # Bare ids, one a line, so that `id=$(pgqctl enqueue ...)` works.
+            if ids:
+                click.echo("\n".join(map(str, ids)))
+        else:
+            output.emit_ids(ids, fmt)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise  # the reader left (`| head`): not an error
+    except OSError as exc:
+        if not ids:
+            raise
+        one = len(ids) == 1
+        raise PgqctlError(
+            f"enqueued {_plural(len(ids), 'job')} {_id_span(ids)} but could not write "
+            f"{'its id' if one else 'their ids'}: {exc.strerror or exc}; "
+            f"{'it is' if one else 'they are'} in the queue: "
+            f"do not enqueue {'it' if one else 'them'} again"
+        ) from exc
 
 
 def _id_span(ids: list[int]) -> str:

@@ -528,6 +528,26 @@ def test_output_that_cannot_be_written_is_one_line_and_exit_1(
     assert result.stderr == "pgqctl: error: writing the output: No space left on device\n"
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_enqueue_whose_ids_cannot_be_written_says_the_job_is_in_all_the_same(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "pgqctl", "enqueue", "ping", "--dsn", dsn],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    [(job_id,)] = conn.execute("SELECT id FROM jobs").fetchall()
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"pgqctl: error: enqueued 1 job (id {job_id}) but could not write its id: "
+        "No space left on device; it is in the queue: do not enqueue it again\n"
+    )
+
+
 def test_a_statement_the_server_cancels_is_not_called_a_lost_connection(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
