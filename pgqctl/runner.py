@@ -73,6 +73,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pgqctl.config import LIBPQ_SELECTORS
 
@@ -460,6 +461,14 @@ def run(
     return outcome
 
 
+class GroupTracker(Protocol):
+    """Told which children's process groups exist (pgqctl.guard.Guard)."""
+
+    def started(self, pgid: int) -> None: ...
+
+    def ended(self, pgid: int) -> None: ...
+
+
 class Supervisor:
     """Runs many children at once, watched from one thread at a time.
 
@@ -470,7 +479,8 @@ class Supervisor:
     the child failed in some unforeseen way: every submission gets exactly
     one call. `on_start(key, pid)`, if given, is called once the child's
     process exists (not for a child that could not start), before any of
-    its output.
+    its output. `guard`, if given, is told of each child's process group
+    as it starts and just before the child is reaped.
 
     By default the supervisor's own thread watches the children. A caller
     with a loop of its own (the worker) may watch them itself instead, by
@@ -492,11 +502,12 @@ class Supervisor:
         *,
         on_start: Callable[[object, int], None] | None = None,
         term_grace: float = 5.0,
+        guard: GroupTracker | None = None,
         name: str = "pgqctl-children",
     ) -> None:
         self._on_done = on_done
         self._on_start = on_start
-        self._reactor = _Reactor(term_grace)
+        self._reactor = _Reactor(term_grace, guard)
         # Submissions not yet taken (None: close). The driver is woken once
         # per batch of them, not once per child.
         self._inbox: list[_Submission | None] = []
@@ -707,8 +718,9 @@ class _Reactor:
     Used from one thread only; `wake` (and `Stop.request`) may come from any.
     """
 
-    def __init__(self, term_grace: float) -> None:
+    def __init__(self, term_grace: float, guard: GroupTracker | None = None) -> None:
         self.term_grace = max(term_grace, 0.0)
+        self.guard = guard
         self.poller = select.poll()
         self.owners: dict[int, _Child] = {}
         self.children: list[_Child] = []
@@ -868,6 +880,8 @@ class _Child:
             self.start_error = _start_error(exc, self.command)
             self.complete = True
             return
+        if self.reactor.guard is not None:
+            self.reactor.guard.started(self.pid)  # its group: pgid == pid
         self._watch()
 
     def _spawn(self, env: Mapping[str, str]) -> None:
@@ -1036,6 +1050,10 @@ class _Child:
 
     def _reap(self) -> int:
         if self.returncode is None:
+            if self.reactor.guard is not None:
+                # Before the group id can be reused: the guard must never
+                # signal a group that is not this job's.
+                self.reactor.guard.ended(self.pid)
             if self.popen is not None:
                 self.returncode = self.popen.wait()
             else:

@@ -54,6 +54,7 @@ from pgqctl import claims, runner
 from pgqctl.claims import Failure, Job
 from pgqctl.db import reason
 from pgqctl.errors import PgqctlError
+from pgqctl.guard import Guard
 from pgqctl.worklog import WorkLog, seconds, timestamp
 
 CHANNEL = "pgqctl_jobs"
@@ -176,6 +177,7 @@ class Worker:
         self.exit_code = 0
 
         self._children: runner.Supervisor | None = None
+        self._guard: Guard | None = None
         # Free slot numbers, lowest on top: the logs say which slot runs a job.
         self._free_slots = list(range(config.concurrency - 1, -1, -1))
         self._listener: threading.Thread | None = None
@@ -255,8 +257,15 @@ class Worker:
         )
 
     def _start_threads(self) -> None:
+        try:
+            self._guard = Guard(TERM_GRACE, self.log.format)
+        except OSError as exc:
+            self.log.error("cannot start the guard that stops jobs if this worker dies", exc)
         self._children = runner.Supervisor(
-            self._child_done, on_start=self._child_started, term_grace=TERM_GRACE
+            self._child_done,
+            on_start=self._child_started,
+            term_grace=TERM_GRACE,
+            guard=self._guard,
         )
         self._listener = threading.Thread(target=self._listen, name="pgqctl-listen", daemon=True)
         self._listener.start()
@@ -266,6 +275,8 @@ class Worker:
         os.write(self._closing_w, b"x")
         if self._children is not None:
             self._children.close(timeout=TERM_GRACE + 1)
+        if self._guard is not None:
+            self._guard.close()
         if self._listener is not None:
             self._listener.join(timeout=2)
         if not self._listener or not self._listener.is_alive():

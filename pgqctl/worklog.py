@@ -28,6 +28,7 @@ class WorkLog:
         if fmt not in LOG_FORMATS:
             raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}")
         self._stream = stream
+        self.format = fmt
         self._json = fmt == "json"
         self.debug = debug
         self._lock = threading.Lock()

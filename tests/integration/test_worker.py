@@ -513,13 +513,22 @@ def test_second_signal_stops_running_jobs_at_once(
 def test_killed_worker_job_comes_back_through_reap_with_its_attempt_count(
     conn: psycopg.Connection[Any], dsn: str, start_worker: Any, pidfile: Path
 ) -> None:
-    script = 'if [ "$PGQCTL_JOB_ATTEMPT" = 1 ]; then echo $$ > "$1"; sleep 30; fi'
+    # Attempt 1 runs a grandchild that ignores SIGTERM, as a stubborn job would.
+    script = (
+        'if [ "$PGQCTL_JOB_ATTEMPT" = 1 ]; then '
+        'sh -c \'trap "" TERM; echo $$ > "$1"; sleep 30\' - "$1"; fi'
+    )
     [job_id] = insert_jobs(conn, [sh(script, str(pidfile))])
     first = start_worker(dsn, "--lease", "2s")
     wait_until(lambda: pidfile.exists() and pidfile.read_text(), 10, "the job to start")
     first.proc.kill()
     first.proc.wait()
     assert conn.execute(REAP).fetchall() == []  # the lease still holds
+    # The worker could not stop its job: its guard does (TERM, then KILL 5 s
+    # later), so the next attempt never runs beside this one.
+    assert gone(int(pidfile.read_text()), within=10)
+    wait_until(lambda: "stopping them" in first.log, 5, "the guard's log line")
+    assert "is gone without stopping 1 job process group(s); stopping them" in first.log
     wait_until(lambda: conn.execute(REAP).fetchall(), 5, "the lease to expire")
 
     second = start_worker(dsn, "--burst")

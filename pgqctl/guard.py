@@ -1,0 +1,126 @@
+"""Stop a worker's jobs when the worker dies without stopping them.
+
+A worker killed with `kill -9`, or by the kernel when memory runs out, cannot
+stop its jobs. Their leases expire, `reap` hands them to another worker, and
+the first attempt could still be running beside the second. The guard is a
+small process of its own, started by the worker in a session of its own so
+that it outlives it. The worker tells it over a pipe which process groups
+its jobs run in: `+PGID` once a job's process exists, `-PGID` just before
+the worker reaps it. When the pipe closes, the worker is gone: the guard
+sends SIGTERM to every group still listed, SIGKILL to those still there
+after the grace, and exits. A worker that stops normally has ended its jobs
+first, so its guard finds nothing listed.
+
+The guard writes one log line (in the worker's format) when it stops jobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from pgqctl.worklog import WorkLog
+
+
+class Guard:
+    """The worker's end of the pipe. `started` and `ended` are called by
+    whichever thread holds the children at the time, never at once."""
+
+    def __init__(self, grace: float, log_format: str) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "pgqctl.guard", repr(grace), log_format, str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # out of reach of signals meant for the worker's group
+        )
+        assert self._proc.stdin is not None
+        self._fd = self._proc.stdin.fileno()
+        self.lost = False  # the guard is gone: nothing more is sent
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def started(self, pgid: int) -> None:
+        self._send(b"+%d\n" % pgid)
+
+    def ended(self, pgid: int) -> None:
+        self._send(b"-%d\n" % pgid)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """After the children have been reaped: let the guard exit."""
+        assert self._proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self._proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout)
+
+    def _send(self, message: bytes) -> None:
+        # A line is far below PIPE_BUF: each write is whole.
+        if not self.lost:
+            try:
+                os.write(self._fd, message)
+            except OSError:
+                self.lost = True
+
+
+def watch(fd: int) -> set[int]:
+    """Follow the worker's messages until the pipe closes; the groups still listed."""
+    groups: set[int] = set()
+    rest = b""
+    while chunk := os.read(fd, 65536):
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            if line[:1] == b"+":
+                groups.add(int(line[1:]))
+            elif line[:1] == b"-":
+                groups.discard(int(line[1:]))
+    return groups
+
+
+def stop_groups(groups: set[int], grace: float) -> None:
+    """SIGTERM to each group, SIGKILL to those still there after `grace` seconds."""
+    left = {g for g in groups if _signal_group(g, signal.SIGTERM)}
+    deadline = time.monotonic() + grace
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = {g for g in left if _signal_group(g, 0)}
+    for group in left:
+        _signal_group(group, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Whether the group still existed."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # not ours any more
+        return False
+    return True
+
+
+def main(argv: list[str]) -> int:
+    grace, log_format, worker = float(argv[0]), argv[1], argv[2]
+    # A terminal's Ctrl-C or hang-up is for the worker, which stops its jobs itself.
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    groups = watch(sys.stdin.fileno())
+    if groups:
+        WorkLog(sys.stderr, log_format).event(
+            "orphans_stopped",
+            f"worker pid {worker} is gone without stopping {len(groups)} job process "
+            f"group(s); stopping them (SIGTERM, SIGKILL after {grace:g}s)",
+            worker_pid=int(worker),
+            groups=sorted(groups),
+        )
+        stop_groups(groups, grace)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
