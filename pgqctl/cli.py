@@ -1169,7 +1169,7 @@ def worker_command(
         raise BadInput("--poll must be more than 0s, e.g. --poll 5s")
     if timeout is not None and timeout <= 0:
         raise BadInput("--timeout must be more than 0s; leave it out for no limit")
-    _check_open_files(concurrency)
+    _ensure_open_files(concurrency)
     handler_map: dict[str, tuple[str, ...]] = {}
     for kind, argv in handlers:
         if kind in handler_map:
@@ -1216,21 +1216,26 @@ def worker_command(
     return worker.run(conn)
 
 
-def _check_open_files(concurrency: int) -> None:
-    """Refuse a --concurrency the open-file limit cannot serve: its jobs would
-    fail to start one by one ("too many open files"), each losing an attempt."""
+def _ensure_open_files(concurrency: int) -> None:
+    """Make room for --concurrency jobs under the open-file limit: raise the
+    soft limit (up to the hard one) if need be, or refuse. Without it, jobs
+    would fail to start one by one ("too many open files"), each losing an
+    attempt. (Jobs inherit the raised soft limit.)"""
     import resource
 
     from pgqctl.runner import open_files_needed
 
-    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = open_files_needed(concurrency)
-    if limit != resource.RLIM_INFINITY and need > limit:
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
         raise BadInput(
-            f"--concurrency {concurrency} needs up to {need} open files and the limit "
-            f"is {limit}: raise it (ulimit -n {need}, LimitNOFILE= in systemd) "
+            f"--concurrency {concurrency} needs up to {need} open files and the hard "
+            f"limit is {hard}: raise it (ulimit -Hn, LimitNOFILE= in systemd) "
             "or lower --concurrency"
         )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 # Last, once every command exists: each option reads PGQCTL_<OPTION>.

@@ -90,8 +90,8 @@ DRAIN_AFTER_EXIT = 0.1
 # child that closed its output has exited.
 _EXIT_POLL_SECONDS = 0.05
 
-# Descriptors a running child holds open in its parent: its output pipe,
-# its stdin pipe (when it has stdin), its pidfd.
+# Descriptors a running child holds open in its parent, at most: its output
+# pipe, its pidfd, and its stdin pipe until all of its stdin is written.
 _FDS_PER_CHILD = 3
 # What a process running children needs besides: standard streams, wake-up
 # pipes, database connections, a child's pipe ends while it starts, Python's

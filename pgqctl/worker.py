@@ -837,11 +837,14 @@ class Worker:
             delay = min(delay * 2, RECONNECT_CAP)
 
     def _relay_notifications(self, conn: psycopg.Connection[Any]) -> None:
-        # select() on the socket and on the closing pipe, so stopping the
-        # worker never waits for a notifies() timeout.
-        watched = [conn.fileno(), self._closing_r]
+        # poll() on the socket and on the closing pipe, so stopping the
+        # worker never waits for a notifies() timeout. (Not select(): with
+        # hundreds of jobs running, the socket's fd may be above 1023.)
+        poller = select.poll()
+        for fd in (conn.fileno(), self._closing_r):
+            poller.register(fd, select.POLLIN)
         while not self._closing.is_set():
-            ready, _, _ = select.select(watched, [], [])
+            ready = [fd for fd, _ in poller.poll()]
             if self._closing_r in ready:
                 return
             for note in conn.notifies(timeout=0):

@@ -644,18 +644,21 @@ def test_a_worker_stopping_while_the_database_is_down_names_what_it_could_not_re
         shutil.rmtree(data.parent, ignore_errors=True)
 
 
-def test_concurrency_fits_the_open_file_limit_or_is_refused(
+def test_concurrency_beyond_the_open_file_limit_raises_it_or_is_refused(
     conn: psycopg.Connection[Any], dsn: str
 ) -> None:
     from pgqctl.runner import open_files_needed
 
     slots = 60
-    # Each job holds all three of its descriptors (output, stdin, pidfd) at once.
-    ids = insert_jobs(conn, [{**sh("sleep 1; cat > /dev/null"), "stdin": "x"}] * slots)
+    # Each job holds all of its descriptors (output, stdin, pidfd) while its
+    # stdin is being written: a payload larger than the pipe, read late.
+    stdin = "x" * 200_000
+    ids = insert_jobs(conn, [{**sh("sleep 1; cat > /dev/null"), "stdin": stdin}] * slots)
+    need = open_files_needed(slots)
 
-    def worker(limit: int) -> subprocess.CompletedProcess[str]:
+    def worker(soft: int, hard: int) -> subprocess.CompletedProcess[str]:
         def set_limit() -> None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
         command = [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn, "--burst"]
         return subprocess.run(
@@ -666,13 +669,15 @@ def test_concurrency_fits_the_open_file_limit_or_is_refused(
             timeout=60,
         )
 
-    need = open_files_needed(slots)
-    refused = worker(need - 1)
+    refused = worker(need - 1, need - 1)
     assert refused.returncode == 2
-    assert f"--concurrency {slots} needs up to {need} open files" in refused.stderr
+    assert f"--concurrency {slots} needs up to {need} open files and the hard limit is" in (
+        refused.stderr
+    )
     assert statuses(conn) == {"pending": slots}
 
-    ran = worker(need)
+    # A soft limit far too low is raised up to the hard one: every job runs.
+    ran = worker(64, need)
     assert ran.returncode == 0, ran.stderr
     assert [job(conn, i)["attempts"] for i in ids] == [1] * slots
     assert statuses(conn) == {"done": slots}
