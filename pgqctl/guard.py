@@ -39,7 +39,10 @@ class Guard:
         )
         assert self._proc.stdin is not None
         self._fd = self._proc.stdin.fileno()
-        self.lost = False  # the guard is gone: nothing more is sent
+        # The children are watched on the thread that writes here: a guard
+        # that stops reading (stopped, swapped out) must never hold them up.
+        os.set_blocking(self._fd, False)
+        self.lost = False  # the guard is gone or was given up: nothing more is sent
 
     @property
     def pid(self) -> int:
@@ -60,12 +63,18 @@ class Guard:
             self._proc.wait(timeout)
 
     def _send(self, message: bytes) -> None:
-        # A line is far below PIPE_BUF: each write is whole.
-        if not self.lost:
-            try:
-                os.write(self._fd, message)
-            except OSError:
-                self.lost = True
+        # A line is far below PIPE_BUF: each write is whole or not at all.
+        if self.lost:
+            return
+        try:
+            os.write(self._fd, message)
+        except BlockingIOError:
+            # 64 KiB of messages unread: a guard that missed one could later
+            # signal a group that is no longer a job's. It goes instead.
+            self.lost = True
+            self._proc.kill()
+        except OSError:  # it is gone already
+            self.lost = True
 
 
 def watch(fd: int) -> set[int]:

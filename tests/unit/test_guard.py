@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -72,4 +74,20 @@ def test_a_guard_that_is_gone_is_not_written_to_again() -> None:
     guard._proc.wait()
     guard.started(1)  # EPIPE: noted, not raised
     assert guard.lost
+    guard.close()
+
+
+def test_a_guard_that_stops_reading_is_given_up_without_holding_the_worker() -> None:
+    guard = Guard(0.5, "text")
+    os.kill(guard.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        for pgid in range(100_000):  # far more than the pipe holds
+            guard.started(pgid + 10**9)
+        assert time.monotonic() - started < 5
+        assert guard.lost
+        guard._proc.wait(5)  # killed: it would act on a stale list
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(guard.pid, signal.SIGCONT)
     guard.close()
