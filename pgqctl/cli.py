@@ -1249,7 +1249,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; turn every expected failure into one line and an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("PGQCTL_DEBUG", "") not in ("", "0")
-    undecodable = _not_utf8(args, os.environ)
+    args, undecodable = _as_utf8(args, os.environb)
     if undecodable:
         say(f"error: {undecodable} is not valid UTF-8: give names, payloads and DSNs as UTF-8 text")
         return EXIT_USAGE
@@ -1303,27 +1303,57 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-def _not_utf8(args: list[str], environ: Mapping[str, str]) -> str | None:
-    """The first argument or PGQCTL_/DATABASE_URL variable that holds bytes
-    that are not UTF-8 (Python keeps them as lone surrogates, which no
-    query can carry), named for a message; None if all are text. A --file
-    path may be any bytes: it only names a file."""
+# Values pgqctl only hands to the system (a file to read, a command to run),
+# where any bytes will do.
+_BYTES_OPTIONS = ("--file", "--handler")
+_BYTES_VARIABLES = ("PGQCTL_FILE", "PGQCTL_HANDLER")
+
+
+def _as_utf8(args: list[str], environ: Mapping[bytes, bytes]) -> tuple[list[str], str | None]:
+    """The arguments as UTF-8 text, and the first argument or variable of
+    ours that is not UTF-8 (named, never shown: it may be a password), or None.
+
+    Python decodes arguments by the locale, and keeps bytes it cannot decode
+    as lone surrogates, which no query can carry; from the bytes themselves,
+    UTF-8 text reads right whatever the locale says.
+    """
+    text = []
     for i, arg in enumerate(args):
-        if (i and args[i - 1] == "--file") or arg.startswith("--file="):
+        option, _, _ = arg.partition("=")
+        if option in _BYTES_OPTIONS or (i and args[i - 1] in _BYTES_OPTIONS):
+            text.append(arg)
             continue
-        if not _is_utf8(arg):
-            shown = arg.encode("utf-8", "surrogateescape")
-            return f"argument {str(shown)[1:]}"
-    for name, value in environ.items():
-        if (name.startswith("PGQCTL_") or name == "DATABASE_URL") and not _is_utf8(value):
-            return name
-    return None
+        try:
+            text.append(os.fsencode(arg).decode("utf-8"))
+        except UnicodeDecodeError:
+            if arg.startswith("--"):
+                return args, f"the value of {option}"
+            after = f" (after {args[i - 1]})" if i and args[i - 1].startswith("-") else ""
+            return args, f"argument {i + 1}{after}"
+    for name in sorted(_variables_read()):
+        value = environ.get(name.encode())
+        if value is not None and not _decodes(value):
+            return args, name
+    return text, None
 
 
-def _is_utf8(text: str) -> bool:
+def _variables_read() -> set[str]:
+    """Every variable pgqctl reads a value from that may reach the database."""
+    names = {"PGQCTL_DSN", "DATABASE_URL"}
+    commands: list[click.Command] = [cli]
+    while commands:
+        command = commands.pop()
+        commands.extend(getattr(command, "commands", {}).values())
+        for param in command.params:
+            if isinstance(param.envvar, str) and param.envvar not in _BYTES_VARIABLES:
+                names.add(param.envvar)
+    return names
+
+
+def _decodes(value: bytes) -> bool:
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
         return False
     return True
 

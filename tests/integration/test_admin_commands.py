@@ -565,20 +565,42 @@ def test_bytes_that_are_not_utf8_are_bad_input_not_a_traceback(
 ) -> None:
     def pgqctl(*args: str | bytes, **env: bytes) -> subprocess.CompletedProcess[bytes]:
         environ = {**os.environb, **{k.encode(): v for k, v in env.items()}}
-        command = [sys.executable, "-m", "pgqctl", *args, "--dsn", dsn]
+        command = [sys.executable, "-m", "pgqctl", *args]
         return subprocess.run(command, env=environ, capture_output=True, timeout=30)
 
-    listed = pgqctl("list", "--kind", b"k\xff")
+    listed = pgqctl("list", "--kind", b"k\xff", "--dsn", dsn)
     assert (listed.returncode, listed.stderr) == (
         2,
-        b"pgqctl: error: argument 'k\\xff' is not valid UTF-8: "
+        b"pgqctl: error: argument 3 (after --kind) is not valid UTF-8: "
         b"give names, payloads and DSNs as UTF-8 text\n",
     )
+    # Named, never shown: the value may hold a password.
+    secret = b"postgresql://alice:s\xe9cret@127.0.0.1/x"
+    for args in (["--dsn", secret], [b"--dsn=" + secret]):
+        refused = pgqctl("stats", *args)
+        assert refused.returncode == 2
+        assert b"cret" not in refused.stderr and b"--dsn" in refused.stderr
     # A worker given such a queue exits at once instead of failing forever.
-    worker = pgqctl("worker", "--burst", PGQCTL_QUEUE=b"q\xff")
+    worker = pgqctl("worker", "--burst", "--dsn", dsn, PGQCTL_QUEUE=b"q\xff")
     assert worker.returncode == 2
     assert worker.stderr.startswith(b"pgqctl: error: PGQCTL_QUEUE is not valid UTF-8")
-    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    # UTF-8 text is text whatever the locale says, and a handler is any bytes.
+    c_locale = {"LC_ALL": b"C", "PYTHONUTF8": b"0", "PYTHONCOERCECLOCALE": b"0"}
+    added = pgqctl("enqueue", "h\u00e9llo".encode(), "--dsn", dsn, **c_locale)
+    assert added.returncode == 0, added.stderr
+    handler = pgqctl(
+        "worker",
+        "--burst",
+        "--kind",
+        "other",
+        "--handler",
+        b"other=/opt/caf\xe9/run",
+        "--dsn",
+        dsn,
+        **c_locale,
+    )
+    assert handler.returncode == 0, handler.stderr
+    assert conn.execute("SELECT kind, status FROM jobs").fetchall() == [("h\u00e9llo", "pending")]
 
 
 @pytest.mark.parametrize("fmt", ["csv", "tsv"])
