@@ -43,25 +43,33 @@ class Target:
 def resolve_target(dsn_option: str | None, environ: Mapping[str, str]) -> Target:
     """Pick the database by the documented order."""
     if dsn_option:
-        return Target(_checked(dsn_option, "--dsn"), "--dsn")
+        return Target(_checked(dsn_option, "--dsn", environ), "--dsn")
     for name in ("PGQCTL_DSN", "DATABASE_URL"):
         if environ.get(name):
-            return Target(_checked(environ[name], name), name)
+            return Target(_checked(environ[name], name, environ), name)
     if any(environ.get(name) for name in LIBPQ_SELECTORS):
         # An empty conninfo lets libpq read its own variables and service file.
-        return Target("", "libpq environment")
+        return Target(_checked("", "the PG* variables", environ), "libpq environment")
     return Target(None, "embedded")
 
 
-def _checked(dsn: str, source: str) -> str:
+def _checked(dsn: str, source: str, environ: Mapping[str, str]) -> str:
     try:
-        conninfo.conninfo_to_dict(dsn)
+        params = conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         # libpq's message may quote the string, password included: not shown.
         raise BadInput(
             f"{source} is not a valid connection string: "
             "use postgresql://user@host:5432/dbname or 'host=... dbname=...'"
         ) from None
+    # A port that is not a number would otherwise read as a failure to find
+    # the host ("Servname not supported"), or to reach the server.
+    port, where = str(params.get("port") or ""), source
+    if not port and environ.get("PGPORT"):
+        port, where = environ["PGPORT"], "PGPORT"
+    for part in port.split(","):
+        if part and not (part.isdigit() and 0 < int(part) < 65536):
+            raise BadInput(f"port {part!r} in {where} is not a port number (1 to 65535)")
     return dsn
 
 

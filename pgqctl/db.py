@@ -19,9 +19,13 @@ from pgqctl.sql import migrations
 
 APPLICATION_NAME = "pgqctl"
 CONNECT_TIMEOUT_SECONDS = 10
-# How libpq words a parameter value it refuses to use, e.g. 'invalid integer
-# value "abc" for connection option "port"', 'invalid sslmode value: "x"'.
-_BAD_SETTING = re.compile(r"invalid [\w ]*(value|number)\b")
+# How libpq words a setting it refuses to use, e.g. 'invalid integer value
+# "abc" for connection option "port"', 'invalid sslmode value: "x"',
+# 'invalid "ssl_min_protocol_version" value', 'could not match 3 port
+# numbers to 2 hosts'; the server, 'invalid value for parameter "TimeZone"'.
+_BAD_SETTING = re.compile(
+    r'invalid (\w+ |"\w+" )?(value|port number)|could not match \d+ port numbers'
+)
 
 
 def connect(
@@ -48,8 +52,8 @@ def connect(
         # An empty DSN: libpq chose the server from PGHOST, PGPORT and the like.
         source = "--dsn / PGQCTL_DSN" if dsn else "PGHOST, PGPORT and the other PG* variables"
         why = reason(exc)
-        if _BAD_SETTING.match(why):
-            # libpq refused a value before trying any server ("port=abc").
+        if _BAD_SETTING.search(why):
+            # A setting libpq (or the server) refuses: no use retrying as is.
             raise BadInput(f"bad connection setting: {why}; fix it in {source}") from exc
         raise DatabaseUnavailable(
             f"cannot connect to {config.describe(dsn)}: {why}; "

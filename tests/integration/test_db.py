@@ -53,16 +53,34 @@ def test_a_refused_connection_names_where_the_server_came_from(
 @pytest.mark.parametrize(
     ("setting", "why"),
     [
-        ("port=abc", 'invalid integer value "abc" for connection option "port"'),
         ("host=127.0.0.1 sslmode=sometimes", 'invalid sslmode value: "sometimes"'),
+        ("host=127.0.0.1 ssl_min_protocol_version=x", 'invalid "ssl_min_protocol_version"'),
+        ("host=127.0.0.1 keepalives=x", 'invalid integer value "x" for connection option'),
+        ("host=a,b port=1,2,3", "could not match 3 port numbers to 2 hosts"),
     ],
 )
 def test_a_setting_libpq_refuses_is_bad_input_not_an_outage(setting: str, why: str) -> None:
     result = run_cli("stats", "--dsn", setting)
     assert result.exit_code == 2
-    assert result.stderr == (
-        f"pgqctl: error: bad connection setting: {why}; fix it in --dsn / PGQCTL_DSN\n"
-    )
+    assert result.stderr.startswith("pgqctl: error: bad connection setting: ")
+    assert why in result.stderr
+    assert result.stderr.endswith("; fix it in --dsn / PGQCTL_DSN\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--dsn", "postgresql://u@localhost:abc/db"], {}, "port 'abc' in --dsn"),
+        (["--dsn", "host=localhost port=5432,x"], {}, "port 'x' in --dsn"),
+        ([], {"PGHOST": "localhost", "PGPORT": "99999"}, "port '99999' in PGPORT"),
+    ],
+)
+def test_a_port_that_is_not_a_number_is_named_before_any_connection(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
+    result = run_cli("stats", *args, env=env)
+    assert result.exit_code == 2
+    assert result.stderr == f"pgqctl: error: {message} is not a port number (1 to 65535)\n"
 
 
 def test_a_foreign_jobs_table_is_not_answered_with_run_migrate(empty_dsn: str) -> None:

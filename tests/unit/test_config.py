@@ -26,7 +26,7 @@ def test_pgqctl_dsn_beats_database_url_beats_libpq() -> None:
 
 @pytest.mark.parametrize("var", ["PGHOST", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE"])
 def test_any_libpq_selector_means_libpq(var: str) -> None:
-    assert resolve_target(None, {var: "x"}).source == "libpq environment"
+    assert resolve_target(None, {var: "5433"}).source == "libpq environment"
 
 
 def test_nothing_configured_means_embedded() -> None:
