@@ -213,8 +213,11 @@ def selection_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     return click.option(*names, allow_from_autoenv=False, **kwargs)  # type: ignore[return-value]
 
 
-def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
-    """A subcommand whose options read PGQCTL_<OPTION>, not PGQCTL_<CMD>_<OPTION>.
+def command(
+    name: str | None = None, *, group: click.Group | None = None, **kwargs: Any
+) -> Callable[[F], F]:
+    """A subcommand (of `group`, default the top level) whose options read
+    PGQCTL_<OPTION>, not PGQCTL_<CMD>_<OPTION>.
 
     Each also takes --debug, as people type it after the command too.
     """
@@ -224,7 +227,8 @@ def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
         def wrapper(*args: Any, debug: bool, **kw: Any) -> Any:
             return func(*args, **kw)  # `main` and `_debugging` see it
 
-        made = cli.command(name, context_settings=CONTEXT, **kwargs)(wrapper)
+        parent = cli if group is None else group
+        made = parent.command(name, context_settings=CONTEXT, **kwargs)(wrapper)
         made.params.append(click.Option(["--debug"], is_flag=True, help=DEBUG_HELP))
         return made  # type: ignore[return-value]
 
@@ -331,14 +335,17 @@ def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """A PGQCTL_QUEUE naming several queues is a worker's: a job would go to
     a queue called "emails reports" that no worker reads."""
     from_env = param.name and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
-    if from_env and len(value.split()) > 1:
+    names = value.split()
+    if not from_env or not names:
+        return value
+    if len(names) > 1:
         raise click.BadParameter(
             f"{value!r} names several queues, as a worker's list does; "
             "a job goes to one queue: pass --queue",
             ctx,
             param,
         )
-    return value
+    return names[0]  # "mail " is the queue a worker reads as mail
 
 
 @command("enqueue")
@@ -559,7 +566,7 @@ def embedded_group() -> None:
     """
 
 
-@embedded_group.command("status", context_settings=CONTEXT)
+@command("status", group=embedded_group)
 @format_options
 def embedded_status(fmt: str) -> None:
     """Show whether the embedded PostgreSQL exists and runs."""
@@ -584,7 +591,7 @@ def embedded_status(fmt: str) -> None:
         output.emit_rows([row], list(row), fmt)
 
 
-@embedded_group.command("stop", context_settings=CONTEXT)
+@command("stop", group=embedded_group)
 def embedded_stop() -> None:
     """Stop the embedded PostgreSQL (its data is kept)."""
     from pgqctl import embedded
@@ -595,7 +602,7 @@ def embedded_stop() -> None:
         say("the embedded PostgreSQL was not running")
 
 
-@embedded_group.command("dsn", context_settings=CONTEXT)
+@command("dsn", group=embedded_group)
 def embedded_dsn() -> None:
     """Print the embedded server's connection string, starting it if needed.
 

@@ -95,7 +95,13 @@ def require_migrated(conn: psycopg.Connection[Any], schema: str) -> None:
             f"schema {schema} has a jobs relation that pgqctl did not create: "
             "use --schema to name the queue's schema (`pgqctl migrate --schema NAME` makes one)"
         )
-    if not (recorded and jobs):
+    if recorded and not jobs:
+        # `migrate` would find every migration applied and do nothing.
+        raise NotMigrated(
+            f"schema {schema} records pgqctl migrations but has no jobs table (dropped?): "
+            "drop its pgqctl_migrations table too, then run `pgqctl migrate`"
+        )
+    if not recorded:
         raise NotMigrated(f"no pgqctl queue in schema {schema}: run `pgqctl migrate`")
     count_row = conn.execute("SELECT count(*) FROM pgqctl_migrations").fetchone()
     applied = count_row[0] if count_row else 0

@@ -89,3 +89,11 @@ def test_a_foreign_jobs_table_is_not_answered_with_run_migrate(empty_dsn: str) -
     with db.connect(empty_dsn, schema="public") as conn, pytest.raises(NotMigrated) as err:
         db.require_migrated(conn, "public")
     assert "has a jobs relation that pgqctl did not create: use --schema" in str(err.value)
+
+
+def test_a_dropped_jobs_table_is_not_answered_with_run_migrate(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("DROP TABLE jobs")
+    with db.connect(dsn, schema="public") as conn, pytest.raises(NotMigrated) as err:
+        db.require_migrated(conn, "public")
+    assert "has no jobs table (dropped?): drop its pgqctl_migrations table too" in str(err.value)

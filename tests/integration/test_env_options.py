@@ -41,7 +41,7 @@ def test_a_workers_queue_variable_does_not_narrow_requeue(
 def test_enqueue_takes_one_queue_from_the_environment_never_a_workers_list(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
-    one = run_cli("enqueue", "ping", "--dsn", dsn, env={"PGQCTL_QUEUE": "mail"})
+    one = run_cli("enqueue", "ping", "--dsn", dsn, env={"PGQCTL_QUEUE": "mail "})
     assert one.exit_code == 0, one.stderr
     # A worker's list would make a queue named "mail billing" that nobody reads.
     both = run_cli("enqueue", "ping", "--dsn", dsn, env={"PGQCTL_QUEUE": "mail billing"})
