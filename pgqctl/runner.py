@@ -993,6 +993,11 @@ class _Child:
         return min(wake) if wake else None
 
     def _end(self, why: str, now: float) -> None:
+        if self.pid and _has_exited(self.pid):
+            # It ended on its own a moment ago (its exit not handled yet):
+            # its own exit status stands, not a stop or timeout it never saw.
+            self.exited = True
+            return
         self.ending = why
         self._kill(signal.SIGTERM)
         self.kill_at = now + self.term_grace

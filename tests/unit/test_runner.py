@@ -979,3 +979,24 @@ def test_a_drive_that_fails_reports_every_child_and_refuses_new_ones(
     }
     left = subprocess.run(["pgrep", "-f", "sleep 4321.5"], capture_output=True, text=True)
     assert left.stdout == ""
+
+
+def test_a_child_that_exited_before_a_stop_or_timeout_keeps_its_own_status() -> None:
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    stop = Stop()
+    try:
+        supervisor.drive(0)  # this thread drives: nothing is handled while it sleeps
+        supervisor.submit("stopped late", sh("exit 0"), ENV, stop=stop)
+        supervisor.submit("timed out late", sh("exit 0", timeout=0.01), ENV)
+        # Both exit; neither exit is seen (the supervisor's thread stands in
+        # only after STANDBY away).
+        time.sleep(runner.Supervisor.STANDBY / 2)
+        stop.request("shutdown")
+        drive_until(supervisor, got, 2)
+    finally:
+        supervisor.close(5)
+    for key in ("stopped late", "timed out late"):
+        outcome = got.outcomes[key]
+        assert outcome.succeeded, (key, outcome.describe())
+        assert not outcome.stopped and not outcome.timed_out
