@@ -1099,7 +1099,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     type=DURATION,
     default="30s",
     show_default=True,
-    help="On SIGTERM/SIGINT, how long running jobs may finish before they are stopped.",
+    help="On SIGTERM/SIGINT/SIGHUP, how long running jobs may finish before they are stopped.",
 )
 @click.option(
     "--backoff",
@@ -1157,7 +1157,7 @@ def worker_command(
     The child gets PGQCTL_JOB_ID (an idempotency key), PGQCTL_JOB_KIND,
     PGQCTL_JOB_QUEUE and PGQCTL_JOB_ATTEMPT, and no database credentials.
 
-    SIGTERM or SIGINT: claim nothing more, let running jobs finish for
+    SIGTERM, SIGINT or SIGHUP: claim nothing more, let running jobs finish for
     --grace, then stop them and hand them back; a second signal stops them
     at once. Logs one line per job event on stderr.
 

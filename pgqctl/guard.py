@@ -54,13 +54,18 @@ class Guard:
     def ended(self, pgid: int) -> None:
         self._send(b"-%d\n" % pgid)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """After the children have been reaped: let the guard exit."""
+    def close(self, timeout: float = 2.0) -> None:
+        """After the children have been reaped: let the guard exit (it has
+        nothing to stop), or make it, if it does not within `timeout` seconds
+        (it was stopped: left so, it would keep the worker's stderr open)."""
         assert self._proc.stdin is not None
         with contextlib.suppress(OSError):
             self._proc.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
     def _send(self, message: bytes) -> None:
         # A line is far below PIPE_BUF: each write is whole or not at all.

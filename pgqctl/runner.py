@@ -96,7 +96,7 @@ _FDS_PER_CHILD = 3
 # What a process running children needs besides: standard streams, wake-up
 # pipes, database connections, a child's pipe ends while it starts, Python's
 # own; with room to spare.
-_FDS_BESIDES = 64
+_FDS_BESIDES = 32
 
 
 def open_files_needed(children: int) -> int:

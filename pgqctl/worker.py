@@ -207,6 +207,7 @@ class Worker:
         self.children_stopped = False
         self.grace_deadline = 0.0
         self.report_deadline: float | None = None
+        self.guard_lost_logged = False
 
     # ------------------------------------------------------------- lifecycle
 
@@ -227,10 +228,12 @@ class Worker:
                     self.log.error("unexpected error in the worker loop", exc)
                     self._drop_connection()
         finally:
-            self._restore_signal_handlers(previous)
+            # Signals stay ours until the end: one arriving while the threads
+            # stop must not kill a worker that is stopping cleanly.
             self._stop_threads()
             if self.conn is not None:
                 self.conn.close()
+            self._restore_signal_handlers(previous)
         self.log.event(
             "worker_stopped",
             f"worker {self.worker_id} stopped after {self.claimed} job(s)",
@@ -276,7 +279,7 @@ class Worker:
         if self._children is not None:
             self._children.close(timeout=TERM_GRACE + 1)
         if self._guard is not None:
-            self._guard.close()
+            self._guard.close(timeout=TERM_GRACE + 1)
         if self._listener is not None:
             self._listener.join(timeout=2)
         if not self._listener or not self._listener.is_alive():
@@ -287,7 +290,11 @@ class Worker:
         previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return previous
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            # A hang-up (the terminal closed) stops the worker as SIGTERM
+            # does, unless it was told to ignore it (nohup).
+            if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+                continue
             previous[signum] = signal.signal(signum, self._on_signal_handler)
         if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
             # Inherited from a parent: the kernel would reap our children
@@ -317,6 +324,14 @@ class Worker:
         now = time.monotonic()
         if self._children is not None and self._children.failure is not None:
             self._supervisor_failed(self._children.failure)
+        if self._guard is not None and self._guard.lost and not self.guard_lost_logged:
+            self.guard_lost_logged = True
+            self.log.event(
+                "guard_lost",
+                f"guard process {self._guard.pid} is gone (killed, or stopped and given up): "
+                "if this worker dies now, its jobs run on; restart the worker to get one back",
+                guard_pid=self._guard.pid,
+            )
         if (
             self.stopping
             and not self.children_stopped

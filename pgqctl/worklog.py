@@ -11,6 +11,7 @@ closed) is dropped rather than stopping the worker.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import traceback
@@ -24,10 +25,11 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
 
 
 class WorkLog:
-    def __init__(self, stream: TextIO, fmt: str = "text", *, debug: bool = False) -> None:
+    def __init__(self, stream: TextIO | None, fmt: str = "text", *, debug: bool = False) -> None:
         if fmt not in LOG_FORMATS:
             raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}")
-        self._stream = stream
+        # None: started with stderr closed (`2>&-`), where Python has no sys.stderr.
+        self._stream = stream if stream is not None else open(os.devnull, "w")  # noqa: SIM115
         self.format = fmt
         self._json = fmt == "json"
         self.debug = debug

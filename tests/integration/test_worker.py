@@ -6,6 +6,7 @@ reap UPDATE of the classic design, so these tests need nothing but the worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -682,3 +683,83 @@ def test_concurrency_beyond_the_open_file_limit_raises_it_or_is_refused(
     assert [job(conn, i)["attempts"] for i in ids] == [1] * slots
     assert statuses(conn) == {"done": slots}
     assert len(re.findall(r"job \d+ started: ", ran.stderr)) == slots
+
+
+def guard_of(worker: WorkerProcess) -> int:
+    """The pid of the worker's guard process."""
+
+    def find() -> int | None:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                    cmdline = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                if ppid == worker.proc.pid and b"pgqctl.guard" in cmdline:
+                    return int(entry.name)
+        return None
+
+    wait_until(lambda: find() is not None, 10, "the guard")
+    pid = find()
+    assert pid is not None
+    return pid
+
+
+def test_a_hang_up_stops_the_worker_as_sigterm_does(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
+) -> None:
+    [job_id] = insert_jobs(conn, [sh("sleep 1")])
+    worker = start_worker(dsn, "--grace", "20s")
+    worker.wait_for_log(f"job {job_id} started")
+    worker.signal(signal.SIGHUP)
+    assert worker.finish() == 0
+    assert job(conn, job_id)["status"] == "done"
+    assert "SIGHUP: claiming no more jobs" in worker.log
+
+
+def test_a_stopped_guard_neither_holds_up_nor_outlives_its_worker(
+    dsn: str, start_worker: Any
+) -> None:
+    worker = start_worker(dsn)
+    guard = guard_of(worker)
+    os.kill(guard, signal.SIGSTOP)
+    try:
+        worker.wait_for_log("worker ")
+        worker.signal(signal.SIGTERM)
+        time.sleep(0.5)  # stopping, waiting for the guard to exit
+        worker.signal(signal.SIGTERM)  # a second signal then changes nothing
+        assert worker.finish(timeout=20) == 0
+        assert " stopped after 0 job(s)" in worker.log
+        assert gone(guard, within=5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(guard, signal.SIGKILL)
+
+
+def test_a_worker_says_when_it_has_lost_its_guard(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
+) -> None:
+    worker = start_worker(dsn, "--poll", "0.2s")
+    guard = guard_of(worker)
+    os.kill(guard, signal.SIGKILL)
+    insert_jobs(conn, [{"argv": ["true"]}] * 3)
+    wait_until(lambda: statuses(conn) == {"done": 3}, 10, "the jobs")
+    worker.wait_for_log(f"guard process {guard} is gone")
+    worker.signal(signal.SIGTERM)
+    assert worker.finish() == 0
+
+
+def test_a_worker_with_stderr_closed_still_runs_jobs(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    [job_id] = insert_jobs(conn, [{"argv": ["true"]}])
+    result = subprocess.run(
+        [sys.executable, "-m", "pgqctl", "worker", "--burst", "--dsn", dsn],
+        preexec_fn=lambda: os.close(2),
+        stdout=subprocess.DEVNULL,
+        timeout=30,
+    )
+    assert result.returncode == 0
+    assert job(conn, job_id)["status"] == "done"
