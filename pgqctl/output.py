@@ -60,7 +60,9 @@ def human(value: Any) -> str:
 
 
 def _control_escapes(keep: str) -> dict[int, str]:
-    return {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in keep}
+    escapes = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in keep}
+    # The Unicode line and paragraph separators: some viewers break lines there.
+    return {**escapes, 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
 # Job data shown to a person (a kind, an error, a job's output) may hold

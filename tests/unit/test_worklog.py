@@ -86,9 +86,11 @@ def test_backoff_is_capped_at_an_hour() -> None:
 def test_text_lines_show_control_characters_escaped() -> None:
     stream = io.StringIO()
     log = WorkLog(stream, "text")
-    log.event("output", "job 3 | \x1b[31mred\x1b[0m\rjob 4 | fake\x9b\tnext\nline", job_id=3)
+    log.event("output", "job 3 | \x1b[31mred\x1b[0m\rjob 4 | fake\x9b\tnext\nline\u2028", job_id=3)
     line = stream.getvalue()
-    assert line.endswith("Z job 3 | \\x1b[31mred\\x1b[0m\\x0djob 4 | fake\\x9b\tnext\\x0aline\n")
+    assert line.endswith(
+        "Z job 3 | \\x1b[31mred\\x1b[0m\\x0djob 4 | fake\\x9b\tnext\\x0aline\\u2028\n"
+    )
     assert line.count("\n") == 1
     plain = io.StringIO()
     WorkLog(plain, "text").event("done", "job 12 done in 0.5s — héllo")
