@@ -248,12 +248,19 @@ def name_envvars(cmd: click.Command) -> None:
     not after the Python parameter (`fmt`), and not per command, so one
     PGQCTL_SCHEMA serves every command.
     """
+    for option in all_options(cmd):
+        if option.allow_from_autoenv and not option.envvar:
+            flag = max(option.opts, key=len)
+            option.envvar = "PGQCTL_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def all_options(cmd: click.Command) -> Iterator[click.Option]:
+    """Every option of `cmd` and of its subcommands, at any depth."""
     for param in cmd.params:
-        if isinstance(param, click.Option) and param.allow_from_autoenv and not param.envvar:
-            flag = max(param.opts, key=len)
-            param.envvar = "PGQCTL_" + flag.lstrip("-").replace("-", "_").upper()
+        if isinstance(param, click.Option):
+            yield param
     for sub in getattr(cmd, "commands", {}).values():
-        name_envvars(sub)
+        yield from all_options(sub)
 
 
 # --- migrate -----------------------------------------------------------------
@@ -1330,39 +1337,26 @@ def _as_utf8(args: list[str], environ: Mapping[bytes, bytes]) -> tuple[list[str]
         if option in _BYTES_OPTIONS or (i and args[i - 1] in _BYTES_OPTIONS):
             text.append(arg)
             continue
-        try:
-            text.append(os.fsencode(arg).decode("utf-8"))
-        except UnicodeDecodeError:
+        decoded = _utf8(os.fsencode(arg))
+        if decoded is None:
             if arg.startswith("--"):
                 return args, f"the value of {option}"
             after = f" (after {args[i - 1]})" if i and args[i - 1].startswith("-") else ""
             return args, f"argument {i + 1}{after}"
-    for name in sorted(_variables_read()):
+        text.append(decoded)
+    read = {o.envvar for o in all_options(cli) if isinstance(o.envvar, str)}
+    for name in sorted((read | {"PGQCTL_DSN", "DATABASE_URL"}) - set(_BYTES_VARIABLES)):
         value = environ.get(name.encode())
-        if value is not None and not _decodes(value):
+        if value is not None and _utf8(value) is None:
             return args, name
     return text, None
 
 
-def _variables_read() -> set[str]:
-    """Every variable pgqctl reads a value from that may reach the database."""
-    names = {"PGQCTL_DSN", "DATABASE_URL"}
-    commands: list[click.Command] = [cli]
-    while commands:
-        command = commands.pop()
-        commands.extend(getattr(command, "commands", {}).values())
-        for param in command.params:
-            if isinstance(param.envvar, str) and param.envvar not in _BYTES_VARIABLES:
-                names.add(param.envvar)
-    return names
-
-
-def _decodes(value: bytes) -> bool:
+def _utf8(value: bytes) -> str | None:
     try:
-        value.decode("utf-8")
+        return value.decode("utf-8")
     except UnicodeDecodeError:
-        return False
-    return True
+        return None
 
 
 def _from_environment(exc: click.UsageError) -> str:

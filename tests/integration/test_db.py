@@ -83,17 +83,21 @@ def test_a_port_that_is_not_a_number_is_named_before_any_connection(
     assert result.stderr == f"pgqctl: error: {message} is not a port number (1 to 65535)\n"
 
 
-def test_a_foreign_jobs_table_is_not_answered_with_run_migrate(empty_dsn: str) -> None:
-    with psycopg.connect(empty_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE jobs (id int)")
-    with db.connect(empty_dsn, schema="public") as conn, pytest.raises(NotMigrated) as err:
-        db.require_migrated(conn, "public")
-    assert "has a jobs relation that pgqctl did not create: use --schema" in str(err.value)
-
-
-def test_a_dropped_jobs_table_is_not_answered_with_run_migrate(dsn: str) -> None:
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (
+            "DROP TABLE jobs, pgqctl_migrations; CREATE TABLE jobs (id int)",
+            "has a jobs relation that pgqctl did not create: use --schema",
+        ),
+        ("DROP TABLE jobs", "has no jobs table (dropped?): drop its pgqctl_migrations table too"),
+    ],
+)
+def test_a_schema_migrate_cannot_fix_is_not_answered_with_run_migrate(
+    dsn: str, setup: str, message: str
+) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("DROP TABLE jobs")
+        c.execute(setup)
     with db.connect(dsn, schema="public") as conn, pytest.raises(NotMigrated) as err:
         db.require_migrated(conn, "public")
-    assert "has no jobs table (dropped?): drop its pgqctl_migrations table too" in str(err.value)
+    assert message in str(err.value)

@@ -465,17 +465,20 @@ def test_locked_by_names_the_host_pid_and_slot_the_log_gives(
     assert worker.finish() == 0
 
 
+# A hang-up (the terminal closed) stops the worker as SIGTERM does.
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_lets_a_running_job_finish(
-    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any, signum: signal.Signals
 ) -> None:
     [job_id] = insert_jobs(conn, [sh("sleep 1")])
     worker = start_worker(dsn, "--grace", "20s")
     worker.wait_for_log(f"job {job_id} started")
-    worker.signal(signal.SIGTERM)
+    worker.signal(signum)
     assert worker.finish() == 0
     row = job(conn, job_id)
     assert (row["status"], row["attempts"]) == ("done", 1)
-    assert "SIGTERM: claiming no more jobs; waiting up to 20s for 1 running job(s)" in worker.log
+    expected = f"{signum.name}: claiming no more jobs; waiting up to 20s for 1 running job(s)"
+    assert expected in worker.log
 
 
 def test_sigterm_with_a_short_grace_hands_the_job_back(
@@ -705,18 +708,6 @@ def guard_of(worker: WorkerProcess) -> int:
     pid = find()
     assert pid is not None
     return pid
-
-
-def test_a_hang_up_stops_the_worker_as_sigterm_does(
-    conn: psycopg.Connection[Any], dsn: str, start_worker: Any
-) -> None:
-    [job_id] = insert_jobs(conn, [sh("sleep 1")])
-    worker = start_worker(dsn, "--grace", "20s")
-    worker.wait_for_log(f"job {job_id} started")
-    worker.signal(signal.SIGHUP)
-    assert worker.finish() == 0
-    assert job(conn, job_id)["status"] == "done"
-    assert "SIGHUP: claiming no more jobs" in worker.log
 
 
 def test_a_stopped_guard_neither_holds_up_nor_outlives_its_worker(
