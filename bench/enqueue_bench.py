@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import scratch
+import throwaway_db
 
 import pgqctl
 
@@ -49,8 +49,8 @@ def main() -> int:
     args = parser.parse_args()
 
     with (
-        scratch.server(args.dsn) as server,
-        scratch.database(server) as dsn,
+        throwaway_db.server(args.dsn) as server,
+        throwaway_db.database(server) as dsn,
         tempfile.TemporaryDirectory() as tmp,
     ):
         path = Path(tmp) / "jobs.jsonl"

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import scratch
+import throwaway_db
 from shared_sql import HISTORY, LIVE_SET, REEXPIRE
 
-from pgqctl import db, queue
+from pgqctl import admin, db
 
 EXPIRED = 50
 CLAIM = """
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20, help="calls per operation per round")
     args = parser.parse_args()
     admin_dsn = args.dsn or os.environ.get("PGQCTL_TEST_DSN")
-    with scratch.server(admin_dsn) as server_dsn, scratch.database(server_dsn) as dsn:
+    with throwaway_db.server(admin_dsn) as server_dsn, throwaway_db.database(server_dsn) as dsn:
         run(dsn, args.history, args.rounds, args.calls)
 
 
@@ -54,7 +54,7 @@ def run(dsn: str, history: int, rounds: int, calls: int) -> None:
     # One execution per statement, as in one CLI invocation: never prepared.
     conn.prepare_threshold = None
     conn.execute(LIVE_SET)
-    expired_ids = [j["id"] for j in queue.leases(conn, expired_only=True)]
+    expired_ids = [lease.job.id for lease in admin.leases(conn, expired_only=True)]
     assert len(expired_ids) == EXPIRED, expired_ids
     operations = operations_on(conn, expired_ids)
 
@@ -78,7 +78,7 @@ def run(dsn: str, history: int, rounds: int, calls: int) -> None:
 def operations_on(conn: Any, expired_ids: list[int]) -> dict[str, Callable[[], Any]]:
     def reap() -> Any:
         # Only the reap itself is timed (see `measure`); the reset is not.
-        return queue.reap(conn)
+        return admin.reap(conn)
 
     def claim() -> Any:
         with conn.transaction(force_rollback=True):
@@ -86,12 +86,12 @@ def operations_on(conn: Any, expired_ids: list[int]) -> dict[str, Callable[[], A
 
     reap.setup = lambda: conn.execute(REEXPIRE, {"ids": expired_ids})  # type: ignore[attr-defined]
     return {
-        "leases": lambda: queue.leases(conn),
-        "reap --dry-run": lambda: queue.reap_preview(conn),
+        "leases": lambda: admin.leases(conn),
+        "reap --dry-run": lambda: admin.reap_preview(conn),
         f"reap ({EXPIRED} expired)": reap,
-        "requeue --dry-run --failed": lambda: queue.requeue(conn, queue.Selection(), dry_run=True),
-        "list --status failed": lambda: queue.list_jobs(conn, status="failed"),
-        "stats": lambda: queue.stats(conn),
+        "requeue --dry-run --failed": lambda: admin.requeue(conn, admin.Selection(), dry_run=True),
+        "list --status failed": lambda: admin.list_jobs(conn, status="failed"),
+        "stats": lambda: admin.stats(conn),
         "claim (10, rolled back)": claim,
     }
 
@@ -113,9 +113,9 @@ def measure(operations: dict[str, Callable[[], Any]], rounds: int, calls: int) -
 
 
 def purge_throughput(conn: Any, history: int) -> None:
-    plan = queue.purge_plan(conn, ["done"])
+    plan = admin.purge_plan(conn, ["done"])
     started = time.perf_counter()
-    deleted = queue.purge(conn, plan)
+    deleted = admin.purge(conn, plan)
     elapsed = time.perf_counter() - started
     print(f"purge ({deleted:,} done rows, batches of 10,000): {elapsed:.1f} s")
     print(f"purge rate: {deleted / elapsed:,.0f} rows/s")

@@ -1,4 +1,4 @@
-"""What `pgqctl.runner.run` costs per child, against plain subprocess.
+"""What running a child through `pgqctl.runner` costs, against plain subprocess.
 
 Spawns `true` in a loop from N threads (default 4), for each way, in rounds
 that interleave the ways (in reverse order every other round) so machine
@@ -11,7 +11,8 @@ other tenants of the machine disturb less:
 - subprocess_run: each thread calls subprocess.run(["true"]).
 - runner_run: each thread does what the worker does per job: parse the payload
   with command_for_job, build child_environment (from a snapshot of the
-  worker's environment), make a Stop, and run().
+  worker's environment), make a Stop, and run() (tests/unit/runner_helpers.py:
+  the engine's one-child path, on the calling thread).
 - runner_run_bare: run() alone, no Stop and the environment reused.
 - supervisor: what the worker does: one runner.Supervisor thread keeps N
   children running (the payload parsed and the environment built per job,
@@ -35,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pgqctl import runner
+from pgqctl import payload, runner
+from tests.unit.runner_helpers import child_environment, run
 
 
 def subprocess_run() -> None:
@@ -48,13 +50,13 @@ _WORKER_ENV = dict(os.environ)
 
 
 def runner_run() -> None:
-    command = runner.command_for_job(
+    command = payload.command_for_job(
         {"argv": ["true"]}, kind="noop", handlers={}, allow_shell=False, default_timeout=60.0
     )
-    env = runner.child_environment(
+    env = child_environment(
         _WORKER_ENV, job_id=1, kind="noop", queue="default", attempt=1, extra=command.env
     )
-    outcome = runner.run(command, env, stop=runner.Stop())
+    outcome = run(command, env, stop=runner.Stop())
     assert outcome.succeeded, outcome.describe()
 
 
@@ -62,7 +64,7 @@ _BARE_COMMAND = runner.Command(("true",))
 
 
 def runner_run_bare() -> None:
-    runner.run(_BARE_COMMAND, _WORKER_ENV)
+    run(_BARE_COMMAND, _WORKER_ENV)
 
 
 def measure_supervisor(threads: int, seconds: float) -> tuple[float, float]:
@@ -71,10 +73,10 @@ def measure_supervisor(threads: int, seconds: float) -> tuple[float, float]:
     supervisor = runner.Supervisor(lambda key, outcome, error: ended.put(outcome))
 
     def submit() -> None:
-        command = runner.command_for_job(
+        command = payload.command_for_job(
             {"argv": ["true"]}, kind="noop", handlers={}, allow_shell=False, default_timeout=60.0
         )
-        env = runner.child_environment(
+        env = child_environment(
             _WORKER_ENV, job_id=1, kind="noop", queue="default", attempt=1, extra=command.env
         )
         supervisor.submit(None, command, env, stop=runner.Stop())

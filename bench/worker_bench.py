@@ -56,11 +56,12 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import scratch
+import throwaway_db
 from bare_loop import BareLoop
 from shared_sql import SEED_CLAIM, SEED_DONE
 
 from pgqctl import claims, db
+from pgqctl.jobs import Held
 
 SLOTS = 4
 LEASE = 300.0
@@ -225,7 +226,7 @@ def _claims_child(dsn: str, batched: bool, go: Any, done: Any) -> None:
 
 
 def _drain_batched(conn: psycopg.Connection[Any], until: float) -> int:
-    held: list[claims.Held] = []
+    held: list[Held] = []
     count = 0
     while True:
         claim = SLOTS if time.monotonic() < until else 0
@@ -387,8 +388,8 @@ def main() -> None:
     e2e_jobs, claim_jobs, latency_jobs = (1000, 5000, 50) if args.quick else (4000, 20000, 200)
 
     with (
-        scratch.server(args.dsn) as admin,
-        scratch.database(admin) as dsn,
+        throwaway_db.server(args.dsn) as admin,
+        throwaway_db.database(admin) as dsn,
         tempfile.TemporaryDirectory(prefix="pgqctl-bench-") as tmp,
     ):
         workdir = Path(tmp)

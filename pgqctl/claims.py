@@ -25,27 +25,10 @@ from typing import Any
 
 import psycopg
 
+from pgqctl.jobs import Held, Job
 from pgqctl.sql import query
 
 Conn = psycopg.Connection[Any]
-# (job id, the attempt the worker claimed): what every fence checks.
-Held = tuple[int, int]
-
-
-@dataclass(frozen=True)
-class Job:
-    """A claimed job; `attempt` is the fencing token of this claim."""
-
-    id: int
-    queue: str
-    kind: str
-    payload: Any
-    attempt: int
-    max_attempts: int
-
-    @property
-    def held(self) -> Held:
-        return (self.id, self.attempt)
 
 
 @dataclass(frozen=True)
@@ -125,7 +108,15 @@ def exchange(
     for part, job_id, queue, kind, payload, attempts, max_attempts, status, run_at in rows:
         if part == "claimed":
             result.claimed.append(
-                Job(job_id, queue, kind, json.loads(payload), attempts, max_attempts)
+                Job(
+                    job_id,
+                    queue,
+                    kind,
+                    json.loads(payload),
+                    status="running",
+                    attempts=attempts,
+                    max_attempts=max_attempts,
+                )
             )
         elif part == "done":
             result.done.add(job_id)

@@ -63,6 +63,21 @@ def connect(
     return conn
 
 
+def open_queue(
+    dsn: str, *, schema: str, migrated: bool = True, **params: Any
+) -> psycopg.Connection[Any]:
+    """A connection to the queue in `schema`, checked to be migrated unless
+    `migrated` is False (for `migrate` itself). `params` as for `connect`."""
+    conn = connect(dsn, schema=schema, **params)
+    if migrated:
+        try:
+            require_migrated(conn, schema)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
 def use_schema(conn: psycopg.Connection[Any], schema: str) -> None:
     """Point search_path at the queue's schema, quoted as an identifier."""
     path = sql.Identifier(schema).as_string(conn)

@@ -34,7 +34,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pgqctl.durations import parse_duration
@@ -62,7 +62,7 @@ FIRST_CHUNK_JOBS = 500
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-class Job(NamedTuple):
+class NewJob(NamedTuple):
     """One validated job, ready to insert (a tuple: cheap by the hundred thousand)."""
 
     kind: str
@@ -153,11 +153,11 @@ def make_job(
     run_at: object = None,
     delay: object = None,
     max_attempts: object = 3,
-) -> Job:
+) -> NewJob:
     """Validate one job's fields; BadInput names the field and what is wrong."""
     if run_at is not None and delay is not None:
         raise BadInput("give run_at or delay, not both")
-    return Job(
+    return NewJob(
         _text("kind", kind),
         _payload_text(payload),
         _text("queue", queue),
@@ -168,7 +168,7 @@ def make_job(
     )
 
 
-def job_from_record(record: object, defaults: Mapping[str, Any] | None = None) -> Job:
+def job_from_record(record: object, defaults: Mapping[str, Any] | None = None) -> NewJob:
     """A job from a mapping of FIELDS; null values count as absent.
 
     ``defaults`` fill keys the record lacks; a record that sets its own
@@ -581,12 +581,65 @@ def _kind_of(value: object) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+# ------------------------------------------------------------------ bulk load
+
+
+def check_defaults(defaults: Mapping[str, Any]) -> None:
+    """BadInput for a bad value meant to fill what lines leave out: said once,
+    not on every line."""
+    make_job("-", **defaults)
+
+
+def load(
+    lines: Iterable[bytes],
+    connect: Callable[[], psycopg.Connection[Any]],
+    *,
+    source: str = "input",
+    defaults: Mapping[str, Any] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[int]:
+    """Check every job of a JSON-lines input and insert them all in one
+    transaction; their ids in input order. An input with no job never
+    connects; a bad line raises BadInput and nothing is inserted.
+    """
+    try:
+        with _gc_skips_older_objects():
+            # Lines are validated while they stream to the server; a bad one
+            # aborts the transaction. The first job is read before connecting,
+            # so an empty or plainly wrong file never touches the database.
+            rows = read_rows(lines, source=source, defaults=defaults)
+            first = next(rows, None)
+            if first is None:
+                return []
+            with connect() as conn:
+                return insert_rows(conn, itertools.chain([first], rows), on_progress=on_progress)
+    except BadInput as exc:
+        raise BadInput(f"{exc}; nothing was enqueued") from None
+
+
+@contextmanager
+def _gc_skips_older_objects() -> Iterator[None]:
+    """Keep the garbage collector's full passes off the objects that exist already.
+
+    A bulk load makes short-lived objects by the hundred thousand, which
+    triggers full passes; each would walk every module, class and function
+    imported at startup again.
+    """
+    import gc
+
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 # ------------------------------------------------------------------ inserting
 
 
 def insert_jobs(
     conn: psycopg.Connection[Any],
-    jobs: Iterable[Job],
+    jobs: Iterable[NewJob],
     *,
     schema: str | None = None,
     on_progress: Callable[[int], None] | None = None,
@@ -625,7 +678,7 @@ def insert_rows(
         return _insert_by_copy(conn, rows, _jobs_table(schema), on_progress)
 
 
-def _job_row(number: int, job: Job) -> str:
+def _job_row(number: int, job: NewJob) -> str:
     """A validated job as one line of COPY's text format, in the columns of jobs_load_copy.
 
     ``number`` orders the rows of a chunk: ids are given in that order.
@@ -636,7 +689,7 @@ def _job_row(number: int, job: Job) -> str:
     )
 
 
-def _timing_columns(job: Job) -> str:
+def _timing_columns(job: NewJob) -> str:
     # str(): the text psycopg itself sends for a datetime and a float.
     run_at = "\\N" if job.run_at is None else str(job.run_at)
     return f"{run_at}\t{job.delay}"
@@ -668,9 +721,9 @@ def _statement(name: str, table: sql.Identifier) -> sql.Composed:
 
 
 def _insert_from_arrays(
-    conn: psycopg.Connection[Any], jobs: Sequence[Job], table: sql.Identifier
+    conn: psycopg.Connection[Any], jobs: Sequence[NewJob], table: sql.Identifier
 ) -> list[int]:
-    columns = dict(zip(Job._fields, map(list, zip(*jobs, strict=True)), strict=True))
+    columns = dict(zip(NewJob._fields, map(list, zip(*jobs, strict=True)), strict=True))
     with conn.cursor() as cur:
         cur.execute(_statement("jobs_insert_arrays", table), columns)
         return [row[0] for row in cur.fetchall()]

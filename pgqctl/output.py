@@ -12,10 +12,16 @@ import csv
 import datetime as dt
 import decimal
 import json
+import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import IO, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+from pgqctl.errors import PgqctlError
+
+if TYPE_CHECKING:
+    from pgqctl.admin import Stats
 
 FORMATS = ("auto", "table", "plain", "json", "ndjson", "csv", "tsv")
 HUMAN_FORMATS = ("table", "plain")
@@ -27,6 +33,23 @@ def resolve_format(fmt: str, stream: IO[str] | None = None) -> str:
         return fmt
     stream = stream or sys.stdout
     return "table" if stream.isatty() else "plain"
+
+
+def is_human(fmt: str) -> bool:
+    """Whether `fmt` is for people (a table) rather than for programs."""
+    return resolve_format(fmt) in HUMAN_FORMATS
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def id_span(ids: Sequence[int]) -> str:
+    """(id 5), (ids 5..9), or (ids from 5 to 12) when they are not contiguous."""
+    if len(ids) == 1:
+        return f"(id {ids[0]})"
+    contiguous = ids[-1] - ids[0] == len(ids) - 1
+    return f"(ids {ids[0]}..{ids[-1]})" if contiguous else f"(ids from {ids[0]} to {ids[-1]})"
 
 
 def jsonable(value: Any) -> Any:
@@ -116,6 +139,32 @@ def emit_rows(
         _write_plain(rows, columns, stream)
 
 
+def emit_new_ids(ids: Sequence[int], fmt: str) -> None:
+    """Print the ids of jobs just committed: bare, one a line, for people and
+    for `id=$(pgqctl enqueue ...)`; records in machine formats. If they cannot
+    be written, say that the jobs are in the queue all the same (a retry
+    would add them twice)."""
+    try:
+        if fmt in ("auto", *HUMAN_FORMATS):
+            if ids:
+                sys.stdout.write("\n".join(map(str, ids)) + "\n")
+        else:
+            emit_ids(ids, fmt)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise  # the reader left (`| head`): not an error
+    except OSError as exc:
+        if not ids:
+            raise
+        one = len(ids) == 1
+        raise PgqctlError(
+            f"enqueued {plural(len(ids), 'job')} {id_span(ids)} but could not write "
+            f"{'its id' if one else 'their ids'}: {exc.strerror or exc}; "
+            f"{'it is' if one else 'they are'} in the queue: "
+            f"do not enqueue {'it' if one else 'them'} again"
+        ) from exc
+
+
 def emit_ids(ids: Sequence[int], fmt: str, *, stream: IO[str] | None = None) -> None:
     """Job ids as records with the one field "id": the same text as emit_rows.
 
@@ -131,6 +180,118 @@ def emit_ids(ids: Sequence[int], fmt: str, *, stream: IO[str] | None = None) -> 
         stream.write("".join(["id\n", *(f"{i}\n" for i in ids)]))
     else:
         emit_rows([{"id": i} for i in ids], ["id"], fmt, stream=stream)
+
+
+class Record(Protocol):
+    """A job, or a job with what a listing adds (a lease's time left...)."""
+
+    def as_record(self) -> dict[str, Any]: ...
+
+
+def emit_jobs(
+    jobs: Sequence[Record], columns: Sequence[str], fmt: str, fields: Sequence[str]
+) -> None:
+    """Jobs as a table of `columns`, or as records of their `fields` (every
+    column of the job and what the listing adds)."""
+    records = [j.as_record() for j in jobs]
+    if is_human(fmt):
+        emit_rows([_job_cells(r) for r in records], columns, fmt)
+    else:
+        emit_rows(records, fields, fmt)
+
+
+def _job_cells(job: Mapping[str, Any]) -> dict[str, Any]:
+    """A job as the human tables show it; JSON and CSV carry the job itself."""
+    left = job.get("seconds_left")
+    if left is not None:
+        left = format_seconds(float(left))
+    elif "seconds_left" in job:  # a lease listing: a running job without a lease
+        left = "no lease"
+    return {
+        **job,
+        "attempt": f"{job['attempts']}/{job['max_attempts']}",
+        "left": left or "",
+        "error": first_line(job.get("last_error")),
+    }
+
+
+def first_line(text: str | None, width: int = 60) -> str:
+    """The first line of an error, cut to fit a table cell."""
+    lines = (text or "").strip().splitlines()
+    first = lines[0] if lines else ""
+    return first if len(first) <= width else first[: width - 1] + "…"
+
+
+def emit_record(record: Mapping[str, Any], fmt: str) -> None:
+    """One thing described whole: a field/value table for people, one JSON
+    object, or a one-row CSV/TSV."""
+    resolved = resolve_format(fmt)
+    if resolved in HUMAN_FORMATS:
+        rows = [{"field": k, "value": v} for k, v in record.items()]
+        emit_rows(rows, ["field", "value"], fmt)
+    elif resolved in ("csv", "tsv"):
+        emit_rows([record], list(record), fmt)
+    else:
+        emit_object(record)
+
+
+def emit_job(job: Record, fmt: str) -> None:
+    """One job whole (`show`): for people, its payload pretty-printed."""
+    record = job.as_record()
+    if is_human(fmt):
+        record["payload"] = json.dumps(record["payload"], indent=2, ensure_ascii=False)
+    emit_record(record, fmt)
+
+
+def emit_result(result: Mapping[str, Any], fmt: str) -> None:
+    """What a command did, for programs (`{"deleted": 5}`); people are told
+    on stderr instead, so a table format writes nothing."""
+    if not is_human(fmt):
+        emit_record(result, fmt)
+
+
+# --- stats ---------------------------------------------------------------------
+
+STATS_COLUMNS = ["queue", "pending", "running", "expired", "done", "failed", "oldest_pending"]
+ESTIMATE_NOTE = "~ marks estimated done counts; --exact counts them"
+
+
+def _stats_rows(stats: Stats) -> list[dict[str, Any]]:
+    """One row per queue and a total row, as the human tables show them."""
+    mark = "~" if stats.estimated else ""
+    scopes = [*stats.queues.items(), ("(total)", stats.totals)]
+    rows = []
+    for name, c in scopes:
+        age = c.oldest_pending_age_seconds
+        rows.append(
+            {
+                **c.by_status,
+                "queue": name,
+                "expired": c.expired_leases,
+                "done": f"{mark}{c.done}",
+                "oldest_pending": "" if age is None else format_seconds(age),
+            }
+        )
+    return rows
+
+
+def stats_table(stats: Stats) -> Any:
+    """`stats` as a rich table, to print or to redraw live."""
+    caption = ESTIMATE_NOTE if stats.estimated else None
+    return rich_table(_stats_rows(stats), STATS_COLUMNS, caption=caption)
+
+
+def emit_stats(stats: Stats, fmt: str) -> None:
+    data = stats.as_json()
+    resolved = resolve_format(fmt)
+    if resolved in ("json", "ndjson"):
+        emit_object(data)
+    elif resolved in ("csv", "tsv"):
+        total = {"queue": "(total)", **stats.totals.as_record()}
+        rows = [{**r, "estimated": stats.estimated} for r in [*data["queues"], total]]
+        emit_rows(rows, list(rows[0]), fmt)
+    else:
+        emit_rows(_stats_rows(stats), STATS_COLUMNS, fmt)
 
 
 def _json(value: Any) -> str:
@@ -254,3 +415,48 @@ def progress(total: int | None, description: str) -> Iterator[Callable[[int], No
     with Progress(console=Console(file=sys.stderr), transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n: bar.advance(task, n)
+
+
+class _FileProgress:
+    """A progress bar on stderr over the bytes of a file read so far, and the
+    jobs sent."""
+
+    def __init__(self, size: int | None) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
+        self.bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self.task = self.bar.add_task("enqueueing", total=size)
+
+    def lines(self, f: Iterable[bytes]) -> Iterator[bytes]:
+        done = 0
+        for number, line in enumerate(f, start=1):
+            done += len(line)
+            if number % 10000 == 0:
+                self.bar.update(self.task, completed=done)
+            yield line
+        self.bar.update(self.task, completed=done)
+
+    def sent(self, count: int) -> None:
+        self.bar.update(self.task, description=f"enqueueing: {count:,} jobs")
+
+
+@contextlib.contextmanager
+def file_progress(f: Any) -> Iterator[_FileProgress | None]:
+    """A progress bar over reading `f` when stderr is a terminal, else None."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    try:
+        size = os.fstat(f.fileno()).st_size  # 0 for a pipe: the bar then just pulses
+    except (OSError, ValueError):
+        size = 0
+    progress = _FileProgress(size or None)
+    with progress.bar:
+        yield progress

@@ -1,34 +1,17 @@
-"""Turn a job into a command, and run that command as a child process.
+"""The process engine: run commands as child processes, many at once.
 
-No database here, no printing, no exiting: the worker (``worker.py``) calls
-these functions and decides what each outcome means.
+No database here, no printing, no exiting, and no reading of payloads (that
+is ``payload.py``, which turns a job into a `Command`): the worker
+(``worker.py``) hands each job's `Command` to a `Supervisor` and decides
+what each `Outcome` means.
 
-- `command_for_job` reads a payload into a `Command`, or raises
-  `PayloadRejected` for a payload that can never run. A rejection is
-  permanent: the worker fails the job at once, without retries.
-- `child_environment` builds the child's environment: the worker's own,
-  minus every way to reach the queue's database (`without_credentials`),
-  plus the job's `env`, plus the ``PGQCTL_JOB_*`` variables
-  (`job_environment`).
-- `run` starts the child, feeds its stdin, reads its merged stdout and
-  stderr, enforces the timeout, honours a `Stop` request from another
-  thread, and returns an `Outcome`. It never raises for anything the child
-  does, including failing to start.
-- `Supervisor` does what `run` does for any number of children at once,
-  watched from one thread (its own, or its caller's while it calls `drive`),
-  and reports each `Outcome` to a callback.
-
-Payload rules. With a handler for the job's kind (``--handler KIND=CMD``),
-the handler runs with the payload, whatever it holds, as compact JSON on
-stdin; the payload is not interpreted and the worker's default timeout
-applies. Otherwise the payload must be an object with either ``argv`` (a
-non-empty array of strings, run directly) or ``shell`` (a string run with
-``/bin/sh -c``, only when the worker allows shell payloads), and optionally
-``env`` (object of strings), ``cwd`` (string), ``timeout`` (positive
-seconds; overrides the worker's default) and ``stdin`` (string). A ``null``
-optional key counts as absent. Any other key is rejected: in a payload that
-pgqctl itself interprets, an unknown key is almost always a typo (``timout``)
-that would otherwise be silently ignored.
+- `Supervisor` starts each child, feeds its stdin, reads its merged stdout
+  and stderr, enforces the timeout, honours a `Stop` request from another
+  thread, and reports each child's `Outcome` to a callback, for any number
+  of children at once, watched from one thread (its own, or its caller's
+  while it calls `drive`). It never raises for anything a child does,
+  including failing to start.
+- `open_files_needed` says how many open files that many children take.
 
 Processes and signals. Each child leads a session and process group of its
 own (``start_new_session``), so a Ctrl-C on the worker's terminal, or a
@@ -40,29 +23,27 @@ group ``term_grace`` seconds later if the child or anything holding its
 output is still there; grandchildren die with it. Processes that leave the
 group (``setsid``, a shell with job control) escape both. When a child
 exits on its own, whatever it left running in the background is not
-killed; `run` reads their output for a moment (`DRAIN_AFTER_EXIT`) and then
-stops waiting for them.
+killed; its output is read for a moment more (`DRAIN_AFTER_EXIT`), then no
+longer waited for.
 
 If the worker itself is SIGKILLed, its children keep running (they get
 SIGPIPE the next time they write output) and the job's lease expires, so
 the job may run again: PGQCTL_JOB_ID is the idempotency key.
 
 Costs. Children start with ``posix_spawn`` (with ``Popen`` for a job with a
-``cwd``, which posix_spawn cannot set). `run` uses no thread of its own and
-the supervisor one thread for all its children (or its caller's, see
-`Supervisor.drive`); neither sleeps to poll: they
-block in one ``poll()`` on the output pipes, the stdin pipes, a pidfd for
-each child's exit (Linux 5.3+; elsewhere they check every 50 ms) and an
-eventfd for `Stop` requests and new children, with the nearest deadline as
-timeout. Output is not kept beyond a tail of `TAIL_BYTES` bytes. POSIX only.
+``cwd``, which posix_spawn cannot set). The supervisor uses one thread for
+all its children (or its caller's, see `Supervisor.drive`) and never
+sleeps to poll: it blocks in one ``poll()`` on the output pipes, the stdin
+pipes, a pidfd for each child's exit (Linux 5.3+; elsewhere it checks
+every 50 ms) and an eventfd for `Stop` requests and new children, with the
+nearest deadline as timeout. Output is not kept beyond a tail of
+`TAIL_BYTES` bytes. POSIX only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import errno
-import json
 import math
 import os
 import select
@@ -74,8 +55,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
-
-from pgqctl.config import LIBPQ_SELECTORS
 
 # Bytes of output kept for `Outcome.output_tail`.
 TAIL_BYTES = 4096
@@ -112,43 +91,6 @@ _READ_SIZE = 65536
 # again, so a child printing as fast as it can gets no more than this much
 # attention before the others are looked at; its pipe fills and it waits.
 _OUTPUT_READ_SIZE = 4096
-_SHELL = "/bin/sh"
-_OPTIONAL_KEYS = ("env", "cwd", "timeout", "stdin")
-_KNOWN_KEYS = frozenset(("argv", "shell", *_OPTIONAL_KEYS))
-
-# Variables that point a client at a database or log it in. The child must
-# not reach the queue's database with the worker's credentials, so none of
-# these is inherited (a job's own `env` may still set them). PGQCTL_* goes
-# too: it holds the DSN and the worker's options. This closes the
-# environment only: a child running as the worker's user can still read
-# that user's ~/.pgpass and ~/.pg_service.conf, or the embedded server's
-# socket; run the worker as a user that has none of these to go further.
-_CREDENTIAL_PREFIXES = ("PGQCTL_", "PGSSL", "PGGSS")
-_CREDENTIAL_NAMES = frozenset(
-    (
-        "DATABASE_URL",
-        # libpq's connection variables (PostgreSQL 18 docs, "Environment
-        # Variables"), minus the ones that only shape a session (PGDATESTYLE,
-        # PGTZ, PGGEQO, PGCLIENTENCODING): those that choose the server and
-        # login, then the rest.
-        *LIBPQ_SELECTORS,
-        "PGPASSFILE",
-        "PGSERVICEFILE",
-        "PGSYSCONFDIR",  # where libpq looks for pg_service.conf
-        "PGOPTIONS",
-        "PGAPPNAME",
-        "PGREQUIRESSL",
-        "PGREQUIREPEER",
-        "PGREQUIREAUTH",
-        "PGCHANNELBINDING",
-        "PGKRBSRVNAME",
-        "PGCONNECT_TIMEOUT",
-        "PGTARGETSESSIONATTRS",
-        "PGLOADBALANCEHOSTS",
-        "PGMINPROTOCOLVERSION",
-        "PGMAXPROTOCOLVERSION",
-    )
-)
 
 _pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
 # Linux: one eventfd is cheaper than a pipe as a wake-up for `Stop`.
@@ -165,20 +107,12 @@ _RESTORED_SIGNALS = tuple(
 _ONE = (1).to_bytes(8, sys.byteorder)
 
 
-class PayloadRejected(Exception):
-    """A payload that can never run. `reason` says why and what to do."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 @dataclass(frozen=True)
 class Command:
     """What to run for one job.
 
-    `env` holds only the job's own variables; `child_environment` merges them
-    into the full environment. `stdin` None means /dev/null.
+    `env` holds only the job's own variables (`payload.job_environment` merges
+    them into the child's whole environment). `stdin` None means /dev/null.
     """
 
     argv: tuple[str, ...]
@@ -248,8 +182,8 @@ class Stop:
 
     One-shot: the first `request` wins and later ones change nothing. One
     `Stop` may serve one job (lease lost) or many at once (shutdown). It holds
-    no OS resources: whoever waits on children (`run`, a `Supervisor`)
-    subscribes a wake-up fd of its own.
+    no OS resources: whoever waits on children (each `Supervisor`) subscribes
+    a wake-up fd of its own.
     """
 
     def __init__(self) -> None:
@@ -301,166 +235,6 @@ class Stop:
             self._wakeups.discard(fd)
 
 
-def command_for_job(
-    payload: object,
-    *,
-    kind: str,
-    handlers: Mapping[str, Sequence[str]],
-    allow_shell: bool,
-    default_timeout: float | None,
-) -> Command:
-    """The command a job runs, or `PayloadRejected` if it can never run."""
-    handler = handlers.get(kind)
-    if handler is not None:
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-        return Command(tuple(handler), stdin=text.encode(), timeout=default_timeout)
-
-    if not isinstance(payload, dict):
-        raise PayloadRejected(
-            f"payload is {_json_type(payload)}, not an object: enqueue "
-            f'{{"argv": [...]}} or {{"shell": "..."}}, {_handler_hint(kind)}'
-        )
-    unknown = sorted(str(key) for key in payload if key not in _KNOWN_KEYS)
-    if "argv" not in payload and "shell" not in payload:
-        guess = _close_key(unknown, ("argv", "shell"))
-        if guess:
-            raise PayloadRejected(f'payload has neither "argv" nor "shell"{guess}')
-        raise PayloadRejected(
-            f'payload has neither "argv" nor "shell": enqueue {{"argv": [...]}}, '
-            f"{_handler_hint(kind)}"
-        )
-    if unknown:
-        listed = ", ".join(f'"{key}"' for key in unknown)
-        guess = _close_key(unknown, tuple(_KNOWN_KEYS))
-        raise PayloadRejected(
-            f"unknown payload key{'s' if len(unknown) > 1 else ''} {listed}{guess or ''}"
-            ": allowed keys are argv or shell, env, cwd, timeout, stdin"
-        )
-    if "argv" in payload and "shell" in payload:
-        raise PayloadRejected('payload has both "argv" and "shell": keep only one')
-
-    if "shell" in payload:
-        if not allow_shell:
-            raise PayloadRejected(
-                "shell payloads need `pgqctl worker --allow-shell`; "
-                'or enqueue {"argv": [...]} to run without a shell'
-            )
-        script = payload["shell"]
-        if not isinstance(script, str) or not script.strip():
-            got = _json_type(script) if not isinstance(script, str) else "a blank string"
-            raise PayloadRejected(
-                f'"shell" must be a command line, e.g. {{"shell": "ls | wc -l"}}, got {got}'
-            )
-        _no_nul(script, '"shell"')
-        argv: tuple[str, ...] = (_SHELL, "-c", script)
-    else:
-        argv = _argv(payload["argv"])
-
-    timeout = _timeout(payload.get("timeout"))
-    stdin = payload.get("stdin")
-    if stdin is not None and not isinstance(stdin, str):
-        raise PayloadRejected(
-            f'"stdin" must be a string, got {_json_type(stdin)}: encode structured '
-            "data as a string, or use a handler to get the payload as JSON on stdin"
-        )
-    return Command(
-        argv,
-        env=_env(payload.get("env")),
-        cwd=_cwd(payload.get("cwd")),
-        stdin=None if stdin is None else stdin.encode(),
-        timeout=default_timeout if timeout is None else timeout,
-    )
-
-
-def child_environment(
-    base: Mapping[str, str],
-    *,
-    job_id: int,
-    kind: str,
-    queue: str,
-    attempt: int,
-    extra: Mapping[str, str],
-) -> dict[str, str]:
-    """The child's environment: `base` without database credentials, then the
-    job's `extra`, then PGQCTL_JOB_* (which the job's env cannot override).
-
-    A worker running many jobs filters its environment once with
-    `without_credentials` and calls `job_environment` per job instead.
-    """
-    return job_environment(
-        without_credentials(base),
-        job_id=job_id,
-        kind=kind,
-        queue=queue,
-        attempt=attempt,
-        extra=extra,
-    )
-
-
-def without_credentials(base: Mapping[str, str]) -> dict[str, str]:
-    """A copy of `base` without any way to reach the queue's database.
-
-    Pass a dict taken from os.environ once at startup, not os.environ itself:
-    reading os.environ decodes every variable again (some 30 µs a job).
-    """
-    return {
-        name: value
-        for name, value in base.items()
-        if name not in _CREDENTIAL_NAMES and not name.startswith(_CREDENTIAL_PREFIXES)
-    }
-
-
-def job_environment(
-    clean: Mapping[str, str],
-    *,
-    job_id: int,
-    kind: str,
-    queue: str,
-    attempt: int,
-    extra: Mapping[str, str],
-) -> dict[str, str]:
-    """`clean` (from `without_credentials`), the job's `extra`, then PGQCTL_JOB_*."""
-    env = dict(clean)
-    env.update(extra)
-    env["PGQCTL_JOB_ID"] = str(job_id)
-    env["PGQCTL_JOB_KIND"] = kind
-    env["PGQCTL_JOB_QUEUE"] = queue
-    env["PGQCTL_JOB_ATTEMPT"] = str(attempt)
-    return env
-
-
-def run(
-    command: Command,
-    env: Mapping[str, str],
-    *,
-    stop: Stop | None = None,
-    term_grace: float = 5.0,
-    on_line: Callable[[str], None] | None = None,
-) -> Outcome:
-    """Run `command` to the end and say how it ended. Blocks; never raises for
-    the child's sake.
-
-    `stop`: another thread's `Stop.request` ends the child (SIGTERM to its
-    group, SIGKILL after `term_grace`); if already requested, nothing starts.
-    `on_line` gets each complete output line, decoded as UTF-8 with
-    replacement characters and without its newline (a final unterminated line
-    too; a line over `MAX_LINE_BYTES` in pieces). It runs on this thread; if
-    it raises, the child's group is killed and the exception propagates.
-    """
-    started = time.monotonic()
-    ended = _ended_before_start(command, stop)
-    if ended is not None:
-        return ended
-    with _Reactor(term_grace) as reactor:
-        child = reactor.start(command, env, stop=stop, on_line=on_line, started=started)
-        while not child.complete:
-            reactor.step()
-        outcome = reactor.finish(child)
-    if child.error is not None:
-        raise child.error
-    return outcome
-
-
 class GroupTracker(Protocol):
     """Told which children's process groups exist (pgqctl.guard.Guard)."""
 
@@ -472,15 +246,14 @@ class GroupTracker(Protocol):
 class Supervisor:
     """Runs many children at once, watched from one thread at a time.
 
-    What `run` does for one child, for any number: `submit` hands a command
-    over from any thread and returns at once; when the child has ended,
-    `on_done(key, outcome, error)` is called, with `error` set when
-    `on_line` raised (the child's group was killed then) or when watching
-    the child failed in some unforeseen way: every submission gets exactly
-    one call. `on_start(key, pid)`, if given, is called once the child's
-    process exists (not for a child that could not start), before any of
-    its output. `guard`, if given, is told of each child's process group
-    as it starts and just before the child is reaped.
+    `submit` hands a command over from any thread and returns at once; when
+    the child has ended, `on_done(key, outcome, error)` is called, with
+    `error` set when `on_line` raised (the child's group was killed then) or
+    when watching the child failed in some unforeseen way: every submission
+    gets exactly one call. `on_start(key, pid)`, if given, is called once the
+    child's process exists (not for a child that could not start), before
+    any of its output. `guard`, if given, is told of each child's process
+    group as it starts and just before the child is reaped.
 
     By default the supervisor's own thread watches the children. A caller
     with a loop of its own (the worker) may watch them itself instead, by
@@ -537,7 +310,16 @@ class Supervisor:
         stop: Stop | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> None:
-        """Start `command` soon; `on_done(key, ...)` says how it ended."""
+        """Start `command` soon; `on_done(key, ...)` says how it ended.
+
+        `stop`: another thread's `Stop.request` ends the child (SIGTERM to its
+        group, SIGKILL after `term_grace`); if already requested, nothing
+        starts. `on_line` gets each complete output line, decoded as UTF-8
+        with replacement characters and without its newline (a final
+        unterminated line too; a line over `MAX_LINE_BYTES` in pieces), on
+        the thread watching the children; if it raises, the child's group is
+        killed and `on_done` gets the exception.
+        """
         submission = _Submission(key, command, env, stop, on_line, time.monotonic())
         if threading.get_ident() == self._guest and self._baton.acquire(blocking=False):
             # The driving thread, between two turns: start it now.
@@ -1242,9 +1024,8 @@ def _forget_program(program: str, env: Mapping[str, str]) -> None:
 
 _LOOKUP_SECONDS = 1.0
 _LOOKUPS_KEPT = 1000
-# (program, PATH) -> (file, until when it is trusted). Used by the
-# supervisor's thread, or by one `run` at a time per thread: a lost race
-# costs a lookup, nothing more.
+# (program, PATH) -> (file, until when it is trusted). Used by whichever
+# threads watch children: a lost race costs a lookup, nothing more.
 _LOOKUPS: dict[tuple[str, str], tuple[str, float]] = {}
 
 
@@ -1333,115 +1114,3 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return "unknown signal"
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
-def _handler_hint(kind: str) -> str:
-    return f"or run kind {kind!r} with `pgqctl worker --handler {kind}=CMD`"
-
-
-def _close_key(unknown: Sequence[str], known: Sequence[str]) -> str | None:
-    for key in unknown:
-        match = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
-        if match:
-            return f' (did you mean "{match[0]}" instead of "{key}"?)'
-    return None
-
-
-def _no_nul(text: str, where: str) -> None:
-    if "\0" in text:
-        raise PayloadRejected(
-            f"{where} contains a NUL character, which no process can receive: remove it"
-        )
-
-
-def _argv(argv: object) -> tuple[str, ...]:
-    example = '{"argv": ["ls", "-l"]}'
-    if isinstance(argv, str):
-        raise PayloadRejected(
-            f'"argv" must be an array of strings, got a string: split the command into '
-            f'words, e.g. {example}, or use {{"shell": "..."}}'
-        )
-    if not isinstance(argv, list):
-        raise PayloadRejected(
-            f'"argv" must be an array of strings, e.g. {example}, got {_json_type(argv)}'
-        )
-    if not argv:
-        raise PayloadRejected(f'"argv" is empty: put the program first, e.g. {example}')
-    for i, item in enumerate(argv):
-        if not isinstance(item, str):
-            raise PayloadRejected(
-                f'"argv"[{i}] is {_json_type(item)}, not a string: quote it, e.g. "42"'
-            )
-        _no_nul(item, f'"argv"[{i}]')
-    if not argv[0]:
-        raise PayloadRejected('"argv"[0] is an empty string: it must name the program to run')
-    return tuple(argv)
-
-
-def _env(env: object) -> dict[str, str]:
-    if env is None:
-        return {}
-    if not isinstance(env, dict):
-        raise PayloadRejected(
-            f'"env" must be an object of strings, e.g. {{"env": {{"LANG": "C"}}}}, '
-            f"got {_json_type(env)}"
-        )
-    for name, value in env.items():
-        if not name or "=" in name:
-            raise PayloadRejected(
-                f'"env" name {json.dumps(name)} is not a variable name: '
-                'names are non-empty and have no "="'
-            )
-        _no_nul(name, f'"env" name {json.dumps(name)}')
-        if not isinstance(value, str):
-            raise PayloadRejected(
-                f'"env"["{name}"] is {_json_type(value)}, not a string: quote it, e.g. "42"'
-            )
-        _no_nul(value, f'"env"["{name}"]')
-    return dict(env)
-
-
-def _cwd(cwd: object) -> str | None:
-    if cwd is None:
-        return None
-    if not isinstance(cwd, str) or not cwd:
-        got = "an empty string" if cwd == "" else _json_type(cwd)
-        raise PayloadRejected(
-            f'"cwd" must be a directory path, e.g. {{"cwd": "/srv/app"}}, got {got}'
-        )
-    _no_nul(cwd, '"cwd"')
-    return cwd
-
-
-def _timeout(timeout: object) -> float | None:
-    if timeout is None:
-        return None
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        shown = (
-            json.dumps(timeout) if isinstance(timeout, (str, int, float)) else _json_type(timeout)
-        )
-        raise PayloadRejected(
-            f'"timeout" must be a positive number of seconds, e.g. {{"timeout": 30}}, got {shown}'
-        )
-    return float(timeout)

@@ -35,6 +35,8 @@ stops the child if it still runs and drops its result.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 import queue
 import random
@@ -44,20 +46,23 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import psycopg
 
-from pgqctl import claims, runner
-from pgqctl.claims import Failure, Job
+from pgqctl import claims, db, payload, runner
+from pgqctl.claims import Failure
+from pgqctl.config import describe
 from pgqctl.db import reason
-from pgqctl.errors import PgqctlError
+from pgqctl.errors import BadInput, PgqctlError
 from pgqctl.guard import Guard
+from pgqctl.jobs import Held, Job
 from pgqctl.worklog import WorkLog, seconds, timestamp
 
 CHANNEL = "pgqctl_jobs"
+APPLICATION_NAME = "pgqctl worker"
 # Retry delays: attempt n waits base * 2^(n-1), +-25% jitter, at most this.
 BACKOFF_CAP = 3600.0
 # Reconnects wait 0.5 s, doubling to 30 s, +-25% jitter.
@@ -88,6 +93,8 @@ _WAKE = "wake"
 
 @dataclass(frozen=True)
 class WorkerConfig:
+    """What a worker does, as its options say; checks itself (BadInput)."""
+
     schema: str = "public"
     queues: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
@@ -99,8 +106,79 @@ class WorkerConfig:
     burst: bool = False
     max_jobs: int | None = None
     allow_shell: bool = False
-    handlers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # (KIND, command) pairs, as --handler gives them: a kind may appear once.
+    handlers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     backoff: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.lease < 1:
+            raise BadInput("--lease must be at least 1s (it is renewed every third of it)")
+        if self.poll <= 0:
+            raise BadInput("--poll must be more than 0s, e.g. --poll 5s")
+        if self.timeout is not None and self.timeout <= 0:
+            raise BadInput("--timeout must be more than 0s; leave it out for no limit")
+        kinds = [kind for kind, _ in self.handlers]
+        for kind in kinds:
+            if kinds.count(kind) > 1:
+                raise BadInput(f"--handler given twice for kind {kind!r}: keep one")
+
+    @functools.cached_property
+    def handler_map(self) -> Mapping[str, tuple[str, ...]]:
+        """The command of each kind that has a handler."""
+        return dict(self.handlers)
+
+
+def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
+    """Connect to the DSN `target()` gives, check the schema, and work until
+    told to stop; the exit code.
+
+    Raises BadInput for a --concurrency the open-file limit cannot serve
+    (before anything else), and DatabaseUnavailable or NotMigrated when it
+    cannot start.
+    """
+    make_room_for(config.concurrency)
+    dsn = target()
+    # psycopg logs a lost connection inside a pipeline with Python's last-resort
+    # handler (a bare stderr line); the worker logs that event itself.
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
+
+    def connect() -> psycopg.Connection[Any]:
+        conn = db.connect(
+            dsn,
+            schema=config.schema,
+            application_name=APPLICATION_NAME,
+            **CONNECTION_PARAMS,
+        )
+        prepare_session(conn)
+        return conn
+
+    conn = connect()
+    try:
+        db.require_migrated(conn, config.schema)
+    except BaseException:
+        conn.close()
+        raise
+    return Worker(config, connect, log, describe_target=describe(dsn)).run(conn)
+
+
+def make_room_for(concurrency: int) -> None:
+    """Make room for `concurrency` jobs under the open-file limit: raise the
+    soft limit (up to the hard one) if need be, or refuse. Without it, jobs
+    would fail to start one by one ("too many open files"), each losing an
+    attempt. (Jobs inherit the raised soft limit.)"""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = runner.open_files_needed(concurrency)
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise BadInput(
+            f"--concurrency {concurrency} needs up to {need} open files and the hard "
+            f"limit is {hard}: raise it (ulimit -Hn, LimitNOFILE= in systemd) "
+            "or lower --concurrency"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def backoff_delay(attempt: int, base: float) -> float:
@@ -172,7 +250,7 @@ class Worker:
         self.worker_id = identity()
         self.target = describe_target
         # Taken and cleaned once: reading os.environ decodes every variable again.
-        self.environ = runner.without_credentials(os.environ if environ is None else environ)
+        self.environ = payload.without_credentials(os.environ if environ is None else environ)
         self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.exit_code = 0
 
@@ -185,7 +263,7 @@ class Worker:
         self._closing_r, self._closing_w = os.pipe()
 
         self.conn: psycopg.Connection[Any] | None = None
-        self.running: dict[claims.Held, _Running] = {}
+        self.running: dict[Held, _Running] = {}
         self.done: list[_Finished] = []
         self.fails: list[tuple[_Finished, Failure]] = []
         self.handed_back: list[_Finished] = []
@@ -493,7 +571,7 @@ class Worker:
             if due is not None:
                 self.next_due = time.monotonic() + max(due, 0.0)
 
-    def _check_renewal(self, held: list[claims.Held], kept: set[int]) -> None:
+    def _check_renewal(self, held: list[Held], kept: set[int]) -> None:
         for key in held:
             running = self.running.get(key)
             if running is None or running.lost or key[0] in kept:
@@ -503,10 +581,10 @@ class Worker:
             job = running.job
             self.log.event(
                 "lease_lost",
-                f"job {job.id} lease lost: attempt {job.attempt} is no longer this worker's "
+                f"job {job.id} lease lost: attempt {job.attempts} is no longer this worker's "
                 "(reaped or taken over); stopping it, its result will be dropped",
                 job_id=job.id,
-                attempt=job.attempt,
+                attempt=job.attempts,
                 reason="renewal",
             )
 
@@ -597,15 +675,17 @@ class Worker:
         job = running.job
         outcome = finished.outcome
         if finished.rejected is not None:
-            failure = Failure(job.id, job.attempt, finished.rejected, 0.0, permanent=True)
+            failure = Failure(job.id, job.attempts, finished.rejected, 0.0, permanent=True)
             self.fails.append((finished, failure))
         elif outcome.succeeded:
             self.done.append(finished)
         elif outcome.stopped:  # only a shutdown stops a child whose lease we hold
             self.handed_back.append(finished)
         else:
-            delay = backoff_delay(job.attempt, self.config.backoff)
-            self.fails.append((finished, Failure(job.id, job.attempt, outcome.last_error(), delay)))
+            delay = backoff_delay(job.attempts, self.config.backoff)
+            self.fails.append(
+                (finished, Failure(job.id, job.attempts, outcome.last_error(), delay))
+            )
 
     def _log_reports(
         self,
@@ -632,10 +712,10 @@ class Worker:
             if job.id in changed.handed_back:
                 self.log.event(
                     "handed_back",
-                    f"job {job.id} handed back: attempt {job.attempt} stopped by the "
+                    f"job {job.id} handed back: attempt {job.attempts} stopped by the "
                     "shutdown; it runs again without using up an attempt",
                     job_id=job.id,
-                    attempt=job.attempt,
+                    attempt=job.attempts,
                 )
             else:
                 fenced_out.append((finished, "handed back"))
@@ -649,7 +729,7 @@ class Worker:
             f"job {job.id} done in {seconds(duration)}",
             job_id=job.id,
             kind=job.kind,
-            attempt=job.attempt,
+            attempt=job.attempts,
             duration=round(duration, 3),
         )
 
@@ -662,7 +742,7 @@ class Worker:
         fields: dict[str, Any] = {
             "job_id": job.id,
             "kind": job.kind,
-            "attempt": job.attempt,
+            "attempt": job.attempts,
             "max_attempts": job.max_attempts,
             "error": what,
             "exit_code": outcome.exit_code,
@@ -673,14 +753,14 @@ class Worker:
             why = (
                 "it can never run"
                 if failure.permanent
-                else f"attempt {job.attempt} of {job.max_attempts}"
+                else f"attempt {job.attempts} of {job.max_attempts}"
             )
             self.log.event("failed", f"job {job.id} failed permanently ({why}): {what}", **fields)
             return
         self.log.event(
             "retry",
             f"job {job.id} failed: {what}; runs again in {seconds(failure.delay)} "
-            f"(attempt {job.attempt + 1} of {job.max_attempts})",
+            f"(attempt {job.attempts + 1} of {job.max_attempts})",
             retry_at=timestamp(result.run_at.timestamp()),
             delay=round(failure.delay, 3),
             **fields,
@@ -696,7 +776,7 @@ class Worker:
         for finished, tried in fenced_out:
             job = finished.running.job
             status, attempts = state.get(job.id, ("", -1))
-            if tried == "done" and status == "done" and attempts == job.attempt:
+            if tried == "done" and status == "done" and attempts == job.attempts:
                 # Our own earlier report, whose answer the connection lost.
                 self._log_done(finished)
                 continue
@@ -704,15 +784,15 @@ class Worker:
                 why = "is no longer held by this worker"
             elif not status:
                 why = "was deleted"
-            elif attempts > job.attempt:
+            elif attempts > job.attempts:
                 why = f"was taken over (now attempt {attempts}, {status})"
             else:
                 why = f"expired and was reaped (now {status})"
             self.log.event(
                 "lease_lost",
-                f"job {job.id} lease lost: attempt {job.attempt} {why}; result ({tried}) dropped",
+                f"job {job.id} lease lost: attempt {job.attempts} {why}; result ({tried}) dropped",
                 job_id=job.id,
-                attempt=job.attempt,
+                attempt=job.attempts,
                 dropped=tried,
                 status=status or None,
                 attempts=attempts if status else None,
@@ -768,26 +848,26 @@ class Worker:
         job = running.job
         c = self.config
         try:
-            command = runner.command_for_job(
+            command = payload.command_for_job(
                 job.payload,
                 kind=job.kind,
-                handlers=c.handlers,
+                handlers=c.handler_map,
                 allow_shell=c.allow_shell,
                 default_timeout=c.timeout,
             )
-            env = runner.job_environment(
+            env = payload.job_environment(
                 self.environ,
                 job_id=job.id,
                 kind=job.kind,
                 queue=job.queue,
-                attempt=job.attempt,
+                attempt=job.attempts,
                 extra=command.env,
             )
             assert self._children is not None
             self._children.submit(
                 running, command, env, stop=running.stop, on_line=self._forwarder(job.id)
             )
-        except runner.PayloadRejected as exc:
+        except payload.PayloadRejected as exc:
             self.events.put(_Finished(running, runner.Outcome(start_error=exc.reason), exc.reason))
         except Exception as exc:  # never lose the job's report
             self._child_done(running, runner.Outcome(), exc)
@@ -798,12 +878,12 @@ class Worker:
         job = key.job
         self.log.event(
             "started",
-            f"job {job.id} started: {job.kind}, attempt {job.attempt} of {job.max_attempts} "
+            f"job {job.id} started: {job.kind}, attempt {job.attempts} of {job.max_attempts} "
             f"(queue {job.queue}, slot {key.slot}, pid {pid})",
             job_id=job.id,
             kind=job.kind,
             queue=job.queue,
-            attempt=job.attempt,
+            attempt=job.attempts,
             max_attempts=job.max_attempts,
             slot=key.slot,
             pid=pid,

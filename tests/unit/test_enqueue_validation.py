@@ -7,7 +7,16 @@ from typing import Any
 
 import pytest
 
-from pgqctl.enqueue import Job, job_from_record, make_job, parse_payload, parse_run_at, read_rows
+from pgqctl.enqueue import (
+    NewJob as Job,
+)
+from pgqctl.enqueue import (
+    job_from_record,
+    make_job,
+    parse_payload,
+    parse_run_at,
+    read_rows,
+)
 from pgqctl.errors import BadInput
 
 

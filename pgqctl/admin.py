@@ -1,55 +1,34 @@
 """Operator queries: what is in the queue, and the fixes for what is stuck.
 
-One function per named query of sql/queries.sql (`stats` and `purge` put
-several together). A job is returned as a dict of its columns, the "job
-object" of the JSON output. Nothing here prints or exits.
+The library behind `stats`, `leases`, `list`, `show`, `reap`, `requeue` and
+`purge`: one function per named query of the `admin` section of
+sql/queries.sql (`stats` and `purge` put several together). Jobs come back
+as `Job`s; nothing here prints or exits.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
+from pgqctl.jobs import FIELDS, FINISHED, STATUS_NAMES, Job
 from pgqctl.sql import query
 
-Job = dict[str, Any]
 Connection = psycopg.Connection[Any]
-
-# A job's fields in machine output, the table's columns in order; `leases`
-# and `reap` add their own. (CSV of no jobs still has the header.)
-JOB_FIELDS = (
-    "id",
-    "queue",
-    "kind",
-    "payload",
-    "status",
-    "priority",
-    "attempts",
-    "max_attempts",
-    "run_at",
-    "locked_until",
-    "locked_by",
-    "last_error",
-    "created_at",
-    "finished_at",
-)
-LEASE_FIELDS = (*JOB_FIELDS, "expired", "seconds_left")
-REAP_FIELDS = (*JOB_FIELDS, "held_by")
-
-STATUSES = ("pending", "running", "done", "failed")
-FINISHED = ("done", "failed")
 
 # `stats` counts done jobs exactly while there are at most this many; above,
 # it estimates them from the planner's statistics instead of reading history.
 EXACT_DONE_BOUND = 1000
 
 
-def _rows(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> list[Job]:
+def _rows(
+    conn: Connection, name: str, params: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Run a named query; each row as a dict."""
     # Always pass a dict, so `%%` in a query means `%` whether it has
     # placeholders or not.
@@ -65,18 +44,42 @@ def _rows(conn: Connection, name: str, params: Mapping[str, Any] | None = None) 
 class Counts:
     """Jobs of one queue (or of all) by status, plus what needs attention."""
 
-    pending: int = 0
-    running: int = 0
-    done: int = 0
-    failed: int = 0
+    by_status: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUS_NAMES, 0))
     expired_leases: int = 0
     oldest_pending_age_seconds: float | None = None
 
+    @classmethod
+    def of(
+        cls,
+        expired_leases: int = 0,
+        oldest_pending_age_seconds: float | None = None,
+        **by_status: int,
+    ) -> Counts:
+        """Counts from keyword arguments, one per status (others 0)."""
+        counts = cls(
+            expired_leases=expired_leases, oldest_pending_age_seconds=oldest_pending_age_seconds
+        )
+        for status, n in by_status.items():
+            if status not in counts.by_status:
+                raise ValueError(f"unknown status {status!r}")
+            counts.by_status[status] = int(n)
+        return counts
+
+    @property
+    def done(self) -> int:
+        return self.by_status["done"]
+
+    @done.setter
+    def done(self, n: int) -> None:
+        self.by_status["done"] = n
+
+    def not_done(self) -> int:
+        """Every job but the done ones: the counts that are always exact."""
+        return sum(n for status, n in self.by_status.items() if status != "done")
+
     def add(self, other: Counts) -> None:
-        self.pending += other.pending
-        self.running += other.running
-        self.done += other.done
-        self.failed += other.failed
+        for status, n in other.by_status.items():
+            self.by_status[status] += n
         self.expired_leases += other.expired_leases
         ages = [
             a
@@ -84,6 +87,14 @@ class Counts:
             if a is not None
         ]
         self.oldest_pending_age_seconds = max(ages) if ages else None
+
+    def as_record(self) -> dict[str, Any]:
+        """Every status's count, then expired leases and the oldest pending age."""
+        return {
+            **self.by_status,
+            "expired_leases": self.expired_leases,
+            "oldest_pending_age_seconds": self.oldest_pending_age_seconds,
+        }
 
 
 @dataclass
@@ -96,16 +107,11 @@ class Stats:
         """The documented JSON shape of `pgqctl stats`."""
         t = self.totals
         return {
-            "totals": {
-                "pending": t.pending,
-                "running": t.running,
-                "done": t.done,
-                "failed": t.failed,
-            },
+            "totals": dict(t.by_status),
             "expired_leases": t.expired_leases,
             "oldest_pending_age_seconds": t.oldest_pending_age_seconds,
             "estimated": self.estimated,
-            "queues": [{"queue": name, **vars(c)} for name, c in self.queues.items()],
+            "queues": [{"queue": name, **c.as_record()} for name, c in self.queues.items()],
         }
 
 
@@ -136,8 +142,11 @@ def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:
     """Exact counts per queue, done among at most `done_bound` jobs (None: all)."""
     found = {}
     for row in _rows(conn, "stats_counts", {"bound": done_bound}):
-        name = row.pop("queue")
-        found[name] = Counts(**row)
+        found[row["queue"]] = Counts(
+            {status: int(row[status]) for status in STATUS_NAMES},
+            int(row["expired_leases"]),
+            row["oldest_pending_age_seconds"],
+        )
     return found
 
 
@@ -165,7 +174,7 @@ def estimate_done(counted: Mapping[str, Counts], table: TableEstimate) -> dict[s
     """
     names = set(counted) | set(table.queue_shares)
     seen = {q: counted[q].done if q in counted else 0 for q in names}
-    others = {q: _not_done(counted.get(q)) for q in names}
+    others = {q: counted[q].not_done() if q in counted else 0 for q in names}
     if not table.analyzed:
         total = max(sum(seen.values()), table.rows - sum(others.values()))
         sampled = sum(seen.values()) or 1
@@ -178,27 +187,59 @@ def estimate_done(counted: Mapping[str, Counts], table: TableEstimate) -> dict[s
     }
 
 
-def _not_done(c: Counts | None) -> int:
-    return 0 if c is None else c.pending + c.running + c.failed
-
-
 # --- leases and reap -----------------------------------------------------------
 
 
-def leases(conn: Connection, *, expired_only: bool = False) -> list[Job]:
-    """Running jobs with `expired` and `seconds_left`, soonest lease end first."""
-    return _rows(conn, "lease_list", {"expired_only": expired_only})
+@dataclass(frozen=True)
+class Lease:
+    """A running job and where its lease stands."""
+
+    job: Job
+    expired: bool  # over, or no lease at all: what reap takes
+    seconds_left: float | None  # negative when overdue; None without a lease
+
+    def as_record(self) -> dict[str, Any]:
+        return {**self.job.as_record(), "expired": self.expired, "seconds_left": self.seconds_left}
 
 
-def reap_preview(conn: Connection) -> list[Job]:
+LEASE_FIELDS = (*FIELDS, "expired", "seconds_left")
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """A job as reap left it (or would leave it), and the worker that held it."""
+
+    job: Job
+    held_by: str | None
+
+    def as_record(self) -> dict[str, Any]:
+        return {**self.job.as_record(), "held_by": self.held_by}
+
+
+REAP_FIELDS = (*FIELDS, "held_by")
+
+
+def leases(conn: Connection, *, expired_only: bool = False) -> list[Lease]:
+    """Running jobs, soonest lease end first."""
+    return [
+        Lease(
+            Job.from_row(row),
+            row["expired"],
+            None if row["seconds_left"] is None else float(row["seconds_left"]),
+        )
+        for row in _rows(conn, "lease_list", {"expired_only": expired_only})
+    ]
+
+
+def reap_preview(conn: Connection) -> list[Reaped]:
     """The jobs `reap` would change now, each with the status it would get."""
-    jobs = _rows(conn, "lease_reap_preview")
-    for job in jobs:
-        job["status"] = job.pop("reaped_status")
-    return jobs
+    return [
+        Reaped(replace(Job.from_row(row), status=row["reaped_status"]), row["held_by"])
+        for row in _rows(conn, "lease_reap_preview")
+    ]
 
 
-def reap(conn: Connection) -> list[Job]:
+def reap(conn: Connection) -> list[Reaped]:
     """Expired leases back to pending, or failed when out of attempts.
 
     Skips rows locked at this instant (a worker renewing or reporting), so it
@@ -206,10 +247,10 @@ def reap(conn: Connection) -> list[Job]:
     Workers are woken in the same transaction when a job became pending.
     """
     with conn.transaction():
-        jobs = _rows(conn, "lease_reap")
-        if any(j["status"] == "pending" for j in jobs):
+        reaped = [Reaped(Job.from_row(row), row["held_by"]) for row in _rows(conn, "lease_reap")]
+        if any(r.job.status == "pending" for r in reaped):
             notify_workers(conn)
-    return sorted(jobs, key=lambda j: j["id"])
+    return sorted(reaped, key=lambda r: r.job.id)
 
 
 def notify_workers(conn: Connection) -> None:
@@ -229,13 +270,14 @@ def list_jobs(
     limit: int = 50,
 ) -> list[Job]:
     """Jobs matching every filter given, newest first."""
-    return _rows(conn, "job_list", {"status": status, "queue": queue, "kind": kind, "limit": limit})
+    params = {"status": status, "queue": queue, "kind": kind, "limit": limit}
+    return [Job.from_row(row) for row in _rows(conn, "job_list", params)]
 
 
 def get_job(conn: Connection, job_id: int) -> Job | None:
     """One job, every column; None if there is no such job."""
     found = _rows(conn, "job_get", {"id": job_id})
-    return found[0] if found else None
+    return Job.from_row(found[0]) if found else None
 
 
 # --- requeue -------------------------------------------------------------------------
@@ -268,7 +310,7 @@ class Requeued:
 
 def failed_jobs(conn: Connection, selection: Selection) -> list[Job]:
     """The failed jobs a selection matches, by id."""
-    return _rows(conn, "job_failed_select", selection.params())
+    return [Job.from_row(row) for row in _rows(conn, "job_failed_select", selection.params())]
 
 
 def requeue(
@@ -282,20 +324,19 @@ def requeue(
     with conn.transaction():
         matched = failed_jobs(conn, selection)
         if dry_run:
-            jobs = [
-                {**j, "status": "pending", "max_attempts": j["attempts"] + more} for j in matched
-            ]
+            jobs = [replace(j, status="pending", max_attempts=j.attempts + more) for j in matched]
         else:
-            jobs = _rows(conn, "job_requeue", {"ids": [j["id"] for j in matched], "more": more})
+            params = {"ids": [j.id for j in matched], "more": more}
+            jobs = [Job.from_row(row) for row in _rows(conn, "job_requeue", params)]
             if jobs:
                 notify_workers(conn)
-    moved = {j["id"] for j in jobs}
+    moved = {j.id for j in jobs}
     left = {}
     for job_id in selection.ids:
         if job_id not in moved:
             job = get_job(conn, job_id)
-            left[job_id] = job["status"] if job else None
-    return Requeued(sorted(jobs, key=lambda j: j["id"]), left)
+            left[job_id] = job.status if job else None
+    return Requeued(sorted(jobs, key=lambda j: j.id), left)
 
 
 # --- purge ---------------------------------------------------------------------------
@@ -345,3 +386,8 @@ def purge(
         # Fewer than a full batch: nothing unlocked is left to delete.
         if n < batch_size:
             return deleted
+
+
+def purge_statuses(choices: Sequence[str]) -> list[str]:
+    """The finished statuses `--status` choices name ("all": every finished one)."""
+    return sorted({s for c in choices for s in (FINISHED if c == "all" else [c])})

@@ -1,0 +1,324 @@
+"""The operator's commands: stats, leases, list, show, reap, requeue, purge
+(library: pgqctl/admin.py)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from pgqctl import admin, output
+from pgqctl.commands.options import (
+    COUNT,
+    DURATION,
+    JOB_ID,
+    Database,
+    command,
+    database_options,
+    format_options,
+    say,
+    selection_option,
+)
+from pgqctl.errors import BadInput, NotFound
+from pgqctl.jobs import FIELDS, FINISHED, STATUS_NAMES
+
+LIST_COLUMNS = ["id", "queue", "kind", "status", "attempt", "run_at", "finished_at", "error"]
+LEASE_COLUMNS = ["id", "queue", "kind", "attempt", "locked_by", "locked_until", "left"]
+CHANGE_COLUMNS = ["id", "queue", "kind", "status", "attempt", "error"]
+
+
+@command("stats")
+@database_options
+@click.option(
+    "--exact", is_flag=True, help="Count done jobs exactly (reads the whole finished history)."
+)
+@click.option(
+    "--watch",
+    type=DURATION,
+    metavar="SECONDS",
+    help="Refresh every SECONDS (in place on a terminal) until Ctrl-C.",
+)
+@format_options
+def stats_command(database: Database, exact: bool, watch: float | None, fmt: str) -> None:
+    """Jobs per status, in total and per queue, with expired leases and the
+    age of the oldest due pending job.
+
+    Pending, running and failed counts are exact. Done counts are exact up to
+    1,000 done jobs; beyond that they are estimated from PostgreSQL's table
+    statistics (marked ~, and "estimated": true in JSON), so stats stays cheap
+    on a long history. --exact counts them.
+
+    \b
+    Example:
+        pgqctl stats
+        pgqctl stats --watch 2
+        pgqctl stats --json | jq '.totals.failed'
+    """
+    if watch is not None and watch <= 0:
+        raise BadInput("--watch needs a positive number of seconds, such as --watch 2")
+    with database.connect() as conn:
+
+        def snapshot() -> admin.Stats:
+            return admin.stats(conn, exact=exact)
+
+        if watch is None:
+            _show_stats(snapshot(), fmt)
+        elif output.resolve_format(fmt) == "table":
+            output.live(lambda: output.stats_table(snapshot()), watch)
+        else:
+            try:
+                while True:
+                    _show_stats(snapshot(), fmt)
+                    sys.stdout.flush()
+                    time.sleep(watch)
+            except KeyboardInterrupt:
+                return
+
+
+def _show_stats(stats: admin.Stats, fmt: str) -> None:
+    output.emit_stats(stats, fmt)
+    if stats.estimated and output.is_human(fmt):
+        say(output.ESTIMATE_NOTE)
+
+
+@command("leases")
+@database_options
+@click.option("--expired", is_flag=True, help="Only leases that are over (what reap takes).")
+@format_options
+def leases_command(database: Database, expired: bool, fmt: str) -> None:
+    """Running jobs: who holds each lease, when it ends, and the time left
+    (negative when overdue), soonest end first.
+
+    \b
+    Example:
+        pgqctl leases
+        pgqctl leases --expired --json | jq '.[].id'
+    """
+    with database.connect() as conn:
+        leases = admin.leases(conn, expired_only=expired)
+    output.emit_jobs(leases, LEASE_COLUMNS, fmt, admin.LEASE_FIELDS)
+    if not leases:
+        say("no expired leases" if expired else "no running jobs")
+
+
+@command("list")
+@database_options
+@selection_option("--status", type=click.Choice(STATUS_NAMES), help="Only jobs in this status.")
+@selection_option("--queue", "queue_name", metavar="QUEUE", help="Only jobs of this queue.")
+@selection_option("--kind", metavar="KIND", help="Only jobs of this kind.")
+@click.option("--limit", type=COUNT, default=50, show_default=True, help="At most this many.")
+@format_options
+def list_command(
+    database: Database,
+    status: str | None,
+    queue_name: str | None,
+    kind: str | None,
+    limit: int,
+    fmt: str,
+) -> None:
+    """Jobs, newest first, with the first line of their last error.
+
+    \b
+    Example:
+        pgqctl list --status failed
+        pgqctl list --queue emails --kind send_receipt --limit 10
+        pgqctl list --status pending --json | jq length
+    """
+    with database.connect() as conn:
+        jobs = admin.list_jobs(conn, status=status, queue=queue_name, kind=kind, limit=limit)
+    output.emit_jobs(jobs, LIST_COLUMNS, fmt, FIELDS)
+    if not jobs:
+        say("no jobs match")
+
+
+@command("show")
+@database_options
+@click.argument("job_id", metavar="ID", type=JOB_ID)
+@format_options
+def show_command(database: Database, job_id: int, fmt: str) -> None:
+    """One job, whole: every column, the payload pretty-printed and the full
+    last error.
+
+    \b
+    Example:
+        pgqctl show 42
+        pgqctl show 42 --json | jq .payload
+    """
+    with database.connect() as conn:
+        job = admin.get_job(conn, job_id)
+    if job is None:
+        raise NotFound(
+            f"job {job_id} not found in schema {database.schema}: "
+            "`pgqctl list` shows the jobs there"
+        )
+    output.emit_job(job, fmt)
+
+
+@command("reap")
+@database_options
+@selection_option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only when something changed (cron).")
+@format_options
+def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> None:
+    """Reclaim expired leases: each job goes back to pending, or to failed
+    when it has used all its attempts.
+
+    Jobs a worker is updating at this instant are skipped, not waited on, so
+    reap is safe to run from cron while workers run; concurrent reaps never
+    handle the same job twice. Workers are woken for the jobs made pending.
+
+    \b
+    Example:
+        pgqctl reap --dry-run
+        * * * * *  pgqctl reap --quiet      # crontab: every minute
+    """
+    with database.connect() as conn:
+        reaped = admin.reap_preview(conn) if dry_run else admin.reap(conn)
+    if not reaped and quiet:
+        return
+    output.emit_jobs(reaped, CHANGE_COLUMNS, fmt, admin.REAP_FIELDS)
+    if quiet:
+        return
+    if not reaped:
+        say("no expired leases")
+        return
+    failed = sum(1 for r in reaped if r.job.status == "failed")
+    verb = "would reap" if dry_run else "reaped"
+    say(
+        f"{verb} {output.plural(len(reaped), 'expired lease')}: "
+        f"{len(reaped) - failed} back to pending, {failed} failed (out of attempts)"
+    )
+
+
+@command("requeue")
+@database_options
+@selection_option("--failed", "all_failed", is_flag=True, help="Every failed job.")
+@selection_option("--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable).")
+@selection_option("--kind", metavar="KIND", help="Only failed jobs of this kind.")
+@selection_option("--queue", "queue_name", metavar="QUEUE", help="Only failed jobs of this queue.")
+@selection_option(
+    "--since", type=DURATION, metavar="DURATION", help="Only jobs failed within, e.g. 1h."
+)
+@selection_option(
+    "--attempts",
+    "more",
+    type=click.IntRange(min=1, max=1_000_000),
+    default=1,
+    show_default=True,
+    help="Tries each job gets: max_attempts becomes attempts + N.",
+)
+@selection_option("--dry-run", is_flag=True, help="Show what would move; change nothing.")
+@format_options
+def requeue_command(
+    database: Database,
+    all_failed: bool,
+    ids: tuple[int, ...],
+    kind: str | None,
+    queue_name: str | None,
+    since: float | None,
+    more: int,
+    dry_run: bool,
+    fmt: str,
+) -> None:
+    """Move failed jobs back to pending, due now.
+
+    Select every failed job with --failed, or narrow with --id, --kind,
+    --queue and --since (each given narrows further). Each job gets --attempts
+    more tries: attempts is kept (it fences stale workers) and max_attempts is
+    raised. last_error is kept until the next attempt replaces it.
+
+    \b
+    Example:
+        pgqctl requeue --id 5
+        pgqctl requeue --failed --kind send_receipt --since 1h --dry-run
+        pgqctl requeue --queue emails --attempts 3
+    """
+    selection = admin.Selection(ids=ids, kind=kind, queue=queue_name, since=since)
+    if not all_failed and selection == admin.Selection():
+        raise BadInput(
+            "nothing selected: give --failed to requeue every failed job, "
+            "or narrow with --id, --kind, --queue or --since"
+        )
+    with database.connect() as conn:
+        result = admin.requeue(conn, selection, more=more, dry_run=dry_run)
+    output.emit_jobs(result.jobs, CHANGE_COLUMNS, fmt, FIELDS)
+    for job_id, status in result.left.items():
+        if status is None:
+            say(f"job {job_id} not found")
+        elif status == "failed":
+            say(f"job {job_id} is failed but does not match the other filters: left as it is")
+        else:
+            say(f"job {job_id} is {status}, not failed: left as it is")
+    verb = "would requeue" if dry_run else "requeued"
+    jobs = result.jobs
+    say(f"{verb} {output.plural(len(jobs), 'job')}" if jobs else "no failed jobs match")
+    if None in result.left.values():
+        raise NotFound(
+            "some --id jobs do not exist: `pgqctl list --status failed` lists the failed ones"
+        )
+
+
+@command("purge")
+@database_options
+@selection_option(
+    "--status",
+    "statuses",
+    type=click.Choice([*FINISHED, "all"]),
+    multiple=True,
+    default=["done"],
+    show_default=True,
+    help="Finished status to delete (repeatable; all = done and failed).",
+)
+@selection_option(
+    "--older-than",
+    type=DURATION,
+    default=0.0,
+    metavar="DURATION",
+    help="Only jobs finished longer ago than this, e.g. 7d.",
+)
+@click.option(
+    "--batch-size",
+    type=COUNT,
+    default=10_000,
+    show_default=True,
+    help="Rows deleted per transaction.",
+)
+@selection_option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@format_options
+def purge_command(
+    database: Database,
+    statuses: tuple[str, ...],
+    older_than: float,
+    batch_size: int,
+    dry_run: bool,
+    fmt: str,
+) -> None:
+    """Delete finished jobs, done by default, in batches of short transactions
+    so workers never wait on more than one batch.
+
+    Only jobs that finished before the purge started are deleted; pending and
+    running jobs are never touched.
+
+    \b
+    Example:
+        pgqctl purge --older-than 7d
+        pgqctl purge --status failed --older-than 30d --dry-run
+        pgqctl purge --status all --json
+    """
+    chosen = admin.purge_statuses(statuses)
+    what = f"{' and '.join(chosen)} jobs" + (
+        f" finished more than {output.format_seconds(older_than)} ago" if older_than else ""
+    )
+    with database.connect() as conn:
+        plan = admin.purge_plan(conn, chosen, older_than)
+        if dry_run:
+            matched = admin.purge_count(conn, plan)
+            output.emit_result({"deleted": 0, "dry_run": True, "matched": matched}, fmt)
+            say(f"would delete {matched} {what}")
+            return
+        total = admin.purge_count(conn, plan) if sys.stderr.isatty() else None
+        with output.progress(total, f"deleting {what}") as advance:
+            deleted = admin.purge(conn, plan, batch_size=batch_size, on_batch=advance)
+    output.emit_result({"deleted": deleted}, fmt)
+    say(f"deleted {deleted} {what}")

@@ -1,0 +1,142 @@
+"""`pgqctl enqueue`: one job, or a JSON-lines file of them (library: pgqctl/enqueue.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+
+import click
+from click.core import ParameterSource
+
+from pgqctl import output
+from pgqctl.commands.options import (
+    DURATION,
+    Database,
+    Timestamp,
+    command,
+    database_options,
+    format_options,
+    say,
+)
+from pgqctl.enqueue import check_defaults, insert_jobs, load, make_job, parse_payload
+
+
+def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A PGQCTL_QUEUE naming several queues is a worker's: a job would go to
+    a queue called "emails reports" that no worker reads."""
+    from_env = param.name and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
+    names = value.split()
+    if not from_env or not names:
+        return value
+    if len(names) > 1:
+        raise click.BadParameter(
+            f"{value!r} names several queues, as a worker's list does; "
+            "a job goes to one queue: pass --queue",
+            ctx,
+            param,
+        )
+    return names[0]  # "mail " is the queue a worker reads as mail
+
+
+@command("enqueue")
+@database_options
+@click.argument("kind", required=False)
+@click.argument("payload", required=False)
+@click.option(
+    "--queue",
+    default="default",
+    show_default=True,
+    callback=_one_queue,
+    help="Queue to put the job in.",
+)
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--delay", type=DURATION, help="Due after this long: 30s, 5m, 2h, 1d or seconds.")
+@click.option(
+    "--run-at", type=Timestamp(), help="Due at this ISO 8601 time (without offset: local time)."
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Attempts before the job fails for good.",
+)
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    allow_from_autoenv=False,  # a PGQCTL_FILE in the environment would hijack every enqueue
+    help="Bulk-load JSON lines from this file (- for stdin).",
+)
+@format_options
+def enqueue_command(
+    database: Database,
+    kind: str | None,
+    payload: str | None,
+    queue: str,
+    priority: int,
+    delay: float | None,
+    run_at: dt.datetime | None,
+    max_attempts: int,
+    path: str | None,
+    fmt: str,
+) -> None:
+    """Add a job (KIND, with a JSON object PAYLOAD, default {}) and print its id.
+
+    With --file, add one job per line of a JSON-lines file instead, each an
+    object with "kind" and optionally "payload", "queue", "priority",
+    "run_at", "delay", "max_attempts"; the options above fill what a line
+    leaves out. The whole file goes in one transaction: one bad line and
+    nothing is added.
+
+    \b
+    Example:
+        pgqctl enqueue hello '{"argv": ["echo", "hello"]}'
+        pgqctl enqueue report '{"argv": ["./report.sh"]}' --delay 5m --queue slow
+        pgqctl enqueue --file jobs.jsonl
+        printf '%s\\n' '{"kind": "ping", "payload": {"argv": ["true"]}}' | pgqctl enqueue --file -
+    """
+    if delay is not None and run_at is not None:
+        raise click.UsageError("give --delay or --run-at, not both")
+    options = {
+        "queue": queue,
+        "priority": priority,
+        "run_at": run_at,
+        "delay": delay,
+        "max_attempts": max_attempts,
+    }
+    if path is not None:
+        if kind is not None:
+            raise click.UsageError("give KIND [PAYLOAD] or --file, not both")
+        # Options given (on the command line or as PGQCTL_*) fill what lines leave out.
+        source = click.get_current_context().get_parameter_source
+        given = {k: v for k, v in options.items() if source(k) is not ParameterSource.DEFAULT}
+        check_defaults(given)
+        _enqueue_file(database, path, given, fmt)
+        return
+    if kind is None:
+        raise click.UsageError("missing KIND (or --file F to load many jobs)")
+    job = make_job(kind, parse_payload(payload) if payload is not None else None, **options)
+    with database.connect() as conn:
+        ids = insert_jobs(conn, [job])
+    output.emit_new_ids(ids, fmt)
+
+
+def _enqueue_file(database: Database, path: str, defaults: dict[str, object], fmt: str) -> None:
+    source = "stdin" if path == "-" else path
+    with click.open_file(path, "rb") as f, output.file_progress(f) as progress:
+        ids = load(
+            f if progress is None else progress.lines(f),
+            database.connect,
+            source=source,
+            defaults=defaults,
+            on_progress=None if progress is None else progress.sent,
+        )
+    if not ids:
+        say(f"nothing to enqueue: {source} has no jobs")
+        output.emit_new_ids([], fmt)
+        return
+    say(f"enqueued {output.plural(len(ids), 'job')} {output.id_span(ids)}")
+    # Thousands of ids on a terminal are noise: there, the line above says it all.
+    if not (sys.stdout.isatty() and fmt in ("auto", *output.HUMAN_FORMATS)):
+        output.emit_new_ids(ids, fmt)

@@ -1,0 +1,184 @@
+"""`pgqctl worker`: run jobs (library: pgqctl/worker.py, which runs them with
+pgqctl/runner.py as pgqctl/payload.py says)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Any
+
+import click
+
+from pgqctl.commands.options import (
+    COUNT,
+    DURATION,
+    Database,
+    command,
+    database_options,
+    debugging,
+)
+from pgqctl.worklog import LOG_FORMATS  # small; the options need it
+
+
+class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """`KIND=COMMAND`, COMMAND split like a shell would (no shell runs it)."""
+
+    name = "handler"
+    # PGQCTL_HANDLER holds one handler per line: commands contain spaces.
+    envvar_list_splitter = "\n"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, tuple[str, ...]]:
+        if isinstance(value, tuple):
+            return value
+        kind, sep, command = str(value).partition("=")
+        example = "e.g. --handler 'resize=convert-image --quality 80'"
+        if not sep or not kind.strip() or not command.strip():
+            self.fail(f"{value!r} is not KIND=COMMAND, {example}", param, ctx)
+        try:
+            argv = tuple(shlex.split(command))
+        except ValueError as exc:
+            self.fail(f"cannot split the command of {value!r}: {exc}, {example}", param, ctx)
+        return kind.strip(), argv
+
+
+@command("worker")
+@database_options
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    envvar="PGQCTL_QUEUE",
+    metavar="QUEUE",
+    help="Claim only jobs of this queue (repeatable; default: every queue).",
+)
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    envvar="PGQCTL_KIND",
+    metavar="KIND",
+    help="Claim only jobs of this kind (repeatable; default: every kind).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=os.cpu_count() or 1,
+    show_default="the number of CPUs",
+    help="Jobs run at the same time.",
+)
+@click.option(
+    "--lease",
+    type=DURATION,
+    default="5m",
+    show_default=True,
+    help="How long a claim holds a job; renewed every third of it while the job runs.",
+)
+@click.option(
+    "--poll",
+    type=DURATION,
+    default="5s",
+    show_default=True,
+    help="Look for jobs this often even without a notification.",
+)
+@click.option(
+    "--timeout",
+    type=DURATION,
+    default=None,
+    help="Stop jobs that run longer (a payload's own timeout wins). Default: no limit.",
+)
+@click.option(
+    "--grace",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="On SIGTERM/SIGINT/SIGHUP, how long running jobs may finish before they are stopped.",
+)
+@click.option(
+    "--backoff",
+    type=DURATION,
+    default="2s",
+    show_default=True,
+    help="Retry delay after a first failure; doubles with each attempt (±25%, at most 1h).",
+)
+@click.option("--burst", is_flag=True, help="Exit once no job is due and none is running.")
+@click.option(
+    "--max-jobs",
+    type=COUNT,
+    default=None,
+    help="Exit after claiming this many jobs (once they finish).",
+)
+@click.option("--allow-shell", is_flag=True, help='Run {"shell": "..."} payloads with /bin/sh.')
+@click.option(
+    "--handler",
+    "handlers",
+    type=HandlerSpec(),
+    multiple=True,
+    envvar="PGQCTL_HANDLER",
+    metavar="KIND=COMMAND",
+    help="Run COMMAND for jobs of KIND, with the payload as JSON on stdin (repeatable).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines on stderr: text, or one JSON object per line.",
+)
+def worker_command(
+    database: Database,
+    queues: tuple[str, ...],
+    kinds: tuple[str, ...],
+    concurrency: int,
+    lease: float,
+    poll: float,
+    timeout: float | None,
+    grace: float,
+    backoff: float,
+    burst: bool,
+    max_jobs: int | None,
+    allow_shell: bool,
+    handlers: tuple[tuple[str, tuple[str, ...]], ...],
+    log_format: str,
+) -> int:
+    """Run jobs: claim them, run each as a child process, record how it ended.
+
+    A payload {"argv": [...]} runs that program directly; {"shell": "..."}
+    needs --allow-shell; with --handler KIND=COMMAND, jobs of KIND run
+    COMMAND with their payload as JSON on stdin. Exit 0: done; anything
+    else: retried with exponential backoff until max_attempts, then failed.
+    The child gets PGQCTL_JOB_ID (an idempotency key), PGQCTL_JOB_KIND,
+    PGQCTL_JOB_QUEUE and PGQCTL_JOB_ATTEMPT, and no database credentials.
+
+    SIGTERM, SIGINT or SIGHUP: claim nothing more, let running jobs finish for
+    --grace, then stop them and hand them back; a second signal stops them
+    at once. Logs one line per job event on stderr.
+
+    \b
+    Example:
+        pgqctl worker --concurrency 8
+        pgqctl worker --queue emails --handler 'send_receipt=bin/send-receipt' --burst
+        pgqctl worker --kind report --timeout 10m --log-format json
+    """
+    from pgqctl import worker
+    from pgqctl.worklog import WorkLog
+
+    config = worker.WorkerConfig(
+        schema=database.schema,
+        queues=queues,
+        kinds=kinds,
+        concurrency=concurrency,
+        lease=lease,
+        poll=poll,
+        timeout=timeout,
+        grace=grace,
+        burst=burst,
+        max_jobs=max_jobs,
+        allow_shell=allow_shell,
+        handlers=handlers,
+        backoff=backoff,
+    )
+    log = WorkLog(sys.stderr, log_format, debug=debugging())
+    return worker.serve(config, database.dsn, log)

@@ -1,0 +1,114 @@
+"""What a job is: one row of `jobs`, and the statuses it moves through.
+
+The state machine lives here and nowhere else: the `--status` choices,
+`stats`, `purge` and the README's table of statuses all read `STATUSES`, and
+a test checks it against the table's CHECK constraint. A new status is one
+more entry here, plus the migration that lets the table hold it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+# (job id, the attempt a worker claimed): what every fence checks.
+Held = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Move:
+    """One way out of a status: to `to` (a status, or "deleted"), made by `by`, when `when`."""
+
+    to: str
+    by: str
+    when: str
+
+
+@dataclass(frozen=True)
+class Status:
+    name: str
+    meaning: str
+    finished: bool  # has finished_at set, and is what purge deletes
+    moves: tuple[Move, ...]
+
+
+STATUSES: tuple[Status, ...] = (
+    Status(
+        "pending",
+        "waiting to run, from run_at on",
+        finished=False,
+        moves=(Move("running", "worker", "claims it (due, highest priority first)"),),
+    ),
+    Status(
+        "running",
+        "a worker holds it under a lease (locked_until, locked_by)",
+        finished=False,
+        moves=(
+            Move("done", "worker", "the job exits 0"),
+            Move("pending", "worker", "the job fails with attempts left (due after a backoff)"),
+            Move("failed", "worker", "the job fails with no attempts left, or can never run"),
+            Move("pending", "worker", "the worker stops before the job ends (handed back)"),
+            Move("pending", "reap", "the lease expired (failed when no attempts are left)"),
+        ),
+    ),
+    Status(
+        "done",
+        "finished: the job exited 0",
+        finished=True,
+        moves=(Move("deleted", "purge", "it finished before --older-than"),),
+    ),
+    Status(
+        "failed",
+        "finished for good: out of attempts, or it can never run (the dead letters)",
+        finished=True,
+        moves=(
+            Move("pending", "requeue", "an operator grants it more attempts"),
+            Move("deleted", "purge", "--status failed, finished before --older-than"),
+        ),
+    ),
+)
+
+STATUS_NAMES: tuple[str, ...] = tuple(s.name for s in STATUSES)
+FINISHED: tuple[str, ...] = tuple(s.name for s in STATUSES if s.finished)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One row of `jobs`. A claim reads only the columns a worker needs; the
+    others keep their defaults there."""
+
+    id: int
+    queue: str
+    kind: str
+    payload: Any
+    status: str = "pending"
+    priority: int = 0
+    # The fencing token: every claim increments it, nothing decreases it.
+    attempts: int = 0
+    max_attempts: int = 3
+    run_at: datetime | None = None
+    locked_until: datetime | None = None
+    locked_by: str | None = None
+    last_error: str | None = None
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Job:
+        """A job from a row of `SELECT *` (more keys than columns are ignored)."""
+        return cls(**{name: row[name] for name in FIELDS if name in row})
+
+    @property
+    def held(self) -> Held:
+        """What fences this claim: (id, the attempt claimed)."""
+        return (self.id, self.attempts)
+
+    def as_record(self) -> dict[str, Any]:
+        """The job object of the JSON output: every column, in table order."""
+        return {name: getattr(self, name) for name in FIELDS}
+
+
+# A job's fields in machine output, the table's columns in order.
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Job))

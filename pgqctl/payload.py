@@ -1,0 +1,316 @@
+"""What a job's payload means: the command it runs, and the environment it runs in.
+
+No database, no processes, no printing: the worker (``worker.py``) reads each
+claimed job here and hands the result to the process engine (``runner.py``).
+
+- `command_for_job` reads a payload into a `runner.Command`, or raises
+  `PayloadRejected` for a payload that can never run. A rejection is
+  permanent: the worker fails the job at once, without retries.
+- `command_for_payload` does the same for a payload no handler takes, so
+  that an ``argv`` or ``shell`` payload can be checked without a worker.
+- `without_credentials` and `job_environment` build the child's
+  environment: the worker's own, minus every way to reach the queue's
+  database, plus the job's `env`, plus the ``PGQCTL_JOB_*`` variables.
+
+Payload rules. With a handler for the job's kind (``--handler KIND=CMD``),
+the handler runs with the payload, whatever it holds, as compact JSON on
+stdin; the payload is not interpreted and the worker's default timeout
+applies. Otherwise the payload must be an object with either ``argv`` (a
+non-empty array of strings, run directly) or ``shell`` (a string run with
+``/bin/sh -c``, only when the worker allows shell payloads), and optionally
+``env`` (object of strings), ``cwd`` (string), ``timeout`` (positive
+seconds; overrides the worker's default) and ``stdin`` (string). A ``null``
+optional key counts as absent. Any other key is rejected: in a payload that
+pgqctl itself interprets, an unknown key is almost always a typo (``timout``)
+that would otherwise be silently ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections.abc import Mapping, Sequence
+
+from pgqctl.config import LIBPQ_SELECTORS
+from pgqctl.runner import Command
+
+_SHELL = "/bin/sh"
+_OPTIONAL_KEYS = ("env", "cwd", "timeout", "stdin")
+_KNOWN_KEYS = frozenset(("argv", "shell", *_OPTIONAL_KEYS))
+
+# Variables that point a client at a database or log it in. The child must
+# not reach the queue's database with the worker's credentials, so none of
+# these is inherited (a job's own `env` may still set them). PGQCTL_* goes
+# too: it holds the DSN and the worker's options. This closes the
+# environment only: a child running as the worker's user can still read
+# that user's ~/.pgpass and ~/.pg_service.conf, or the embedded server's
+# socket; run the worker as a user that has none of these to go further.
+_CREDENTIAL_PREFIXES = ("PGQCTL_", "PGSSL", "PGGSS")
+_CREDENTIAL_NAMES = frozenset(
+    (
+        "DATABASE_URL",
+        # libpq's connection variables (PostgreSQL 18 docs, "Environment
+        # Variables"), minus the ones that only shape a session (PGDATESTYLE,
+        # PGTZ, PGGEQO, PGCLIENTENCODING): those that choose the server and
+        # login, then the rest.
+        *LIBPQ_SELECTORS,
+        "PGPASSFILE",
+        "PGSERVICEFILE",
+        "PGSYSCONFDIR",  # where libpq looks for pg_service.conf
+        "PGOPTIONS",
+        "PGAPPNAME",
+        "PGREQUIRESSL",
+        "PGREQUIREPEER",
+        "PGREQUIREAUTH",
+        "PGCHANNELBINDING",
+        "PGKRBSRVNAME",
+        "PGCONNECT_TIMEOUT",
+        "PGTARGETSESSIONATTRS",
+        "PGLOADBALANCEHOSTS",
+        "PGMINPROTOCOLVERSION",
+        "PGMAXPROTOCOLVERSION",
+    )
+)
+
+
+class PayloadRejected(Exception):
+    """A payload that can never run. `reason` says why and what to do."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def command_for_job(
+    payload: object,
+    *,
+    kind: str,
+    handlers: Mapping[str, Sequence[str]],
+    allow_shell: bool,
+    default_timeout: float | None,
+) -> Command:
+    """The command a job runs, or `PayloadRejected` if it can never run."""
+    handler = handlers.get(kind)
+    if handler is not None:
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+        return Command(tuple(handler), stdin=text.encode(), timeout=default_timeout)
+    return command_for_payload(
+        payload, kind=kind, allow_shell=allow_shell, default_timeout=default_timeout
+    )
+
+
+def command_for_payload(
+    payload: object,
+    *,
+    kind: str,
+    allow_shell: bool,
+    default_timeout: float | None,
+) -> Command:
+    """The command an ``argv`` or ``shell`` payload asks for, or `PayloadRejected`.
+
+    What every worker with no handler for `kind` does with a job's payload
+    (`kind` only names the handler a rejection suggests). With `allow_shell`
+    True it checks a payload before it is stored: what it rejects then, no
+    worker can run but one with a handler for `kind`.
+    """
+    if not isinstance(payload, dict):
+        raise PayloadRejected(
+            f"payload is {_json_type(payload)}, not an object: enqueue "
+            f'{{"argv": [...]}} or {{"shell": "..."}}, {_handler_hint(kind)}'
+        )
+    unknown = sorted(str(key) for key in payload if key not in _KNOWN_KEYS)
+    if "argv" not in payload and "shell" not in payload:
+        guess = _close_key(unknown, ("argv", "shell"))
+        if guess:
+            raise PayloadRejected(f'payload has neither "argv" nor "shell"{guess}')
+        raise PayloadRejected(
+            f'payload has neither "argv" nor "shell": enqueue {{"argv": [...]}}, '
+            f"{_handler_hint(kind)}"
+        )
+    if unknown:
+        listed = ", ".join(f'"{key}"' for key in unknown)
+        guess = _close_key(unknown, tuple(_KNOWN_KEYS))
+        raise PayloadRejected(
+            f"unknown payload key{'s' if len(unknown) > 1 else ''} {listed}{guess or ''}"
+            ": allowed keys are argv or shell, env, cwd, timeout, stdin"
+        )
+    if "argv" in payload and "shell" in payload:
+        raise PayloadRejected('payload has both "argv" and "shell": keep only one')
+
+    if "shell" in payload:
+        if not allow_shell:
+            raise PayloadRejected(
+                "shell payloads need `pgqctl worker --allow-shell`; "
+                'or enqueue {"argv": [...]} to run without a shell'
+            )
+        script = payload["shell"]
+        if not isinstance(script, str) or not script.strip():
+            got = _json_type(script) if not isinstance(script, str) else "a blank string"
+            raise PayloadRejected(
+                f'"shell" must be a command line, e.g. {{"shell": "ls | wc -l"}}, got {got}'
+            )
+        _no_nul(script, '"shell"')
+        argv: tuple[str, ...] = (_SHELL, "-c", script)
+    else:
+        argv = _argv(payload["argv"])
+
+    timeout = _timeout(payload.get("timeout"))
+    stdin = payload.get("stdin")
+    if stdin is not None and not isinstance(stdin, str):
+        raise PayloadRejected(
+            f'"stdin" must be a string, got {_json_type(stdin)}: encode structured '
+            "data as a string, or use a handler to get the payload as JSON on stdin"
+        )
+    return Command(
+        argv,
+        env=_env(payload.get("env")),
+        cwd=_cwd(payload.get("cwd")),
+        stdin=None if stdin is None else stdin.encode(),
+        timeout=default_timeout if timeout is None else timeout,
+    )
+
+
+def without_credentials(base: Mapping[str, str]) -> dict[str, str]:
+    """A copy of `base` without any way to reach the queue's database.
+
+    Pass a dict taken from os.environ once at startup, not os.environ itself:
+    reading os.environ decodes every variable again (some 30 µs a job).
+    """
+    return {
+        name: value
+        for name, value in base.items()
+        if name not in _CREDENTIAL_NAMES and not name.startswith(_CREDENTIAL_PREFIXES)
+    }
+
+
+def job_environment(
+    clean: Mapping[str, str],
+    *,
+    job_id: int,
+    kind: str,
+    queue: str,
+    attempt: int,
+    extra: Mapping[str, str],
+) -> dict[str, str]:
+    """`clean` (from `without_credentials`), the job's `extra`, then
+    PGQCTL_JOB_*, which the job's `extra` cannot override."""
+    env = dict(clean)
+    env.update(extra)
+    env["PGQCTL_JOB_ID"] = str(job_id)
+    env["PGQCTL_JOB_KIND"] = kind
+    env["PGQCTL_JOB_QUEUE"] = queue
+    env["PGQCTL_JOB_ATTEMPT"] = str(attempt)
+    return env
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _handler_hint(kind: str) -> str:
+    return f"or run kind {kind!r} with `pgqctl worker --handler {kind}=CMD`"
+
+
+def _close_key(unknown: Sequence[str], known: Sequence[str]) -> str | None:
+    for key in unknown:
+        match = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
+        if match:
+            return f' (did you mean "{match[0]}" instead of "{key}"?)'
+    return None
+
+
+def _no_nul(text: str, where: str) -> None:
+    if "\0" in text:
+        raise PayloadRejected(
+            f"{where} contains a NUL character, which no process can receive: remove it"
+        )
+
+
+def _argv(argv: object) -> tuple[str, ...]:
+    example = '{"argv": ["ls", "-l"]}'
+    if isinstance(argv, str):
+        raise PayloadRejected(
+            f'"argv" must be an array of strings, got a string: split the command into '
+            f'words, e.g. {example}, or use {{"shell": "..."}}'
+        )
+    if not isinstance(argv, list):
+        raise PayloadRejected(
+            f'"argv" must be an array of strings, e.g. {example}, got {_json_type(argv)}'
+        )
+    if not argv:
+        raise PayloadRejected(f'"argv" is empty: put the program first, e.g. {example}')
+    for i, item in enumerate(argv):
+        if not isinstance(item, str):
+            raise PayloadRejected(
+                f'"argv"[{i}] is {_json_type(item)}, not a string: quote it, e.g. "42"'
+            )
+        _no_nul(item, f'"argv"[{i}]')
+    if not argv[0]:
+        raise PayloadRejected('"argv"[0] is an empty string: it must name the program to run')
+    return tuple(argv)
+
+
+def _env(env: object) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise PayloadRejected(
+            f'"env" must be an object of strings, e.g. {{"env": {{"LANG": "C"}}}}, '
+            f"got {_json_type(env)}"
+        )
+    for name, value in env.items():
+        if not name or "=" in name:
+            raise PayloadRejected(
+                f'"env" name {json.dumps(name)} is not a variable name: '
+                'names are non-empty and have no "="'
+            )
+        _no_nul(name, f'"env" name {json.dumps(name)}')
+        if not isinstance(value, str):
+            raise PayloadRejected(
+                f'"env"["{name}"] is {_json_type(value)}, not a string: quote it, e.g. "42"'
+            )
+        _no_nul(value, f'"env"["{name}"]')
+    return dict(env)
+
+
+def _cwd(cwd: object) -> str | None:
+    if cwd is None:
+        return None
+    if not isinstance(cwd, str) or not cwd:
+        got = "an empty string" if cwd == "" else _json_type(cwd)
+        raise PayloadRejected(
+            f'"cwd" must be a directory path, e.g. {{"cwd": "/srv/app"}}, got {got}'
+        )
+    _no_nul(cwd, '"cwd"')
+    return cwd
+
+
+def _timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        shown = (
+            json.dumps(timeout) if isinstance(timeout, (str, int, float)) else _json_type(timeout)
+        )
+        raise PayloadRejected(
+            f'"timeout" must be a positive number of seconds, e.g. {{"timeout": 30}}, got {shown}'
+        )
+    return float(timeout)

@@ -1,0 +1,79 @@
+"""The README's command reference, made from each command's own --help.
+
+README.md calls `reference("worker")` from cog markers at the end of each
+command's section; `.venv/bin/cog -r README.md` rewrites those blocks, and
+tests/unit/test_readme_reference.py fails while they differ from the code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+from click.testing import CliRunner
+
+# The reference describes this checkout's pgqctl, even when cog runs from a
+# virtualenv with a regular (not editable) install of an older copy.
+ROOT = str(Path(__file__).resolve().parents[1])
+if sys.path[:1] != [ROOT]:
+    sys.path.insert(0, ROOT)
+
+from pgqctl.cli import cli  # noqa: E402
+
+# What an 80-column terminal shows: the same wrapping wherever it is rendered.
+WIDTH = 80
+
+
+def commands(group: click.Group = cli, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command a user runs, as its names after `pgqctl`, in the group's
+    order; a group stands for its subcommands (`embedded` for `embedded stop`...)."""
+    found: list[tuple[str, ...]] = []
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found += commands(command, (*path, name))
+        else:
+            found.append((*path, name))
+    return found
+
+
+def help_text(path: tuple[str, ...]) -> str:
+    """What `pgqctl <path> --help` prints, the same on every machine.
+
+    The user's settings (PGQCTL_*, DATABASE_URL, libpq's PG*, COLUMNS) are
+    removed so that no value of theirs, a DSN with its password least of all,
+    can end up in the README.
+    """
+    settings = ("PGQCTL_", "PG", "DATABASE_URL", "COLUMNS", "LINES")
+    env: dict[str, str | None] = {name: None for name in os.environ if name.startswith(settings)}
+    result = CliRunner().invoke(
+        cli,
+        [*path, "--help"],
+        prog_name="pgqctl",
+        env=env,
+        color=False,
+        terminal_width=WIDTH,
+        max_content_width=WIDTH,
+    )
+    if result.exit_code != 0:
+        raise RuntimeError(f"pgqctl {' '.join(path)} --help failed: {result.output}")
+    return result.output
+
+
+def reference(name: str) -> str:
+    """The README block for the command `name` (for a group, one per
+    subcommand): its --help in a fold under the section's own prose."""
+    paths = [path for path in commands() if path[0] == name]
+    if not paths:
+        raise LookupError(f"pgqctl has no command {name!r}")
+    return "\n".join(_fold(path, help_text(path)) for path in paths)
+
+
+def _fold(path: tuple[str, ...], text: str) -> str:
+    if "```" in text:  # it would end the fence early
+        raise ValueError(f"pgqctl {' '.join(path)} --help contains ```")
+    title = " ".join(("pgqctl", *path, "--help"))
+    return (
+        f"<details>\n<summary><code>{title}</code></summary>\n\n```text\n{text}```\n\n</details>\n"
+    )
