@@ -75,8 +75,9 @@ class WorkerPath:
         self.claims = _claims()
         self.slots = slots
         self.worker = f"bench:{os.getpid()}"
-        self.conn = psycopg.connect(dsn, autocommit=True)
-        self.conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        from pgqctl import db
+
+        self.conn = db.connect(dsn, schema=schema)
 
     def exchange(self, done: list[Any]) -> list[Any]:
         changed = self.claims.exchange(

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from pgqctl.db import atomic
 from pgqctl.jobs import FIELDS, FINISHED, STATUS_NAMES, Job
 from pgqctl.sql import query
 
@@ -32,7 +33,7 @@ def _rows(
     """Run a named query; each row as a dict."""
     # Always pass a dict, so `%%` in a query means `%` whether it has
     # placeholders or not.
-    with conn.cursor(row_factory=dict_row) as cur:
+    with atomic(conn), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(query(name), dict(params or {}))
         return cur.fetchall()
 
@@ -365,8 +366,8 @@ def purge_count(conn: Connection, plan: PurgePlan) -> int:
 def purge_batch(conn: Connection, plan: PurgePlan, batch_size: int) -> int:
     """Delete up to `batch_size` matching rows in one short transaction."""
     params = {"statuses": list(plan.statuses), "cutoff": plan.cutoff, "batch_size": batch_size}
-    # The connection is in autocommit: the statement is its own transaction.
-    return conn.execute(query("job_purge_batch"), params).rowcount
+    with conn.transaction():
+        return conn.execute(query("job_purge_batch"), params).rowcount
 
 
 def purge(

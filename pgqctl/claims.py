@@ -21,14 +21,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 import psycopg
 
+from pgqctl.db import QueueConnection
 from pgqctl.jobs import Held, Job
 from pgqctl.sql import query
 
-Conn = psycopg.Connection[Any]
+Conn = QueueConnection
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ def exchange(
     queues: Sequence[str] = (),
     kinds: Sequence[str] = (),
 ) -> Exchanged:
-    """Report, renew and claim in one statement (commits at once on an autocommit connection).
+    """Report, renew and claim in one statement: in a transaction of its own,
+    or in the caller's when one is open.
 
     done: jobs that exited 0. failed: failed attempts. handed_back: jobs given
     back unfinished, with `hand_back_reason` as last_error. renew: leases to
@@ -88,22 +89,29 @@ def exchange(
     n-th claimed job is held by ``<worker>:<slots[n]>`` (by `worker` alone
     without them).
     """
-    rows = conn.execute(
-        query("worker_exchange"),
-        {
-            "done": _held_json(done),
-            "failed": _failed_json(failed),
-            "handed_back": _held_json(handed_back),
-            "reason": hand_back_reason,
-            "renew": _held_json(renew),
-            "limit": claim,
-            "slots": "{" + ",".join(str(int(n)) for n in slots) + "}" if slots else None,
-            "lease": lease,
-            "worker": worker,
-            "queues": list(queues) or None,
-            "kinds": list(kinds) or None,
-        },
-    ).fetchall()
+    params = {
+        "done": _held_json(done),
+        "failed": _failed_json(failed),
+        "handed_back": _held_json(handed_back),
+        "reason": hand_back_reason,
+        "renew": _held_json(renew),
+        "limit": claim,
+        "slots": "{" + ",".join(str(int(n)) for n in slots) + "}" if slots else None,
+        "lease": lease,
+        "worker": worker,
+        "queues": _names(queues),
+        "kinds": _names(kinds),
+    }
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        rows = conn.execute(query("worker_exchange"), params).fetchall()  # the caller's
+    else:
+        # A transaction of its own, sent with its settings in one round trip.
+        with conn.pipeline():
+            conn.execute(query("transaction_begin"))
+            conn.execute(query("settings_set_local"), conn.settings_params())
+            cur = conn.execute(query("worker_exchange"), params)
+            conn.execute(query("transaction_commit"))
+        rows = cur.fetchall()
     result = Exchanged()
     for part, job_id, queue, kind, payload, attempts, max_attempts, status, run_at in rows:
         if part == "claimed":
@@ -131,15 +139,17 @@ def exchange(
 
 def next_due(conn: Conn, *, queues: Sequence[str] = (), kinds: Sequence[str] = ()) -> float | None:
     """Seconds until the next delayed job of these queues and kinds is due; None if none."""
-    row = conn.execute(
-        query("job_next_due"), {"queues": list(queues) or None, "kinds": list(kinds) or None}
-    ).fetchone()
+    with conn.transaction():
+        row = conn.execute(
+            query("job_next_due"), {"queues": _names(queues), "kinds": _names(kinds)}
+        ).fetchone()
     return None if row is None or row[0] is None else float(row[0])
 
 
 def fence_state(conn: Conn, ids: Sequence[int]) -> dict[int, tuple[str, int]]:
     """(status, attempts) of each job that still exists, to explain a fenced-out report."""
-    rows = conn.execute(query("job_fence_state"), {"ids": list(ids)}).fetchall()
+    with conn.transaction():
+        rows = conn.execute(query("job_fence_state"), {"ids": list(ids)}).fetchall()
     return {row[0]: (row[1], row[2]) for row in rows}
 
 
@@ -159,6 +169,13 @@ def _failed_json(failed: Sequence[Failure]) -> str:
             for f in failed
         ]
     )
+
+
+def _names(names: Sequence[str]) -> list[str] | None:
+    """Each queue or kind once, in the order given; None (all) for none. The
+    claim walks each queue or kind it is given: one given twice would have
+    it take the same jobs twice over."""
+    return list(dict.fromkeys(names)) or None
 
 
 def _held_json(held: Sequence[Held]) -> str:

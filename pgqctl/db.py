@@ -1,21 +1,44 @@
-"""Connections with safe defaults, and the check that the schema is there.
+"""Connections with safe defaults, the transactions pgqctl runs on them, and
+the checks that the server and the schema can serve the queue.
 
-Every connection names pgqctl in `application_name` (visible in
-pg_stat_activity) and points its search_path at the queue's schema, so all
-SQL stays unqualified.
+Nothing here relies on session state, so that every command and the worker
+are correct through a transaction pooler (PgBouncer's pool_mode=transaction),
+which hands the server connection to another client after each transaction:
+
+- Every transaction names the queue's schema (and the worker's timeouts) with
+  transaction-local settings, the first statement of each `transaction()`.
+  The SQL itself stays unqualified, as in the classic design.
+- Every transaction runs at READ COMMITTED, whatever the server's default
+  (`default_transaction_isolation`): the claim's SKIP LOCKED design assumes
+  it, and under REPEATABLE READ a claim that meets a row another worker just
+  updated fails instead of moving on.
+- Behind a pooler psycopg's automatic prepared statements are off: a
+  statement prepared by one client stays on the server connection and
+  collides with the next client's. A pooler is recognised by the backend
+  key it sends: it cannot pass on the server's own.
+
+Every connection names pgqctl in `application_name` (pg_stat_activity).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from pgqctl import config
-from pgqctl.errors import BadInput, DatabaseUnavailable, NotMigrated
-from pgqctl.sql import migrations
+from pgqctl.errors import (
+    BadInput,
+    DatabaseUnavailable,
+    NotMigrated,
+    PrivilegeMissing,
+    ReadOnlyServer,
+)
+from pgqctl.sql import migrations, query
 
 APPLICATION_NAME = "pgqctl"
 CONNECT_TIMEOUT_SECONDS = 10
@@ -26,6 +49,39 @@ CONNECT_TIMEOUT_SECONDS = 10
 _BAD_SETTING = re.compile(
     r'invalid (\w+ |"\w+" )?(value|port number)|could not match \d+ port numbers'
 )
+READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction
+PRIVILEGE_SQLSTATE = "42501"  # insufficient_privilege
+
+
+class QueueConnection(psycopg.Connection[Any]):
+    """A connection to the queue in one schema.
+
+    In autocommit mode, as pgqctl opens it: a statement outside
+    `transaction()` has no schema, so every query runs inside one.
+    """
+
+    schema: str = "public"
+    # Names and values set with set_config(..., true) at the start of each transaction.
+    local_settings: tuple[tuple[str, str], ...] = ()
+    # Whether a pooler stands between us and the server (see the module's doc).
+    pooled: bool = False
+
+    @contextmanager
+    def transaction(
+        self, savepoint_name: str | None = None, force_rollback: bool = False
+    ) -> Iterator[psycopg.Transaction]:
+        outermost = self.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with super().transaction(savepoint_name, force_rollback) as tx:
+            if outermost:
+                self.execute(query("settings_set_local"), self.settings_params())
+            yield tx
+
+    def settings_params(self) -> dict[str, Any]:
+        """The parameters of `settings_set_local` for this connection."""
+        path = sql.Identifier(self.schema).as_string(self)
+        names = ["search_path", *(name for name, _ in self.local_settings)]
+        values = [path, *(value for _, value in self.local_settings)]
+        return {"names": names, "values": values}
 
 
 def connect(
@@ -33,17 +89,18 @@ def connect(
     *,
     schema: str,
     application_name: str = APPLICATION_NAME,
-    autocommit: bool = True,
+    settings: Mapping[str, str] | None = None,
     **params: Any,
-) -> psycopg.Connection[Any]:
+) -> QueueConnection:
     """Open a connection or raise DatabaseUnavailable naming the target.
 
-    `params` are more libpq connection parameters (keepalives, ...).
+    `settings` are more transaction-local settings (timeouts...); `params`
+    more libpq connection parameters (keepalives, ...).
     """
     try:
-        conn = psycopg.connect(
+        conn = QueueConnection.connect(
             dsn,
-            autocommit=autocommit,
+            autocommit=True,
             application_name=application_name,
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
             **params,
@@ -59,31 +116,38 @@ def connect(
             f"cannot connect to {config.describe(dsn)}: {why}; "
             f"check {source} and that the server is running"
         ) from exc
-    use_schema(conn, schema)
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    conn.schema = schema
+    conn.local_settings = tuple((settings or {}).items())
+    try:
+        # Before anything else: with prepared statements off from the first one.
+        conn.prepare_threshold = None
+        (backend_pid,) = _one(conn, "server_backend")
+        conn.pooled = backend_pid != conn.info.backend_pid
+        if not conn.pooled:
+            conn.prepare_threshold = 5  # psycopg's default
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
 def open_queue(
-    dsn: str, *, schema: str, migrated: bool = True, **params: Any
-) -> psycopg.Connection[Any]:
-    """A connection to the queue in `schema`, checked to be migrated unless
-    `migrated` is False (for `migrate` itself). `params` as for `connect`."""
+    dsn: str, *, schema: str, migrated: bool = True, writes: bool = False, **params: Any
+) -> QueueConnection:
+    """A connection to the queue in `schema`: checked to be migrated unless
+    `migrated` is False (for `migrate` itself), and to be a primary when the
+    caller `writes`. `params` as for `connect`."""
     conn = connect(dsn, schema=schema, **params)
-    if migrated:
-        try:
-            require_migrated(conn, schema)
-        except BaseException:
-            conn.close()
-            raise
+    try:
+        if writes:
+            require_primary(conn)
+        if migrated:
+            require_migrated(conn)
+    except BaseException:
+        conn.close()
+        raise
     return conn
-
-
-def use_schema(conn: psycopg.Connection[Any], schema: str) -> None:
-    """Point search_path at the queue's schema, quoted as an identifier."""
-    path = sql.Identifier(schema).as_string(conn)
-    conn.execute("SELECT set_config('search_path', %s, false)", (path,))
-    if not conn.autocommit:
-        conn.commit()
 
 
 def reason(exc: BaseException) -> str:
@@ -98,12 +162,46 @@ def reason(exc: BaseException) -> str:
     return text
 
 
-def require_migrated(conn: psycopg.Connection[Any], schema: str) -> None:
-    """Raise NotMigrated unless every migration this pgqctl knows is applied."""
-    row = conn.execute(
-        "SELECT to_regclass('pgqctl_migrations') IS NOT NULL, to_regclass('jobs') IS NOT NULL"
-    ).fetchone()
-    recorded, jobs = row or (False, False)
+def atomic(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
+    """The transaction under way, or a new one (which names the schema)."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        return conn.transaction()
+    return nullcontext()
+
+
+def _one(conn: QueueConnection, name: str, params: Mapping[str, Any] | None = None) -> Any:
+    with atomic(conn):
+        row = conn.execute(query(name), dict(params or {})).fetchone()
+    assert row is not None  # these queries return exactly one row
+    return row
+
+
+def read_only_message(conn: psycopg.Connection[Any]) -> str:
+    where = f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}"
+    return (
+        f"the server at {where} is a read-only standby: point --dsn (or PGQCTL_DSN) at the primary"
+    )
+
+
+def require_primary(conn: QueueConnection) -> None:
+    """Raise ReadOnlyServer on a standby (or a server that only reads)."""
+    (recovering, read_only) = _one(conn, "server_read_only")
+    if recovering or read_only:
+        raise ReadOnlyServer(read_only_message(conn))
+
+
+def require_migrated(conn: QueueConnection) -> None:
+    """Raise NotMigrated unless every migration this pgqctl knows is applied,
+    or PrivilegeMissing when this role may not see the queue."""
+    schema = conn.schema
+    state = _one(conn, "schema_state", {"schema": schema})
+    exists, usage, recorded, jobs, readable = state
+    if exists and not usage:
+        raise PrivilegeMissing(
+            f"role {conn.info.user} may not use schema {schema}: "
+            f"an owner of the queue can run `GRANT USAGE ON SCHEMA {_ident(conn, schema)} "
+            f"TO {_ident(conn, conn.info.user)}` (README: Deploying)"
+        )
     if jobs and not recorded:
         # `migrate` would refuse to touch it: saying "run migrate" would not help.
         raise NotMigrated(
@@ -118,8 +216,9 @@ def require_migrated(conn: psycopg.Connection[Any], schema: str) -> None:
         )
     if not recorded:
         raise NotMigrated(f"no pgqctl queue in schema {schema}: run `pgqctl migrate`")
-    count_row = conn.execute("SELECT count(*) FROM pgqctl_migrations").fetchone()
-    applied = count_row[0] if count_row else 0
+    if not readable:
+        raise PrivilegeMissing(privilege_message(conn, "pgqctl_migrations"))
+    (applied,) = _one(conn, "migrations_count")
     known = len(migrations())
     if applied < known:
         raise NotMigrated(
@@ -129,3 +228,25 @@ def require_migrated(conn: psycopg.Connection[Any], schema: str) -> None:
         raise NotMigrated(
             f"schema {schema} was migrated by a newer pgqctl: upgrade pgqctl to use it"
         )
+
+
+def _ident(conn: psycopg.Connection[Any], name: str | None) -> str:
+    return sql.Identifier(name or "").as_string(conn)
+
+
+_DENIED_ON = re.compile(r"permission denied for (?:table|relation|sequence) (\w+)")
+
+
+def privilege_message(conn: QueueConnection, table: str | None = None, error: str = "") -> str:
+    """What to GRANT so that this role may use the queue's tables."""
+    if table is None:
+        found = _DENIED_ON.search(error)
+        table = found.group(1) if found else "jobs"
+    schema = _ident(conn, conn.schema)
+    role = _ident(conn, conn.info.user)
+    what = f"{error}: " if error else f"role {conn.info.user} may not read {table}: "
+    return (
+        f"{what}an owner of the queue can run `GRANT SELECT, INSERT, UPDATE, DELETE "
+        f"ON ALL TABLES IN SCHEMA {schema} TO {role}` (or only SELECT, for a role that "
+        "just watches; README: Deploying)"
+    )

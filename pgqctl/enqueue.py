@@ -651,7 +651,10 @@ def insert_jobs(
     validates as it goes.
     """
     if isinstance(jobs, Sequence) and len(jobs) < COPY_MIN_JOBS:
-        return _insert_from_arrays(conn, jobs, _jobs_table(schema)) if jobs else []
+        if not jobs:
+            return []
+        with conn.transaction() if conn.autocommit else nullcontext():
+            return _insert_from_arrays(conn, jobs, _jobs_table(schema))
     rows = itertools.starmap(_job_row, enumerate(jobs, start=1))
     return insert_rows(conn, rows, schema=schema, on_progress=on_progress)
 

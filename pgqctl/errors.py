@@ -52,3 +52,11 @@ class NotFound(PgqctlError):
 
 class EmbeddedError(PgqctlError):
     """The embedded PostgreSQL could not be created, started or stopped."""
+
+
+class ReadOnlyServer(PgqctlError):
+    """The server only reads (a hot standby): writes must go to the primary."""
+
+
+class PrivilegeMissing(PgqctlError):
+    """The role lacks a privilege the command needs; the message names the GRANT."""

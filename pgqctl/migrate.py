@@ -1,23 +1,26 @@
 """Plan, apply and check the schema migrations.
 
 Each file under sql/migrations/ runs in its own transaction and is recorded
-in `pgqctl_migrations` with its checksum. Concurrent runs serialize on an
-advisory lock per schema, so four `pgqctl migrate` started at once apply the
-schema once and all succeed.
+in `pgqctl_migrations` with its checksum. Each of those transactions first
+takes an advisory lock on the schema, held until it ends (never left behind,
+even through a transaction pooler), and checks again what is applied: four
+`pgqctl migrate` started at once apply the schema once and all succeed.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from pgqctl.db import atomic
 from pgqctl.errors import MigrationError
-from pgqctl.sql import Migration, migrations
+from pgqctl.sql import Migration, migrations, query
 
 # First key of the two-key advisory lock; the second is the schema's hash.
 _LOCK_KEY = 0x70677163  # "pgqc"
@@ -33,8 +36,9 @@ class MigrationState:
 def status(conn: psycopg.Connection[Any], schema: str) -> list[MigrationState]:
     """Every known migration with whether it is applied, pending or changed,
     then any applied by a newer pgqctl ("unknown")."""
-    applied = _applied(conn, schema)
-    _refuse_foreign_jobs_table(conn, schema, applied)
+    with _snapshot(conn):
+        applied = _applied(conn, schema)
+        _refuse_foreign_jobs_table(conn, schema, applied)
     states = []
     for m in migrations():
         if m.name not in applied:
@@ -52,13 +56,28 @@ def pending(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
     """Migrations still to apply; refuses when an applied one has changed."""
     # One snapshot for both reads: a migrate committing in between must not make
     # its new jobs table look like one pgqctl did not create.
-    with conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        applied = _applied(conn, schema)
-        _refuse_changed(applied)
-        _refuse_newer(applied, schema)
-        _refuse_foreign_jobs_table(conn, schema, applied)
+    with _snapshot(conn):
+        return _pending(conn, schema)
+
+
+def _pending(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
+    applied = _applied(conn, schema)
+    _refuse_changed(applied)
+    _refuse_newer(applied, schema)
+    _refuse_foreign_jobs_table(conn, schema, applied)
     return [m for m in migrations() if m.name not in applied]
+
+
+@contextmanager
+def _snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A transaction whose reads all see one snapshot (REPEATABLE READ)."""
+    level = conn.isolation_level
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    try:
+        with conn.transaction():
+            yield
+    finally:
+        conn.isolation_level = level
 
 
 def apply(
@@ -66,48 +85,40 @@ def apply(
     schema: str,
     on_applied: Callable[[Migration], None] | None = None,
 ) -> list[Migration]:
-    """Apply what is pending, under the schema's advisory lock."""
-    conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (_LOCK_KEY, schema))
-    try:
-        # Checked again under the lock: another run may have just finished.
-        todo = pending(conn, schema)
-        if todo:
+    """Apply what is pending, each migration in its own transaction under
+    the schema's lock."""
+    done: list[Migration] = []
+    while True:
+        with conn.transaction():  # READ COMMITTED: each read sees what committed before it
+            conn.execute(query("migrate_lock"), {"key": _LOCK_KEY, "schema": schema})
+            # Checked again under the lock: another run may have just applied it.
+            todo = _pending(conn, schema)
+            if not todo:
+                return done
+            migration = todo[0]
             _create_bookkeeping(conn, schema)
-        for m in todo:
-            with conn.transaction():
-                conn.execute(m.text.encode("utf-8"))
-                conn.execute(
-                    "INSERT INTO pgqctl_migrations (name, checksum) VALUES (%s, %s)",
-                    (m.name, m.checksum),
-                )
-            if on_applied:
-                on_applied(m)
-        return todo
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (_LOCK_KEY, schema))
+            conn.execute(migration.text.encode("utf-8"))
+            conn.execute(
+                query("migration_record"),
+                {"name": migration.name, "checksum": migration.checksum},
+            )
+        done.append(migration)
+        if on_applied:
+            on_applied(migration)
 
 
 def _applied(conn: psycopg.Connection[Any], schema: str) -> dict[str, tuple[str, dt.datetime]]:
-    exists = conn.execute(
-        "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'pgqctl_migrations'",
-        (schema,),
-    ).fetchone()
-    if not exists:
-        return {}
-    columns = {
-        row[0]
-        for row in conn.execute(
-            "SELECT column_name FROM information_schema.columns "
-            "WHERE table_schema = %s AND table_name = 'pgqctl_migrations'",
-            (schema,),
-        )
-    }
-    if not {"name", "checksum", "applied_at"} <= columns:
-        raise MigrationError(
-            f"schema {schema} has a pgqctl_migrations table that pgqctl did not create; "
-            "left it untouched: use --schema to put the queue in another schema"
-        )
-    rows = conn.execute("SELECT name, checksum, applied_at FROM pgqctl_migrations").fetchall()
+    with atomic(conn):
+        params = {"schema": schema}
+        if not conn.execute(query("migrations_table_exists"), params).fetchone():
+            return {}
+        columns = {row[0] for row in conn.execute(query("migrations_table_columns"), params)}
+        if not {"name", "checksum", "applied_at"} <= columns:
+            raise MigrationError(
+                f"schema {schema} has a pgqctl_migrations table that pgqctl did not create; "
+                "left it untouched: use --schema to put the queue in another schema"
+            )
+        rows = conn.execute(query("migrations_applied")).fetchall()
     return {name: (checksum, applied_at) for name, checksum, applied_at in rows}
 
 
@@ -140,11 +151,8 @@ def _refuse_foreign_jobs_table(
     if applied:
         return
     # Any relation of that name would collide: a table, a view, a sequence...
-    row = conn.execute(
-        "SELECT c.relkind FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = 'jobs'",
-        (schema,),
-    ).fetchone()
+    with atomic(conn):
+        row = conn.execute(query("jobs_relation_kind"), {"schema": schema}).fetchone()
     if row:
         what = _RELATION_KINDS.get(row[0], "relation")
         raise MigrationError(
@@ -167,18 +175,7 @@ _RELATION_KINDS = {
 
 
 def _create_bookkeeping(conn: psycopg.Connection[Any], schema: str) -> None:
-    with conn.transaction():
-        has_schema = conn.execute(
-            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
-        ).fetchone()
-        if not has_schema:
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        conn.execute(
-            """
-            CREATE TABLE IF NOT EXISTS pgqctl_migrations (
-                name       text PRIMARY KEY,
-                checksum   text NOT NULL,
-                applied_at timestamptz NOT NULL DEFAULT now()
-            )
-            """
-        )
+    """The schema and the bookkeeping table, in the migration's transaction."""
+    if not conn.execute(query("schema_exists"), {"schema": schema}).fetchone():
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    conn.execute(query("migrations_create"))

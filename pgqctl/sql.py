@@ -42,15 +42,23 @@ def queries() -> dict[str, str]:
     # parts = [preamble, name1, body1, name2, body2, ...]
     blocks: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        blocks[name] = _without_comment_lines(body).strip()
+        # Without its closing semicolon: one statement is sent, as it reads in
+        # pg_stat_activity.
+        blocks[name] = _without_comment_lines(body).strip().removesuffix(";").rstrip()
     return blocks
 
 
 def _without_comment_lines(body: str) -> str:
-    """The block without its whole-line comments: they are for readers, and
-    the shorter text is cheaper to send, and psycopg caches its parse of a
-    query only up to a few kilobytes."""
-    return "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
+    """The block without its whole-line comments and its lines' indentation:
+    they are for readers, and the shorter text is cheaper to send, and
+    psycopg caches its parse of a query only up to a few kilobytes (the
+    worker's exchange statement is near that limit). No string literal in
+    queries.sql spans lines, so no value changes."""
+    return "\n".join(
+        line.strip()
+        for line in body.splitlines()
+        if line.strip() and not line.lstrip().startswith("--")
+    )
 
 
 def query(name: str) -> str:

@@ -45,24 +45,49 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from pgqctl import claims, db, payload, runner
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
-from pgqctl.errors import BadInput, PgqctlError
+from pgqctl.errors import BadInput, PgqctlError, ReadOnlyServer
 from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
+from pgqctl.sql import query
 from pgqctl.worklog import WorkLog, seconds, timestamp
 
 CHANNEL = "pgqctl_jobs"
 APPLICATION_NAME = "pgqctl worker"
+# Looking for jobs without a notification: every POLL_LISTENING seconds as a
+# safety net, or every POLL_DEAF when notifications cannot be heard.
+POLL_LISTENING = 5.0
+POLL_DEAF = 1.0
+# How long the listener waits for the notification it sends itself to
+# find out whether it can hear any.
+PROBE_WAIT = 2.0
+
+# Set in every transaction of the worker's connections (never for the
+# session: a pooler would hand them to other clients). The timeouts bound
+# how long a statement may block the loop: a table locked by an operator, or
+# a stuck server, ends in an error and a retry, not a hang. Generic plans:
+# the exchange statement runs thousands of times a second, and planning it
+# afresh each time (what PostgreSQL's default ends up doing for it) costs
+# several times more than running it; its SQL is written so that the one
+# cached plan stays right (see worker_exchange). Without prepared statements
+# (behind a pooler) the setting has no effect.
+SESSION_SETTINGS = {
+    "statement_timeout": "30s",
+    "lock_timeout": "10s",
+    "plan_cache_mode": "force_generic_plan",
+}
 # Retry delays: attempt n waits base * 2^(n-1), +-25% jitter, at most this.
 BACKOFF_CAP = 3600.0
 # Reconnects wait 0.5 s, doubling to 30 s, +-25% jitter.
@@ -89,6 +114,8 @@ CONNECTION_PARAMS: dict[str, Any] = {
     "tcp_user_timeout": 30_000,  # ms
 }
 _WAKE = "wake"
+_DEAF = "deaf"  # the listener cannot hear notifications (now)
+_HEARING = "hearing"  # the listener hears them
 
 
 @dataclass(frozen=True)
@@ -100,7 +127,9 @@ class WorkerConfig:
     kinds: tuple[str, ...] = ()
     concurrency: int = 1
     lease: float = 300.0
-    poll: float = 5.0
+    # None: every POLL_LISTENING seconds, or POLL_DEAF when notifications
+    # cannot be heard (a transaction pooler).
+    poll: float | None = None
     timeout: float | None = None
     grace: float = 30.0
     burst: bool = False
@@ -109,11 +138,14 @@ class WorkerConfig:
     # (KIND, command) pairs, as --handler gives them: a kind may appear once.
     handlers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     backoff: float = 2.0
+    # A direct (or session-pooled) connection used only to LISTEN, when the
+    # DSN goes through a transaction pooler.
+    listen_dsn: str | None = None
 
     def __post_init__(self) -> None:
         if self.lease < 1:
             raise BadInput("--lease must be at least 1s (it is renewed every third of it)")
-        if self.poll <= 0:
+        if self.poll is not None and self.poll <= 0:
             raise BadInput("--poll must be more than 0s, e.g. --poll 5s")
         if self.timeout is not None and self.timeout <= 0:
             raise BadInput("--timeout must be more than 0s; leave it out for no limit")
@@ -142,23 +174,42 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
     # handler (a bare stderr line); the worker logs that event itself.
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
-    def connect() -> psycopg.Connection[Any]:
-        conn = db.connect(
+    def connect() -> db.QueueConnection:
+        return db.open_queue(
             dsn,
+            schema=config.schema,
+            writes=True,
+            migrated=False,
+            application_name=APPLICATION_NAME,
+            settings=SESSION_SETTINGS,
+            **CONNECTION_PARAMS,
+        )
+
+    listen_dsn = config.listen_dsn or dsn
+
+    def listen_connect() -> db.QueueConnection:
+        return db.connect(
+            listen_dsn,
             schema=config.schema,
             application_name=APPLICATION_NAME,
             **CONNECTION_PARAMS,
         )
-        prepare_session(conn)
-        return conn
 
     conn = connect()
     try:
-        db.require_migrated(conn, config.schema)
+        db.require_migrated(conn)
     except BaseException:
         conn.close()
         raise
-    return Worker(config, connect, log, describe_target=describe(dsn)).run(conn)
+    worker = Worker(
+        config,
+        connect,
+        log,
+        listen_connect=listen_connect,
+        describe_target=describe(dsn),
+        describe_listen_target=describe(listen_dsn),
+    )
+    return worker.run(conn)
 
 
 def make_room_for(concurrency: int) -> None:
@@ -184,26 +235,6 @@ def make_room_for(concurrency: int) -> None:
 def backoff_delay(attempt: int, base: float) -> float:
     """Seconds before a job whose attempt `attempt` failed runs again."""
     return min(jittered(base * 2.0 ** min(attempt - 1, 32)), BACKOFF_CAP)
-
-
-def prepare_session(conn: psycopg.Connection[Any]) -> None:
-    """Set up a worker connection.
-
-    Timeouts bound how long a statement may block the loop: a table locked by
-    an operator, or a stuck server, ends in an error and a retry, not a hang.
-    Generic plans: the exchange statement runs thousands of times a second,
-    and planning it afresh each time (what PostgreSQL's default ends up doing
-    for it) costs several times more than running it; its SQL is written so
-    that the one cached plan stays right (see worker_exchange). The setting
-    holds for every statement on the worker's connections; the others
-    (next_due, fence_state, LISTEN) are simple lookups whose generic plans
-    are the same as their custom ones.
-    """
-    conn.execute(
-        "SELECT set_config('statement_timeout', '30s', false),"
-        " set_config('lock_timeout', '10s', false),"
-        " set_config('plan_cache_mode', 'force_generic_plan', false)"
-    )
 
 
 def jittered(delay: float) -> float:
@@ -238,17 +269,21 @@ class Worker:
     def __init__(
         self,
         config: WorkerConfig,
-        connect: Callable[[], psycopg.Connection[Any]],
+        connect: Callable[[], db.QueueConnection],
         log: WorkLog,
         *,
+        listen_connect: Callable[[], db.QueueConnection] | None = None,
         environ: Mapping[str, str] | None = None,
         describe_target: str = "",
+        describe_listen_target: str = "",
     ) -> None:
         self.config = config
         self.connect = connect
+        self.listen_connect = listen_connect or connect
         self.log = log
         self.worker_id = identity()
         self.target = describe_target
+        self.listen_target = describe_listen_target or describe_target or "the database"
         # Taken and cleaned once: reading os.environ decodes every variable again.
         self.environ = payload.without_credentials(os.environ if environ is None else environ)
         self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -262,7 +297,10 @@ class Worker:
         self._closing = threading.Event()
         self._closing_r, self._closing_w = os.pipe()
 
-        self.conn: psycopg.Connection[Any] | None = None
+        self.conn: db.QueueConnection | None = None
+        # Often, until the listener hears notifications.
+        self.poll = POLL_DEAF if config.poll is None else config.poll
+        self.read_only = False  # the server is a standby: nothing more can be written
         self.running: dict[Held, _Running] = {}
         self.done: list[_Finished] = []
         self.fails: list[tuple[_Finished, Failure]] = []
@@ -289,7 +327,7 @@ class Worker:
 
     # ------------------------------------------------------------- lifecycle
 
-    def run(self, conn: psycopg.Connection[Any]) -> int:
+    def run(self, conn: db.QueueConnection) -> int:
         """Work until told to stop (or, with burst/max-jobs, until done); the exit code."""
         self.conn = conn
         self._log_start()
@@ -326,14 +364,14 @@ class Worker:
             "worker_started",
             f"worker {self.worker_id} started: {c.concurrency} slot(s), "
             f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
-            f"lease {seconds(c.lease)}, poll {seconds(c.poll)}"
+            f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}"
             + (f", database {self.target}" if self.target else ""),
             worker=self.worker_id,
             concurrency=c.concurrency,
             queues=list(c.queues),
             kinds=list(c.kinds),
             lease=c.lease,
-            poll=c.poll,
+            poll=c.poll or POLL_LISTENING,
             schema=c.schema,
         )
 
@@ -416,7 +454,9 @@ class Worker:
             and (self.stop_now or now >= self.grace_deadline)
         ):
             self._stop_children()
-        if self.conn is None and (now < self.reconnect_at or not self._reconnect()):
+        if self.conn is None and (
+            self.read_only or now < self.reconnect_at or not self._reconnect()
+        ):
             return
         limit = self._claim_limit() if self._claim_due(now) else 0
         renew = now >= self.next_renew and any(not r.lost for r in self.running.values())
@@ -476,6 +516,10 @@ class Worker:
             self._finished(event)
         elif event == _WAKE:
             self.claim_wanted = True
+        elif event in (_DEAF, _HEARING) and self.config.poll is None:
+            # Until a notification can wake it, the loop looks for jobs often.
+            self.poll = POLL_LISTENING if event == _HEARING else POLL_DEAF
+            self.next_poll = min(self.next_poll, time.monotonic() + self.poll)
         elif isinstance(event, int):
             self._on_signal(event)
 
@@ -511,7 +555,7 @@ class Worker:
             # What asks for a claim from now on (a job ending, a notification)
             # asks for the next one.
             self.claim_wanted = False
-            self.next_poll = sent + c.poll
+            self.next_poll = sent + self.poll
         try:
             changed = claims.exchange(
                 conn,
@@ -591,6 +635,9 @@ class Worker:
     def _reconnect(self) -> bool:
         try:
             self.conn = self.connect()
+        except ReadOnlyServer as exc:
+            self._server_read_only(str(exc))
+            return False
         except (psycopg.Error, PgqctlError):
             self._schedule_reconnect()
             return False
@@ -608,9 +655,25 @@ class Worker:
         return True
 
     def _connection_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, psycopg.Error) and exc.sqlstate == db.READ_ONLY_SQLSTATE:
+            assert self.conn is not None
+            self._server_read_only(db.read_only_message(self.conn))
+            return
+        if isinstance(exc, psycopg.errors.TransactionRollback) and not self._broken():
+            # Serialization failure or deadlock: the statement was rolled
+            # back as a whole, the connection is fine; do it again at once.
+            self.log.event(
+                "db_conflict",
+                f"transaction rolled back by a conflict ({reason(exc)}); retrying",
+                error=reason(exc),
+            )
+            assert self.conn is not None
+            _rollback_quietly(self.conn)
+            self.next_renew = time.monotonic()
+            self.claim_wanted = True
+            return
         if isinstance(exc, (psycopg.OperationalError, PgqctlError)):
-            broken = self.conn is None or self.conn.broken or self.conn.closed
-            what = "database connection lost" if broken else "database unavailable"
+            what = "database connection lost" if self._broken() else "database unavailable"
             waiting = len(self._unreported())
             self.log.event(
                 "db_lost",
@@ -624,6 +687,22 @@ class Worker:
         else:
             self.log.error("database error; retrying with backoff", exc)
         self._drop_connection()
+
+    def _broken(self) -> bool:
+        return self.conn is None or self.conn.broken or self.conn.closed
+
+    def _server_read_only(self, message: str) -> None:
+        """The server became a standby (a failover): nothing can be reported or
+        claimed there. Stop every job now and exit 1; their leases expire and
+        reap returns them on the new primary."""
+        self.log.event("db_read_only", f"{message}; stopping", error=message)
+        self.read_only = True
+        self.exit_code = 1
+        self.stopping = True
+        self.stop_now = True
+        if self.conn is not None:
+            _close_quietly(self.conn)
+            self.conn = None
 
     def _drop_connection(self) -> None:
         if self.conn is not None:
@@ -639,6 +718,8 @@ class Worker:
 
     def _give_up_reporting(self) -> bool:
         """While stopping with results the database cannot take: wait a little, then exit 1."""
+        if self.read_only:
+            return True  # a standby takes no results, however long we wait
         if not self.stopping or self.conn is not None:
             return False
         now = time.monotonic()
@@ -910,14 +991,25 @@ class Worker:
     # ---------------------------------------------------------- listener
 
     def _listen(self) -> None:
-        """Post a wake-up for each notification about our schema; reconnect on failure."""
+        """Post a wake-up for each notification about our schema; reconnect on failure.
+
+        Through a transaction pooler a LISTEN stays on whichever server
+        connection ran it, so the listener first makes sure it can hear (see
+        `_can_hear`); if it cannot, it says so once and ends, and the loop
+        polls every POLL_DEAF seconds instead.
+        """
         delay = RECONNECT_FIRST
         while not self._closing.is_set():
             conn = None
             try:
-                conn = self.connect()
-                conn.execute(f"LISTEN {CHANNEL}")
+                conn = self.listen_connect()
+                if not self._can_hear(conn):
+                    self._post(_DEAF)
+                    self._say_deaf()
+                    return
+                conn.execute(query("worker_listen"))
                 delay = RECONNECT_FIRST
+                self._post(_HEARING)
                 # Jobs may have come while nobody listened.
                 self._post(_WAKE)
                 self._relay_notifications(conn)
@@ -927,9 +1019,44 @@ class Worker:
             finally:
                 if conn is not None:
                     _close_quietly(conn)
+            self._post(_DEAF)
             if self._closing.wait(jittered(delay)):
                 return
             delay = min(delay * 2, RECONNECT_CAP)
+
+    def _can_hear(self, conn: db.QueueConnection) -> bool:
+        """Whether a LISTEN on `conn` hears notifications: always on a direct
+        connection; behind a pooler, only if a notification it sends itself
+        from another connection arrives (a session pooler), else not (a
+        transaction pooler), in which case the probe's LISTEN is undone on the
+        server connection that ran it, as far as the pool lets us reach it."""
+        if not conn.pooled:
+            return True
+        channel = f"pgqctl_probe_{uuid.uuid4().hex}"
+        with conn.transaction():
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            (listener,) = conn.execute(query("server_backend")).fetchone() or (None,)
+        with self.listen_connect() as other, other.transaction():
+            other.execute(query("worker_probe_notify"), {"channel": channel})
+        heard = any(n.channel == channel for n in conn.notifies(timeout=PROBE_WAIT, stop_after=1))
+        for _ in range(0 if heard else 50):
+            with conn.transaction():
+                conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
+                (backend,) = conn.execute(query("server_backend")).fetchone() or (None,)
+            if backend == listener:
+                break
+        return heard
+
+    def _say_deaf(self) -> None:
+        every = self.config.poll if self.config.poll is not None else POLL_DEAF
+        self.log.event(
+            "listen_unavailable",
+            f"notifications cannot be heard through {self.listen_target} (a transaction "
+            f"pooler): looking for jobs every {seconds(every)} instead; give --listen-dsn "
+            "a direct or session-pooled connection to wake on new jobs at once",
+            target=self.listen_target,
+            poll=every,
+        )
 
     def _relay_notifications(self, conn: psycopg.Connection[Any]) -> None:
         # poll() on the socket and on the closing pipe, so stopping the
@@ -945,6 +1072,12 @@ class Worker:
             for note in conn.notifies(timeout=0):
                 if note.payload in ("", self.config.schema):
                     self._post(_WAKE)
+
+
+def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    # Out of the failed transaction, if the failure left one open.
+    with contextlib.suppress(Exception):
+        conn.rollback()
 
 
 def _close_quietly(conn: psycopg.Connection[Any]) -> None:

@@ -1,11 +1,53 @@
--- Runtime queries, one named block each, loaded by pgqctl/sql.py.
+-- Runtime queries, one named block each, loaded by pgqctl/sql.py. Each
+-- section belongs to one library module (pgqctl/<section>.py); each block
+-- says what it does and how many rows it returns.
 --
 -- Every value is a psycopg placeholder (%(name)s); nothing is pasted in.
--- Queries are unqualified: the connection's search_path names the schema.
+-- Queries are unqualified: each transaction names the schema first
+-- (settings_set_local), so nothing depends on a session's state.
 
 -- ---------------------------------------------------------------------------
--- Operator commands: stats, leases, list, show, reap, requeue, purge.
--- Used by pgqctl/queue.py. Each status is read through its own partial index
+-- db: connections and the checks every command makes (pgqctl/db.py).
+-- ---------------------------------------------------------------------------
+
+-- name: settings_set_local
+-- The first statement of every transaction: the queue's schema as its
+-- search_path, and any other settings the connection asks for, all ending
+-- with the transaction. One row per setting.
+SELECT set_config(name, value, true)
+FROM unnest(%(names)s::text[], %(values)s::text[]) AS s (name, value);
+
+-- name: server_backend
+-- The server process serving this transaction. One row.
+SELECT pg_backend_pid();
+
+-- name: server_read_only
+-- Whether the server is a standby, and whether it takes no writes at all.
+-- One row.
+SELECT pg_is_in_recovery(), current_setting('transaction_read_only')::bool;
+
+-- name: schema_state
+-- Whether the queue's schema exists and this role may use it, whether it
+-- holds pgqctl's bookkeeping and a jobs table, and whether this role may
+-- read the bookkeeping. From the catalogs, so it works whatever the role
+-- may see. One row.
+SELECT n.oid IS NOT NULL,
+       n.oid IS NOT NULL AND has_schema_privilege(n.oid, 'USAGE'),
+       m.oid IS NOT NULL,
+       j.oid IS NOT NULL,
+       m.oid IS NOT NULL AND has_table_privilege(m.oid, 'SELECT')
+FROM (SELECT 1) AS one
+LEFT JOIN pg_namespace AS n ON n.nspname = %(schema)s
+LEFT JOIN pg_class AS m ON m.relnamespace = n.oid AND m.relname = 'pgqctl_migrations'
+LEFT JOIN pg_class AS j ON j.relnamespace = n.oid AND j.relname = 'jobs';
+
+-- name: migrations_count
+-- How many migrations are applied in the schema. One row.
+SELECT count(*) FROM pgqctl_migrations;
+
+-- ---------------------------------------------------------------------------
+-- admin: the operator's commands, stats, leases, list, show, reap, requeue,
+-- purge (pgqctl/admin.py). Each status is read through its own partial index
 -- (claim, lease, finished), so none of these scans the done history unless
 -- asked to (`stats --exact`, `purge`, `list` without --status).
 -- ---------------------------------------------------------------------------
@@ -213,8 +255,10 @@ TRUNCATE pg_temp.pgqctl_enqueue_load;
 
 -- name: jobs_load_drop
 DROP TABLE pg_temp.pgqctl_enqueue_load;
--- Worker ----------------------------------------------------------------------
--- Used by pgqctl/claims.py. Every transition out of 'running' is fenced on
+-- ---------------------------------------------------------------------------
+-- claims: the worker's side of the queue (pgqctl/claims.py, pgqctl/worker.py).
+-- ---------------------------------------------------------------------------
+-- Every transition out of 'running' is fenced on
 -- (id, the attempt the worker claimed, status = 'running'): a worker whose
 -- lease was lost matches no row and changes nothing.
 
@@ -238,7 +282,7 @@ DROP TABLE pg_temp.pgqctl_enqueue_load;
 -- 'running') instead: a plan cached while few jobs ran believes that index
 -- empty, and would then scan every running job for each report. The text
 -- must stay under psycopg's 4 kB limit for caching its parse (comment lines
--- are not sent; tests/unit/test_sql.py checks).
+-- and indentation are not sent; tests/unit/test_sql.py checks).
 WITH done AS (
     UPDATE jobs AS j
     SET status = 'done',
@@ -293,16 +337,53 @@ WITH done AS (
       AND j.status IS NOT DISTINCT FROM 'running'
     RETURNING j.id
 ), picked AS MATERIALIZED (
+    -- Due jobs in claim order (priority DESC, run_at, id), each locked as it
+    -- is read (SKIP LOCKED), so that a claim reads about as many rows as it
+    -- takes, whatever other queues and kinds hold. Of the three arms, the
+    -- filters pick one; the others stop at a one-time test of the parameters.
+    --   No --queue, no --kind: the claim index (jobs_claim_idx), in order.
+    --   --queue: each queue's own range of jobs_claim_queue_idx, walked in
+    --     order for up to `limit` jobs (--kind filters within the queues).
+    --   --kind alone: each kind's range of jobs_claim_kind_idx, likewise.
+    -- One walk per queue or kind, because PostgreSQL 15 does not return an
+    -- index scan on `queue = ANY(...)` in the order of the columns after
+    -- queue: it would sort the served queues' whole backlog. The walks are
+    -- merged in claim order and cut to `limit`. A row a walk locked and the
+    -- cut dropped stays locked, unclaimed, until the statement's transaction
+    -- commits, at once: for that moment other workers skip it, as they skip
+    -- rows being claimed, and take the next.
+    -- The constant LIMIT 10000 under each walk is for the planner: given a
+    -- parameter for a limit it assumes a tenth of the rows, an estimate that
+    -- grows with the backlog until it turns on JIT compilation for every run.
+    -- It also caps a claim at 10,000 jobs.
     SELECT ARRAY(
-        SELECT id
-        FROM jobs
-        WHERE status = 'pending'
-          AND run_at <= now()
-          AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-          AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+        SELECT id FROM (
+            (SELECT * FROM (
+                SELECT id, priority, run_at FROM jobs
+                WHERE status = 'pending' AND run_at <= now()
+                  AND %(queues)s::text[] IS NULL AND %(kinds)s::text[] IS NULL
+                ORDER BY priority DESC, run_at, id
+                LIMIT 10000 FOR UPDATE SKIP LOCKED
+            ) AS walk LIMIT %(limit)s)
+            UNION ALL
+            SELECT w.* FROM unnest(%(queues)s::text[]) AS q, LATERAL (SELECT * FROM (
+                SELECT id, priority, run_at FROM jobs
+                WHERE status = 'pending' AND run_at <= now() AND queue = q
+                  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+                ORDER BY priority DESC, run_at, id
+                LIMIT 10000 FOR UPDATE SKIP LOCKED
+            ) AS walk LIMIT %(limit)s) AS w
+            UNION ALL
+            SELECT w.* FROM unnest(%(kinds)s::text[]) AS k, LATERAL (SELECT * FROM (
+                SELECT id, priority, run_at FROM jobs
+                WHERE status = 'pending' AND run_at <= now() AND kind = k
+                  AND %(queues)s::text[] IS NULL
+                ORDER BY priority DESC, run_at, id
+                LIMIT 10000 FOR UPDATE SKIP LOCKED
+            ) AS walk LIMIT %(limit)s) AS w
+        ) AS walks
         ORDER BY priority DESC, run_at, id
         LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
     ) AS ids
 ), claimed AS (
     UPDATE jobs AS j
@@ -334,15 +415,93 @@ UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attem
 
 -- name: job_next_due
 -- Seconds until the next delayed job a worker may claim is due, or NULL.
-SELECT extract(epoch FROM min(run_at) - now())::float8
-FROM jobs
-WHERE status = 'pending'
-  AND run_at > now()
-  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]));
+-- One row. Like the claim, it reads only the part of the pending jobs the
+-- worker serves: its queues' through jobs_claim_queue_idx (--kind filters
+-- within them), its kinds' through jobs_claim_kind_idx when it has no
+-- --queue, all of them otherwise. Each arm is a subquery behind a CASE, so
+-- the arms the filters rule out never run: a one-time test inside them would
+-- still start a parallel scan's workers before finding nothing to do.
+SELECT extract(epoch FROM least(
+    CASE WHEN %(queues)s::text[] IS NULL AND %(kinds)s::text[] IS NULL THEN (
+        SELECT min(run_at) FROM jobs WHERE status = 'pending' AND run_at > now()) END,
+    CASE WHEN %(queues)s::text[] IS NOT NULL THEN (
+        SELECT min(run_at) FROM jobs
+        WHERE status = 'pending' AND run_at > now() AND queue = ANY(%(queues)s::text[])
+          AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))) END,
+    CASE WHEN %(queues)s::text[] IS NULL THEN (
+        SELECT min(run_at) FROM jobs
+        WHERE status = 'pending' AND run_at > now() AND kind = ANY(%(kinds)s::text[])) END
+) - now())::float8;
+
+-- name: worker_listen
+-- Hear about new jobs (the jobs table's insert trigger notifies). No rows.
+LISTEN pgqctl_jobs;
+
+-- name: worker_probe_notify
+-- The notification a worker sends itself to learn whether its LISTEN can
+-- hear any. One row.
+SELECT pg_notify(%(channel)s, 'probe');
+
+-- name: transaction_begin
+-- The start of a worker's transaction, sent in one round trip with what it
+-- holds: at READ COMMITTED whatever the server's default, as the SKIP LOCKED
+-- claim assumes. No rows.
+BEGIN ISOLATION LEVEL READ COMMITTED;
+
+-- name: transaction_commit
+-- No rows.
+COMMIT;
 
 -- name: job_fence_state
 -- Where jobs whose fenced update matched nothing stand now, to say why.
 SELECT id, status, attempts
 FROM jobs
 WHERE id = ANY(%(ids)s::bigint[]);
+
+-- ---------------------------------------------------------------------------
+-- migrate: applying sql/migrations/ (pgqctl/migrate.py).
+-- ---------------------------------------------------------------------------
+
+-- name: migrate_lock
+-- Serialize migrations of one schema until this transaction ends: a lock
+-- that ends with the transaction is never left behind on a pooled server
+-- connection. One row.
+SELECT pg_advisory_xact_lock(%(key)s, hashtext(%(schema)s));
+
+-- name: migrations_table_exists
+-- Whether the schema has a table named pgqctl_migrations. One row or none.
+SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = 'pgqctl_migrations';
+
+-- name: migrations_table_columns
+-- The columns of that table, to tell pgqctl's from another's. One row each.
+SELECT column_name
+FROM information_schema.columns
+WHERE table_schema = %(schema)s AND table_name = 'pgqctl_migrations';
+
+-- name: migrations_applied
+-- Every applied migration with its checksum. One row each.
+SELECT name, checksum, applied_at FROM pgqctl_migrations;
+
+-- name: jobs_relation_kind
+-- The kind of relation (pg_class.relkind) named jobs in the schema, if any.
+-- One row or none.
+SELECT c.relkind
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relname = 'jobs';
+
+-- name: schema_exists
+-- One row if the schema exists, else none.
+SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s;
+
+-- name: migrations_create
+-- The bookkeeping table, in the schema the transaction names. No rows.
+CREATE TABLE IF NOT EXISTS pgqctl_migrations (
+    name       text PRIMARY KEY,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_record
+-- Record one applied migration. No rows.
+INSERT INTO pgqctl_migrations (name, checksum) VALUES (%(name)s, %(checksum)s);

@@ -178,6 +178,16 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def ctrl_c_at_default() -> None:
+    """A `preexec_fn` for a child a test stops with SIGINT: SIGINT at its
+    default, as from a terminal.
+
+    A suite started in the background by a script inherits SIGINT ignored, and
+    Python then never raises KeyboardInterrupt: the child would not stop.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def gone(pid: int, within: float = 2.0) -> bool:
     """Whether `pid` stops running within `within` seconds."""
     deadline = time.monotonic() + within

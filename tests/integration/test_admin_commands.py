@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import ctrl_c_at_default, run_cli
 from tests.integration.jobrows import add_jobs, ago, expired, snapshot
 
 
@@ -123,15 +123,6 @@ def test_stats_estimates_done_on_a_long_history_and_exact_counts_it(
     table = run_cli("stats", "--format", "plain", "--dsn", dsn)
     assert "~" in table.stdout.splitlines()[-1]
     assert "--exact" in table.stderr
-
-
-def ctrl_c_at_default() -> None:
-    """Run in the child before exec: SIGINT at its default, as from a terminal.
-
-    A suite started in the background by a script inherits SIGINT ignored, and
-    Python then never raises KeyboardInterrupt: the child would not stop.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_stats_watch_refreshes_until_ctrl_c(dsn: str, conn: psycopg.Connection[Any]) -> None:

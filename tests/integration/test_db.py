@@ -11,7 +11,7 @@ from tests.conftest import run_cli
 
 
 def test_connections_name_pgqctl_and_use_the_queue_schema(dsn: str) -> None:
-    with db.connect(dsn, schema="public") as conn:
+    with db.connect(dsn, schema="public") as conn, conn.transaction():
         name, path = conn.execute(
             "SELECT current_setting('application_name'), current_setting('search_path')"
         ).fetchone() or ("", "")
@@ -19,24 +19,35 @@ def test_connections_name_pgqctl_and_use_the_queue_schema(dsn: str) -> None:
     assert path == '"public"'
 
 
+def test_the_schema_is_named_in_each_transaction_never_for_the_session(dsn: str) -> None:
+    # A transaction pooler hands the server connection to another client
+    # after each transaction: a session setting would follow it there.
+    with db.connect(dsn, schema="other") as conn:
+        with conn.transaction():
+            (inside,) = conn.execute("SELECT current_setting('search_path')").fetchone() or ("",)
+        (after,) = conn.execute("SELECT current_setting('search_path')").fetchone() or ("",)
+    assert inside == '"other"'
+    assert after == '"$user", public'
+
+
 def test_a_quoted_schema_name_reaches_search_path_intact(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute('CREATE SCHEMA "Odd ""name"""')
-    with db.connect(empty_dsn, schema='Odd "name"') as conn:
+    with db.connect(empty_dsn, schema='Odd "name"') as conn, conn.transaction():
         row = conn.execute("SELECT current_schema()").fetchone()
     assert row == ('Odd "name"',)
 
 
 def test_an_unmigrated_database_says_to_run_migrate(empty_dsn: str) -> None:
     with db.connect(empty_dsn, schema="public") as conn, pytest.raises(NotMigrated) as err:
-        db.require_migrated(conn, "public")
+        db.require_migrated(conn)
     assert "run `pgqctl migrate`" in str(err.value)
     assert err.value.exit_code == 1
 
 
 def test_a_migrated_database_passes_the_check(dsn: str) -> None:
     with db.connect(dsn, schema="public") as conn:
-        db.require_migrated(conn, "public")
+        db.require_migrated(conn)
 
 
 def test_a_refused_connection_names_where_the_server_came_from(
@@ -99,5 +110,5 @@ def test_a_schema_migrate_cannot_fix_is_not_answered_with_run_migrate(
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(setup)
     with db.connect(dsn, schema="public") as conn, pytest.raises(NotMigrated) as err:
-        db.require_migrated(conn, "public")
+        db.require_migrated(conn)
     assert message in str(err.value)
