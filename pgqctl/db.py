@@ -65,6 +65,9 @@ class QueueConnection(psycopg.Connection[Any]):
     local_settings: tuple[tuple[str, str], ...] = ()
     # Whether a pooler stands between us and the server (see the module's doc).
     pooled: bool = False
+    # Who and where, kept to explain errors after the connection is closed.
+    role: str = ""
+    where: str = ""
 
     @contextmanager
     def transaction(
@@ -118,6 +121,8 @@ def connect(
         ) from exc
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
     conn.schema = schema
+    conn.role = conn.info.user
+    conn.where = f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}"
     conn.local_settings = tuple((settings or {}).items())
     try:
         # Before anything else: with prepared statements off from the first one.
@@ -176,11 +181,21 @@ def _one(conn: QueueConnection, name: str, params: Mapping[str, Any] | None = No
     return row
 
 
-def read_only_message(conn: psycopg.Connection[Any]) -> str:
-    where = f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}"
+def read_only_message(conn: QueueConnection) -> str:
     return (
-        f"the server at {where} is a read-only standby: point --dsn (or PGQCTL_DSN) at the primary"
+        f"the server at {conn.where} is a read-only standby: "
+        "point --dsn (or PGQCTL_DSN) at the primary"
     )
+
+
+def explain(exc: psycopg.Error, conn: QueueConnection) -> Exception | None:
+    """The error pgqctl means, for a server error a deployment causes (a
+    standby, a missing GRANT); None for any other."""
+    if exc.sqlstate == READ_ONLY_SQLSTATE:
+        return ReadOnlyServer(read_only_message(conn))
+    if exc.sqlstate == PRIVILEGE_SQLSTATE:
+        return PrivilegeMissing(privilege_message(conn, error=reason(exc)))
+    return None
 
 
 def require_primary(conn: QueueConnection) -> None:
@@ -198,9 +213,9 @@ def require_migrated(conn: QueueConnection) -> None:
     exists, usage, recorded, jobs, readable = state
     if exists and not usage:
         raise PrivilegeMissing(
-            f"role {conn.info.user} may not use schema {schema}: "
+            f"role {conn.role} may not use schema {schema}: "
             f"an owner of the queue can run `GRANT USAGE ON SCHEMA {_ident(conn, schema)} "
-            f"TO {_ident(conn, conn.info.user)}` (README: Deploying)"
+            f"TO {_ident(conn, conn.role)}` (README: Deploying)"
         )
     if jobs and not recorded:
         # `migrate` would refuse to touch it: saying "run migrate" would not help.
@@ -243,8 +258,8 @@ def privilege_message(conn: QueueConnection, table: str | None = None, error: st
         found = _DENIED_ON.search(error)
         table = found.group(1) if found else "jobs"
     schema = _ident(conn, conn.schema)
-    role = _ident(conn, conn.info.user)
-    what = f"{error}: " if error else f"role {conn.info.user} may not read {table}: "
+    role = _ident(conn, conn.role)
+    what = f"{error}: " if error else f"role {conn.role} may not read {table}: "
     return (
         f"{what}an owner of the queue can run `GRANT SELECT, INSERT, UPDATE, DELETE "
         f"ON ALL TABLES IN SCHEMA {schema} TO {role}` (or only SELECT, for a role that "

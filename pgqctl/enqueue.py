@@ -33,6 +33,7 @@ import json
 import math
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -58,6 +59,9 @@ MAX_DELAY_SECONDS = 100 * 365 * 86400
 COPY_MIN_JOBS = 200
 CHUNK_JOBS = 10_000
 FIRST_CHUNK_JOBS = 500
+# A bulk load read before its transaction keeps this much in memory, the
+# rest in a temporary file.
+SPOOL_MEMORY = 16 * 1024 * 1024
 
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -597,17 +601,26 @@ def load(
     source: str = "input",
     defaults: Mapping[str, Any] | None = None,
     on_progress: Callable[[int], None] | None = None,
+    read_first: bool = True,
 ) -> list[int]:
     """Check every job of a JSON-lines input and insert them all in one
     transaction; their ids in input order. An input with no job never
     connects; a bad line raises BadInput and nothing is inserted.
+
+    `read_first`: read and check the whole input before the transaction
+    starts, keeping the rows in a file once they outgrow SPOOL_MEMORY, so that
+    a slow producer never holds a transaction open (a server's
+    idle_in_transaction_session_timeout would end it). Without it, for a
+    regular file that is read as fast as the disk goes, rows stream to the
+    server as they are checked, and a bad one aborts the transaction.
     """
     try:
         with _gc_skips_older_objects():
-            # Lines are validated while they stream to the server; a bad one
-            # aborts the transaction. The first job is read before connecting,
-            # so an empty or plainly wrong file never touches the database.
             rows = read_rows(lines, source=source, defaults=defaults)
+            if read_first:
+                rows = _read_all(rows)
+            # The first job is read before connecting, so an empty or plainly
+            # wrong input never touches the database.
             first = next(rows, None)
             if first is None:
                 return []
@@ -615,6 +628,15 @@ def load(
                 return insert_rows(conn, itertools.chain([first], rows), on_progress=on_progress)
     except BadInput as exc:
         raise BadInput(f"{exc}; nothing was enqueued") from None
+
+
+def _read_all(rows: Iterator[str]) -> Iterator[str]:
+    """Every row, all read (at the first `next`) before the first is given back."""
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8") as f:
+        # One row a line: COPY's text format escapes the line ends within a value.
+        f.writelines(rows)
+        f.seek(0)
+        yield from f
 
 
 @contextmanager
@@ -676,9 +698,16 @@ def insert_rows(
     statements in a transaction of its own. Workers get one notification
     however many jobs and statements: the table's statement trigger sends the
     same one each time, and PostgreSQL delivers a transaction's duplicates once.
+
+    COPY stages rows in a temporary table; a role without the TEMP privilege
+    inserts them from arrays instead, chunk by chunk (slower, same result).
     """
+    table = _jobs_table(schema)
     with conn.transaction() if conn.autocommit else nullcontext():
-        return _insert_by_copy(conn, rows, _jobs_table(schema), on_progress)
+        (may_stage,) = conn.execute(query("role_may_create_temp")).fetchone() or (False,)
+        if may_stage:
+            return _insert_by_copy(conn, rows, table, on_progress)
+        return _insert_by_arrays(conn, rows, table, on_progress)
 
 
 def _job_row(number: int, job: NewJob) -> str:
@@ -761,6 +790,47 @@ def _insert_by_copy(
             ids += loading.result()
         cur.execute(query("jobs_load_drop"))
     return ids
+
+
+def _insert_by_arrays(
+    conn: psycopg.Connection[Any],
+    rows: Iterable[str],
+    table: sql.Identifier,
+    on_progress: Callable[[int], None] | None,
+) -> list[int]:
+    """COPY rows inserted from arrays, a chunk a statement: no temporary table."""
+    insert = _statement("jobs_insert_arrays", table)
+    ids: list[int] = []
+    with conn.cursor() as cur:
+        for chunk in _chunks(rows, CHUNK_JOBS):
+            columns: dict[str, list[Any]] = {name: [] for name in NewJob._fields}
+            for row in chunk:
+                # n, then the job's fields in NewJob's order (see _job_row).
+                fields = [_copy_value(f) for f in row.rstrip("\n").split("\t")][1:]
+                for name, value in zip(NewJob._fields, fields, strict=True):
+                    columns[name].append(value)
+            columns["priority"] = [int(v) for v in columns["priority"]]
+            columns["max_attempts"] = [int(v) for v in columns["max_attempts"]]
+            columns["delay"] = [float(v) for v in columns["delay"]]
+            cur.execute(insert, columns)
+            # Ids are drawn in the order of the rows; RETURNING's order is not promised.
+            ids += sorted(row[0] for row in cur.fetchall())
+            if on_progress is not None:
+                on_progress(len(ids))
+    return ids
+
+
+_COPY_UNESCAPES = {"\\\\": "\\", "\\t": "\t", "\\n": "\n", "\\r": "\r"}
+_COPY_ESCAPE = re.compile(r"\\[\\tnr]")
+
+
+def _copy_value(field: str) -> str | None:
+    """A field of COPY's text format as the value it stands for (see _copy_text)."""
+    if field == "\\N":
+        return None
+    if "\\" not in field:
+        return field
+    return _COPY_ESCAPE.sub(lambda m: _COPY_UNESCAPES[m.group(0)], field)
 
 
 def _load_chunk(cur: psycopg.Cursor[Any], rows: list[str], insert: sql.Composed) -> list[int]:

@@ -50,7 +50,8 @@ STATUSES: tuple[Status, ...] = (
             Move("pending", "worker", "the job fails with attempts left (due after a backoff)"),
             Move("failed", "worker", "the job fails with no attempts left, or can never run"),
             Move("pending", "worker", "the worker stops before the job ends (handed back)"),
-            Move("pending", "reap", "the lease expired (failed when no attempts are left)"),
+            Move("pending", "reap", "its lease expired, with attempts left"),
+            Move("failed", "reap", "its lease expired, with no attempts left"),
         ),
     ),
     Status(

@@ -58,7 +58,7 @@ from pgqctl import claims, db, payload, runner
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
-from pgqctl.errors import BadInput, PgqctlError, ReadOnlyServer
+from pgqctl.errors import BadInput, PgqctlError, PrivilegeMissing, ReadOnlyServer
 from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
 from pgqctl.sql import query
@@ -300,7 +300,7 @@ class Worker:
         self.conn: db.QueueConnection | None = None
         # Often, until the listener hears notifications.
         self.poll = POLL_DEAF if config.poll is None else config.poll
-        self.read_only = False  # the server is a standby: nothing more can be written
+        self.read_only = False  # the server refuses our writes for good (a standby)
         self.running: dict[Held, _Running] = {}
         self.done: list[_Finished] = []
         self.fails: list[tuple[_Finished, Failure]] = []
@@ -635,8 +635,8 @@ class Worker:
     def _reconnect(self) -> bool:
         try:
             self.conn = self.connect()
-        except ReadOnlyServer as exc:
-            self._server_read_only(str(exc))
+        except (ReadOnlyServer, PrivilegeMissing) as exc:
+            self._cannot_go_on(str(exc))
             return False
         except (psycopg.Error, PgqctlError):
             self._schedule_reconnect()
@@ -655,9 +655,12 @@ class Worker:
         return True
 
     def _connection_failed(self, exc: BaseException) -> None:
-        if isinstance(exc, psycopg.Error) and exc.sqlstate == db.READ_ONLY_SQLSTATE:
-            assert self.conn is not None
-            self._server_read_only(db.read_only_message(self.conn))
+        meant = None
+        if isinstance(exc, psycopg.Error) and self.conn is not None:
+            meant = db.explain(exc, self.conn)
+        if meant is not None:
+            # A standby (a failover), or a missing GRANT: retrying cannot help.
+            self._cannot_go_on(str(meant))
             return
         if isinstance(exc, psycopg.errors.TransactionRollback) and not self._broken():
             # Serialization failure or deadlock: the statement was rolled
@@ -691,11 +694,11 @@ class Worker:
     def _broken(self) -> bool:
         return self.conn is None or self.conn.broken or self.conn.closed
 
-    def _server_read_only(self, message: str) -> None:
-        """The server became a standby (a failover): nothing can be reported or
-        claimed there. Stop every job now and exit 1; their leases expire and
-        reap returns them on the new primary."""
-        self.log.event("db_read_only", f"{message}; stopping", error=message)
+    def _cannot_go_on(self, message: str) -> None:
+        """The server became a standby (a failover), or refuses this role:
+        nothing can be reported or claimed there. Stop every job now and exit
+        1; their leases expire and reap returns them."""
+        self.log.event("db_refused", f"{message}; stopping", error=message)
         self.read_only = True
         self.exit_code = 1
         self.stopping = True

@@ -215,7 +215,14 @@ WHERE id = ANY(ARRAY(
 -- the transaction's now() plus delay seconds. ORDER BY n hands out ids in
 -- input order, so the returned ids line up with the jobs given.
 
+-- name: role_may_create_temp
+-- Whether this role may create the temporary table a COPY load stages rows
+-- in (the TEMP privilege on the database). One row.
+SELECT has_database_privilege(current_database(), 'TEMP');
+
 -- name: jobs_insert_arrays
+-- Jobs from arrays, one element each, in the order given. One row (the id)
+-- per job.
 INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at)
 SELECT kind, payload, queue, priority, max_attempts,
        COALESCE(run_at, now() + make_interval(secs => delay))
@@ -227,6 +234,7 @@ ORDER BY n
 RETURNING id;
 
 -- name: jobs_load_create
+-- The staging table of a COPY load, gone at commit. No rows.
 CREATE TEMPORARY TABLE pgqctl_enqueue_load (
     n            bigint,
     kind         text,
@@ -239,10 +247,12 @@ CREATE TEMPORARY TABLE pgqctl_enqueue_load (
 ) ON COMMIT DROP;
 
 -- name: jobs_load_copy
+-- Rows of COPY's text format into the staging table.
 COPY pg_temp.pgqctl_enqueue_load (n, kind, payload, queue, priority, max_attempts, run_at, delay)
 FROM STDIN;
 
 -- name: jobs_insert_loaded
+-- The staged rows into jobs, in file order. One row (the id) per job.
 INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at)
 SELECT kind, payload, queue, priority, max_attempts,
        COALESCE(run_at, now() + make_interval(secs => delay))
@@ -251,9 +261,11 @@ ORDER BY n
 RETURNING id;
 
 -- name: jobs_load_truncate
+-- Empty the staging table for the next chunk. No rows.
 TRUNCATE pg_temp.pgqctl_enqueue_load;
 
 -- name: jobs_load_drop
+-- No rows.
 DROP TABLE pg_temp.pgqctl_enqueue_load;
 -- ---------------------------------------------------------------------------
 -- claims: the worker's side of the queue (pgqctl/claims.py, pgqctl/worker.py).
@@ -368,7 +380,7 @@ WITH done AS (
             UNION ALL
             SELECT w.* FROM unnest(%(queues)s::text[]) AS q, LATERAL (SELECT * FROM (
                 SELECT id, priority, run_at FROM jobs
-                WHERE status = 'pending' AND run_at <= now() AND queue = q
+                WHERE status IS NOT DISTINCT FROM 'pending' AND run_at <= now() AND queue = q
                   AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
                 ORDER BY priority DESC, run_at, id
                 LIMIT 10000 FOR UPDATE SKIP LOCKED
@@ -376,7 +388,7 @@ WITH done AS (
             UNION ALL
             SELECT w.* FROM unnest(%(kinds)s::text[]) AS k, LATERAL (SELECT * FROM (
                 SELECT id, priority, run_at FROM jobs
-                WHERE status = 'pending' AND run_at <= now() AND kind = k
+                WHERE status IS NOT DISTINCT FROM 'pending' AND run_at <= now() AND kind = k
                   AND %(queues)s::text[] IS NULL
                 ORDER BY priority DESC, run_at, id
                 LIMIT 10000 FOR UPDATE SKIP LOCKED
@@ -426,11 +438,13 @@ SELECT extract(epoch FROM least(
         SELECT min(run_at) FROM jobs WHERE status = 'pending' AND run_at > now()) END,
     CASE WHEN %(queues)s::text[] IS NOT NULL THEN (
         SELECT min(run_at) FROM jobs
-        WHERE status = 'pending' AND run_at > now() AND queue = ANY(%(queues)s::text[])
+        WHERE status IS NOT DISTINCT FROM 'pending' AND run_at > now()
+          AND queue = ANY(%(queues)s::text[])
           AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))) END,
     CASE WHEN %(queues)s::text[] IS NULL THEN (
         SELECT min(run_at) FROM jobs
-        WHERE status = 'pending' AND run_at > now() AND kind = ANY(%(kinds)s::text[])) END
+        WHERE status IS NOT DISTINCT FROM 'pending' AND run_at > now()
+          AND kind = ANY(%(kinds)s::text[])) END
 ) - now())::float8;
 
 -- name: worker_listen

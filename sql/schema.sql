@@ -30,9 +30,9 @@ CREATE INDEX jobs_claim_idx ON jobs (priority DESC, run_at, id)
 -- The same order within each queue and within each kind: a worker that
 -- serves some queues or kinds walks only their part (0002).
 CREATE INDEX jobs_claim_queue_idx ON jobs (queue, priority DESC, run_at, id)
-    WHERE status = 'pending';
+    WHERE status IS NOT DISTINCT FROM 'pending';
 CREATE INDEX jobs_claim_kind_idx ON jobs (kind, priority DESC, run_at, id)
-    WHERE status = 'pending';
+    WHERE status IS NOT DISTINCT FROM 'pending';
 CREATE INDEX jobs_lease_idx ON jobs (locked_until)
     WHERE status = 'running';
 CREATE INDEX jobs_finished_idx ON jobs (status, finished_at)

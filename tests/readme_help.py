@@ -77,3 +77,16 @@ def _fold(path: tuple[str, ...], text: str) -> str:
     return (
         f"<details>\n<summary><code>{title}</code></summary>\n\n```text\n{text}```\n\n</details>\n"
     )
+
+
+def statuses_table() -> str:
+    """The README's table of statuses, from the one list the code uses."""
+    from pgqctl.jobs import STATUSES
+
+    lines = ["| status | means | leaves it | to | when |", "| --- | --- | --- | --- | --- |"]
+    for status in STATUSES:
+        for i, move in enumerate(status.moves):
+            name, meaning = (f"`{status.name}`", status.meaning) if i == 0 else ("", "")
+            to = move.to if move.to == "deleted" else f"`{move.to}`"
+            lines.append(f"| {name} | {meaning} | {move.by} | {to} | {move.when} |")
+    return "\n".join(lines) + "\n"

@@ -173,7 +173,7 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
         pgqctl reap --dry-run
         * * * * *  pgqctl reap --quiet      # crontab: every minute
     """
-    with database.connect() as conn:
+    with database.connect(writes=not dry_run) as conn:
         reaped = admin.reap_preview(conn) if dry_run else admin.reap(conn)
     if not reaped and quiet:
         return
@@ -226,7 +226,7 @@ def requeue_command(
     Select every failed job with --failed, or narrow with --id, --kind,
     --queue and --since (each given narrows further). Each job gets --attempts
     more tries: attempts is kept (it fences stale workers) and max_attempts is
-    raised. last_error is kept until the next attempt replaces it.
+    raised. last_error is kept until a later failure replaces it.
 
     \b
     Example:
@@ -240,7 +240,7 @@ def requeue_command(
             "nothing selected: give --failed to requeue every failed job, "
             "or narrow with --id, --kind, --queue or --since"
         )
-    with database.connect() as conn:
+    with database.connect(writes=not dry_run) as conn:
         result = admin.requeue(conn, selection, more=more, dry_run=dry_run)
     output.emit_jobs(result.jobs, CHANGE_COLUMNS, fmt, FIELDS)
     for job_id, status in result.left.items():
@@ -310,7 +310,7 @@ def purge_command(
     what = f"{' and '.join(chosen)} jobs" + (
         f" finished more than {output.format_seconds(older_than)} ago" if older_than else ""
     )
-    with database.connect() as conn:
+    with database.connect(writes=not dry_run) as conn:
         plan = admin.purge_plan(conn, chosen, older_than)
         if dry_run:
             matched = admin.purge_count(conn, plan)

@@ -23,7 +23,13 @@ def embedded_group() -> None:
 @command("status")
 @format_options
 def embedded_status(fmt: str) -> None:
-    """Show whether the embedded PostgreSQL exists and runs."""
+    """Show whether the embedded PostgreSQL exists and runs.
+
+    \b
+    Example:
+        pgqctl embedded status
+        pgqctl embedded status --json | jq .running
+    """
     from pgqctl import embedded
 
     st = embedded.status()
@@ -42,7 +48,12 @@ def embedded_status(fmt: str) -> None:
 
 @command("stop")
 def embedded_stop() -> None:
-    """Stop the embedded PostgreSQL (its data is kept)."""
+    """Stop the embedded PostgreSQL (its data is kept).
+
+    \b
+    Example:
+        pgqctl embedded stop
+    """
     from pgqctl import embedded
 
     if embedded.stop():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import stat
 import sys
 
 import click
@@ -117,9 +119,16 @@ def enqueue_command(
     if kind is None:
         raise click.UsageError("missing KIND (or --file F to load many jobs)")
     job = make_job(kind, parse_payload(payload) if payload is not None else None, **options)
-    with database.connect() as conn:
+    with database.connect(writes=True) as conn:
         ids = insert_jobs(conn, [job])
     output.emit_new_ids(ids, fmt)
+
+
+def _regular_file(f: object) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(f.fileno()).st_mode)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def _enqueue_file(database: Database, path: str, defaults: dict[str, object], fmt: str) -> None:
@@ -127,10 +136,13 @@ def _enqueue_file(database: Database, path: str, defaults: dict[str, object], fm
     with click.open_file(path, "rb") as f, output.file_progress(f) as progress:
         ids = load(
             f if progress is None else progress.lines(f),
-            database.connect,
+            lambda: database.connect(writes=True),
             source=source,
             defaults=defaults,
             on_progress=None if progress is None else progress.sent,
+            # A pipe may pause for as long as its writer likes: read it all
+            # before the transaction. A regular file streams.
+            read_first=not _regular_file(f),
         )
     if not ids:
         say(f"nothing to enqueue: {source} has no jobs")

@@ -40,7 +40,8 @@ def migrate_command(
     """
     from pgqctl import migrate
 
-    with database.connect(migrated=False) as conn:
+    writes = not (show_status or check or dry_run)
+    with database.connect(migrated=False, writes=writes) as conn:
         if show_status:
             states = migrate.status(conn, database.schema)
             rows = [

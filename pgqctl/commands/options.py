@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+import psycopg
 
 from pgqctl import config, db, output
 from pgqctl.durations import parse_duration
@@ -45,7 +46,16 @@ def command(name: str, **kwargs: Any) -> Callable[[F], click.Command]:
     def decorate(func: F) -> click.Command:
         @functools.wraps(func)
         def wrapper(*args: Any, debug: bool, **kw: Any) -> Any:
-            return func(*args, **kw)  # `cli.main` and `debugging` see it
+            # `debug`: `cli.main` and `debugging` see it.
+            database = kw.get("database")
+            try:
+                return func(*args, **kw)
+            except psycopg.Error as exc:
+                conn = database.last if isinstance(database, Database) else None
+                meant = None if conn is None else db.explain(exc, conn)
+                if meant is None:
+                    raise
+                raise meant from exc
 
         made: click.Command = click.command(  # type: ignore[no-untyped-call]
             name, context_settings=CONTEXT, **kwargs
@@ -143,6 +153,7 @@ class Database:
 
     dsn_option: str | None
     schema: str
+    last: db.QueueConnection | None = None  # the connection opened last
 
     def dsn(self) -> str:
         target = config.resolve_target(self.dsn_option, os.environ)
@@ -158,8 +169,10 @@ class Database:
             )
         return started.dsn
 
-    def connect(self, *, migrated: bool = True) -> Any:
-        return db.open_queue(self.dsn(), schema=self.schema, migrated=migrated)
+    def connect(self, *, migrated: bool = True, writes: bool = False) -> Any:
+        """A connection to the queue; `writes`: refuse a standby at once."""
+        self.last = db.open_queue(self.dsn(), schema=self.schema, migrated=migrated, writes=writes)
+        return self.last
 
 
 def database_options(func: F) -> F:

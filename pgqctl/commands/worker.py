@@ -79,9 +79,15 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
 @click.option(
     "--poll",
     type=DURATION,
-    default="5s",
-    show_default=True,
-    help="Look for jobs this often even without a notification.",
+    default=None,
+    help="Look for jobs this often even without a notification. "
+    "Default: 5s, or 1s while notifications cannot be heard (a transaction pooler).",
+)
+@click.option(
+    "--listen-dsn",
+    metavar="DSN",
+    help="A direct or session-pooled connection used only to LISTEN, "
+    "when --dsn goes through a transaction pooler.",
 )
 @click.option(
     "--timeout",
@@ -133,7 +139,8 @@ def worker_command(
     kinds: tuple[str, ...],
     concurrency: int,
     lease: float,
-    poll: float,
+    poll: float | None,
+    listen_dsn: str | None,
     timeout: float | None,
     grace: float,
     backoff: float,
@@ -179,6 +186,7 @@ def worker_command(
         allow_shell=allow_shell,
         handlers=handlers,
         backoff=backoff,
+        listen_dsn=listen_dsn,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     return worker.serve(config, database.dsn, log)

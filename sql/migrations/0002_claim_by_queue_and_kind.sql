@@ -23,6 +23,6 @@
 -- or this migration would keep it and the claims would not use it.
 
 CREATE INDEX IF NOT EXISTS jobs_claim_queue_idx ON jobs (queue, priority DESC, run_at, id)
-    WHERE status = 'pending';
+    WHERE status IS NOT DISTINCT FROM 'pending';
 CREATE INDEX IF NOT EXISTS jobs_claim_kind_idx ON jobs (kind, priority DESC, run_at, id)
-    WHERE status = 'pending';
+    WHERE status IS NOT DISTINCT FROM 'pending';

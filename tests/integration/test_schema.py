@@ -65,3 +65,23 @@ def test_migrations_and_schema_sql_give_the_same_catalog(empty_dsn: str) -> None
     assert migrated["columns"], "the migrated schema has no tables"
     for part in CATALOG_QUERIES:
         assert from_file[part] == migrated[part], part
+
+
+def test_the_table_takes_exactly_the_statuses_the_code_knows(dsn: str) -> None:
+    """pgqctl/jobs.py's list is the one the `--status` choices, stats, purge
+    and the README read: the table must take exactly those values."""
+    from pgqctl.jobs import STATUS_NAMES
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        taken = []
+        for status in ("pending", "running", "done", "failed", "cancelled", "unknown"):
+            try:
+                with conn.transaction(force_rollback=True):
+                    conn.execute(
+                        "INSERT INTO jobs (kind, payload, status) VALUES ('k', '{}', %s)",
+                        (status,),
+                    )
+                taken.append(status)
+            except psycopg.errors.CheckViolation:
+                pass
+    assert sorted(taken) == sorted(STATUS_NAMES)

@@ -20,22 +20,8 @@ GENERATED = re.compile(
 )
 SHOWN = re.compile(r"<summary><code>pgqctl (.+?) --help</code></summary>")
 
-# Help texts that break the house rule today. Strict: once one gains its
-# example, its entry here must go, so the rule holds for it from then on.
-WITHOUT_EXAMPLE = {("embedded", "status"), ("embedded", "stop")}
-
-
 def command_params() -> list[object]:
-    return [
-        pytest.param(
-            path,
-            id=" ".join(path),
-            marks=[pytest.mark.xfail(strict=True, reason="its --help has no example yet")]
-            if path in WITHOUT_EXAMPLE
-            else [],
-        )
-        for path in commands()
-    ]
+    return [pytest.param(path, id=" ".join(path)) for path in commands()]
 
 
 def command_sections() -> dict[str, str]:
