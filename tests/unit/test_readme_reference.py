@@ -20,6 +20,7 @@ GENERATED = re.compile(
 )
 SHOWN = re.compile(r"<summary><code>pgqctl (.+?) --help</code></summary>")
 
+
 def command_params() -> list[object]:
     return [pytest.param(path, id=" ".join(path)) for path in commands()]
 
