@@ -427,24 +427,27 @@ UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attem
 
 -- name: job_next_due
 -- Seconds until the next delayed job a worker may claim is due, or NULL.
--- One row. Like the claim, it reads only the part of the pending jobs the
--- worker serves: its queues' through jobs_claim_queue_idx (--kind filters
--- within them), its kinds' through jobs_claim_kind_idx when it has no
--- --queue, all of them otherwise. Each arm is a subquery behind a CASE, so
--- the arms the filters rule out never run: a one-time test inside them would
--- still start a parallel scan's workers before finding nothing to do.
+-- One row. Like the claim, it reads only the pending jobs the worker serves:
+-- each of its queues' through jobs_claim_queue_idx (--kind filters within
+-- them), each of its kinds' through jobs_claim_kind_idx when it has no
+-- --queue, all of them otherwise; spelled as in the claim, and per queue or
+-- kind (`queue = q`, not `queue = ANY(...)`), so that no plan can read other
+-- queues' jobs instead (a generic plan takes `= ANY` of an unknown array for
+-- nearly every row). Each arm is a subquery behind a CASE, so the arms the
+-- filters rule out never run: a one-time test inside them would still start
+-- a parallel scan's workers before finding nothing to do.
 SELECT extract(epoch FROM least(
     CASE WHEN %(queues)s::text[] IS NULL AND %(kinds)s::text[] IS NULL THEN (
         SELECT min(run_at) FROM jobs WHERE status = 'pending' AND run_at > now()) END,
     CASE WHEN %(queues)s::text[] IS NOT NULL THEN (
-        SELECT min(run_at) FROM jobs
-        WHERE status IS NOT DISTINCT FROM 'pending' AND run_at > now()
-          AND queue = ANY(%(queues)s::text[])
-          AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))) END,
+        SELECT min(d.run_at) FROM unnest(%(queues)s::text[]) AS q, LATERAL (
+            SELECT min(run_at) AS run_at FROM jobs
+            WHERE status IS NOT DISTINCT FROM 'pending' AND run_at > now() AND queue = q
+              AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))) AS d) END,
     CASE WHEN %(queues)s::text[] IS NULL THEN (
-        SELECT min(run_at) FROM jobs
-        WHERE status IS NOT DISTINCT FROM 'pending' AND run_at > now()
-          AND kind = ANY(%(kinds)s::text[])) END
+        SELECT min(d.run_at) FROM unnest(%(kinds)s::text[]) AS k, LATERAL (
+            SELECT min(run_at) AS run_at FROM jobs
+            WHERE status IS NOT DISTINCT FROM 'pending' AND run_at > now() AND kind = k) AS d) END
 ) - now())::float8;
 
 -- name: worker_listen
