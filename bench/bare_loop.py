@@ -28,7 +28,6 @@ from typing import Any
 import psycopg
 
 from pgqctl import claims
-from pgqctl.sql import query
 
 STATEMENT = b"pgqctl_bare_exchange"
 
@@ -53,7 +52,7 @@ class BareLoop:
         self.ahead = ahead
         self.conn = psycopg.connect(dsn, autocommit=True)
         self.conn.execute("SET plan_cache_mode = force_generic_plan")
-        text, self.names = _positional(query("worker_exchange"))
+        text, self.names = _positional(claims.exchange_statement())
         self.pg: Any = self.conn.pgconn
         self.pg.prepare(STATEMENT, text.encode())
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}

@@ -7,7 +7,9 @@ are free slots. One statement is one round trip and one commit, and costs
 the client about half of what the same five updates cost pipelined
 (bench/worker_bench.py measures the whole path). Batches travel as JSON
 arrays: serializing them is far cheaper than adapting Python lists to
-PostgreSQL arrays.
+PostgreSQL arrays. Its claim is the one for the worker's --queue and --kind
+(``worker_claim_*``, put in place by `exchange_statement`), so that each
+worker's statement holds only the claim it runs.
 
 Every transition out of ``running`` is fenced on (id, claimed attempt,
 status = 'running'), so a worker that lost its lease changes nothing: the
@@ -17,6 +19,7 @@ Nothing here prints, sleeps or retries: the worker decides what failures mean.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -102,14 +105,15 @@ def exchange(
         "queues": _names(queues),
         "kinds": _names(kinds),
     }
+    statement = exchange_statement(queues, kinds)
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        rows = conn.execute(query("worker_exchange"), params).fetchall()  # the caller's
+        rows = conn.execute(statement, params).fetchall()  # the caller's
     else:
         # A transaction of its own, sent with its settings in one round trip.
         with conn.pipeline():
             conn.execute(query("transaction_begin"))
             conn.execute(query("settings_set_local"), conn.settings_params())
-            cur = conn.execute(query("worker_exchange"), params)
+            cur = conn.execute(statement, params)
             conn.execute(query("transaction_commit"))
         rows = cur.fetchall()
     result = Exchanged()
@@ -139,9 +143,10 @@ def exchange(
 
 def next_due(conn: Conn, *, queues: Sequence[str] = (), kinds: Sequence[str] = ()) -> float | None:
     """Seconds until the next delayed job of these queues and kinds is due; None if none."""
+    name = "job_next_due_queues" if queues else "job_next_due_kinds" if kinds else "job_next_due"
     with conn.transaction():
         row = conn.execute(
-            query("job_next_due"), {"queues": _names(queues), "kinds": _names(kinds)}
+            query(name), {"queues": _names(queues), "kinds": _names(kinds)}
         ).fetchone()
     return None if row is None or row[0] is None else float(row[0])
 
@@ -169,6 +174,19 @@ def _failed_json(failed: Sequence[Failure]) -> str:
             for f in failed
         ]
     )
+
+
+def exchange_statement(queues: Sequence[str] = (), kinds: Sequence[str] = ()) -> str:
+    """worker_exchange with the claim of a worker of these queues and kinds."""
+    return _exchange_with(
+        "worker_claim_queues" if queues else "worker_claim_kinds" if kinds else "worker_claim_all"
+    )
+
+
+@functools.cache
+def _exchange_with(claim: str) -> str:
+    # Always the same text for the same claim: psycopg prepares it by its text.
+    return query("worker_exchange").replace("{claim}", query(claim))
 
 
 def _names(names: Sequence[str]) -> list[str] | None:

@@ -49,16 +49,10 @@ def queries() -> dict[str, str]:
 
 
 def _without_comment_lines(body: str) -> str:
-    """The block without its whole-line comments and its lines' indentation:
-    they are for readers, and the shorter text is cheaper to send, and
-    psycopg caches its parse of a query only up to a few kilobytes (the
-    worker's exchange statement is near that limit). No string literal in
-    queries.sql spans lines, so no value changes."""
-    return "\n".join(
-        line.strip()
-        for line in body.splitlines()
-        if line.strip() and not line.lstrip().startswith("--")
-    )
+    """The block without its whole-line comments: they are for readers, and
+    the shorter text is cheaper to send, and psycopg caches its parse of a
+    query only up to a few kilobytes."""
+    return "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
 
 
 def query(name: str) -> str:

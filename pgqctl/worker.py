@@ -87,6 +87,9 @@ SESSION_SETTINGS = {
     "statement_timeout": "30s",
     "lock_timeout": "10s",
     "plan_cache_mode": "force_generic_plan",
+    # No statement of the worker's gains from JIT compilation, and a plan
+    # whose estimate grows with a backlog would turn it on for every run.
+    "jit": "off",
 }
 # Retry delays: attempt n waits base * 2^(n-1), +-25% jitter, at most this.
 BACKOFF_CAP = 3600.0

@@ -294,7 +294,14 @@ DROP TABLE pg_temp.pgqctl_enqueue_load;
 -- 'running') instead: a plan cached while few jobs ran believes that index
 -- empty, and would then scan every running job for each report. The text
 -- must stay under psycopg's 4 kB limit for caching its parse (comment lines
--- and indentation are not sent; tests/unit/test_sql.py checks).
+-- are not sent; tests/unit/test_sql.py checks), with each claim in place.
+--
+-- The claim differs with the worker's --queue and --kind, which a worker
+-- keeps for its life, so the statement is sent with the one claim it needs
+-- rather than with every claim behind one-time tests of the parameters: a
+-- plan's parts are all set up on every run, used or not (and planned every
+-- time when statements are not prepared), and a worker with no --queue
+-- would pay 10 to 15% more per exchange for the claims of the others.
 WITH done AS (
     UPDATE jobs AS j
     SET status = 'done',
@@ -349,54 +356,9 @@ WITH done AS (
       AND j.status IS NOT DISTINCT FROM 'running'
     RETURNING j.id
 ), picked AS MATERIALIZED (
-    -- Due jobs in claim order (priority DESC, run_at, id), each locked as it
-    -- is read (SKIP LOCKED), so that a claim reads about as many rows as it
-    -- takes, whatever other queues and kinds hold. Of the three arms, the
-    -- filters pick one; the others stop at a one-time test of the parameters.
-    --   No --queue, no --kind: the claim index (jobs_claim_idx), in order.
-    --   --queue: each queue's own range of jobs_claim_queue_idx, walked in
-    --     order for up to `limit` jobs (--kind filters within the queues).
-    --   --kind alone: each kind's range of jobs_claim_kind_idx, likewise.
-    -- One walk per queue or kind, because PostgreSQL 15 does not return an
-    -- index scan on `queue = ANY(...)` in the order of the columns after
-    -- queue: it would sort the served queues' whole backlog. The walks are
-    -- merged in claim order and cut to `limit`. A row a walk locked and the
-    -- cut dropped stays locked, unclaimed, until the statement's transaction
-    -- commits, at once: for that moment other workers skip it, as they skip
-    -- rows being claimed, and take the next.
-    -- The constant LIMIT 10000 under each walk is for the planner: given a
-    -- parameter for a limit it assumes a tenth of the rows, an estimate that
-    -- grows with the backlog until it turns on JIT compilation for every run.
-    -- It also caps a claim at 10,000 jobs.
-    SELECT ARRAY(
-        SELECT id FROM (
-            (SELECT * FROM (
-                SELECT id, priority, run_at FROM jobs
-                WHERE status = 'pending' AND run_at <= now()
-                  AND %(queues)s::text[] IS NULL AND %(kinds)s::text[] IS NULL
-                ORDER BY priority DESC, run_at, id
-                LIMIT 10000 FOR UPDATE SKIP LOCKED
-            ) AS walk LIMIT %(limit)s)
-            UNION ALL
-            SELECT w.* FROM unnest(%(queues)s::text[]) AS q, LATERAL (SELECT * FROM (
-                SELECT id, priority, run_at FROM jobs
-                WHERE status IS NOT DISTINCT FROM 'pending' AND run_at <= now() AND queue = q
-                  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-                ORDER BY priority DESC, run_at, id
-                LIMIT 10000 FOR UPDATE SKIP LOCKED
-            ) AS walk LIMIT %(limit)s) AS w
-            UNION ALL
-            SELECT w.* FROM unnest(%(kinds)s::text[]) AS k, LATERAL (SELECT * FROM (
-                SELECT id, priority, run_at FROM jobs
-                WHERE status IS NOT DISTINCT FROM 'pending' AND run_at <= now() AND kind = k
-                  AND %(queues)s::text[] IS NULL
-                ORDER BY priority DESC, run_at, id
-                LIMIT 10000 FOR UPDATE SKIP LOCKED
-            ) AS walk LIMIT %(limit)s) AS w
-        ) AS walks
-        ORDER BY priority DESC, run_at, id
-        LIMIT %(limit)s
-    ) AS ids
+    -- The claim for the worker's filters, one of the worker_claim_* blocks
+    -- below (claims.py puts it here): the ids of up to `limit` due jobs.
+    {claim}
 ), claimed AS (
     UPDATE jobs AS j
     SET status = 'running',
@@ -425,30 +387,144 @@ UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attem
            FROM claimed
            ORDER BY priority DESC, run_at, id);
 
+-- The claims, one for each kind of worker, each the `picked` part of
+-- worker_exchange: the ids of up to `limit` due jobs in claim order
+-- (priority DESC, run_at, id), each locked as it is read; SKIP LOCKED passes
+-- over the rows other workers are claiming. Each reads about as many rows as
+-- it takes, whatever other queues and kinds hold.
+--
+-- The constant LIMIT 10000 under each walk is for the planner: given a
+-- parameter for a limit it assumes a tenth of the rows, an estimate that
+-- grows with the backlog until it turns on JIT compilation for every run
+-- (from about 10 million pending jobs). It also caps a claim at 10,000 jobs.
+
+-- name: worker_claim_all
+-- A worker with no --queue and no --kind: jobs_claim_idx, in order.
+SELECT ARRAY(
+    SELECT id FROM (
+        SELECT id FROM jobs
+        WHERE status = 'pending' AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT 10000 FOR UPDATE SKIP LOCKED
+    ) AS walk LIMIT %(limit)s
+) AS ids;
+
+-- name: worker_claim_queues
+-- A worker with --queue (and maybe --kind, a filter within its queues): each
+-- queue's own range of jobs_claim_queue_idx, walked in order for up to
+-- `limit` jobs, the walks merged in claim order and cut to `limit`. One walk
+-- per queue, because PostgreSQL 15 does not return an index scan on `queue =
+-- ANY(...)` in the order of the columns after queue: it would sort the
+-- served queues' whole backlog. A row a walk locked and the cut dropped
+-- stays locked, unclaimed, until the statement's transaction commits, at
+-- once: for that moment other workers pass over it, as over rows being
+-- claimed, and take the next.
+-- The status is spelled `IS NOT DISTINCT FROM 'pending'`, as the predicates
+-- of jobs_claim_queue_idx and jobs_claim_kind_idx are: the one status test
+-- those indexes answer to, and one that jobs_claim_idx (WHERE status =
+-- 'pending') does not. So a walk cannot take jobs_claim_idx with a filter on
+-- queue instead, a plan that statistics of a few queues make look cheaper
+-- and that walks past every other queue's jobs.
+SELECT ARRAY(
+    SELECT w.id
+    FROM unnest(%(queues)s::text[]) AS q,
+    LATERAL (SELECT * FROM (
+        SELECT id, priority, run_at FROM jobs
+        WHERE status IS NOT DISTINCT FROM 'pending' AND run_at <= now() AND queue = q
+          AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+        ORDER BY priority DESC, run_at, id
+        LIMIT 10000 FOR UPDATE SKIP LOCKED
+    ) AS walk LIMIT %(limit)s) AS w
+    ORDER BY w.priority DESC, w.run_at, w.id
+    LIMIT %(limit)s
+) AS ids;
+
+-- name: worker_claim_kinds
+-- A worker with --kind and no --queue: each kind's own range of
+-- jobs_claim_kind_idx, as worker_claim_queues walks queues.
+SELECT ARRAY(
+    SELECT w.id
+    FROM unnest(%(kinds)s::text[]) AS k,
+    LATERAL (SELECT * FROM (
+        SELECT id, priority, run_at FROM jobs
+        WHERE status IS NOT DISTINCT FROM 'pending' AND run_at <= now() AND kind = k
+        ORDER BY priority DESC, run_at, id
+        LIMIT 10000 FOR UPDATE SKIP LOCKED
+    ) AS walk LIMIT %(limit)s) AS w
+    ORDER BY w.priority DESC, w.run_at, w.id
+    LIMIT %(limit)s
+) AS ids;
+
+-- When a worker's next delayed job is due, one block for each kind of worker
+-- as for the claims: seconds from now, or NULL. One row. The claim indexes
+-- order jobs by priority first, so instead of reading every pending job for
+-- the smallest run_at, each steps from the highest priority present to each
+-- next lower one (an index probe each) and takes the first delayed job of
+-- each: a few probes per priority level, however many jobs are pending or
+-- delayed, and an estimate that stays small for the generic plan (a scan's
+-- grows with the table until JIT compilation turns on for every run).
+
 -- name: job_next_due
--- Seconds until the next delayed job a worker may claim is due, or NULL.
--- One row. Like the claim, it reads only the pending jobs the worker serves:
--- each of its queues' through jobs_claim_queue_idx (--kind filters within
--- them), each of its kinds' through jobs_claim_kind_idx when it has no
--- --queue, all of them otherwise; spelled as in the claim, and per queue or
--- kind (`queue = q`, not `queue = ANY(...)`), so that no plan can read other
--- queues' jobs instead (a generic plan takes `= ANY` of an unknown array for
--- nearly every row). Each arm is a subquery behind a CASE, so the arms the
--- filters rule out never run: a one-time test inside them would still start
--- a parallel scan's workers before finding nothing to do.
-SELECT extract(epoch FROM least(
-    CASE WHEN %(queues)s::text[] IS NULL AND %(kinds)s::text[] IS NULL THEN (
-        SELECT min(run_at) FROM jobs WHERE status = 'pending' AND run_at > now()) END,
-    CASE WHEN %(queues)s::text[] IS NOT NULL THEN (
-        SELECT min(d.run_at) FROM unnest(%(queues)s::text[]) AS q, LATERAL (
-            SELECT min(run_at) AS run_at FROM jobs
-            WHERE status IS NOT DISTINCT FROM 'pending' AND run_at > now() AND queue = q
-              AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))) AS d) END,
-    CASE WHEN %(queues)s::text[] IS NULL THEN (
-        SELECT min(d.run_at) FROM unnest(%(kinds)s::text[]) AS k, LATERAL (
-            SELECT min(run_at) AS run_at FROM jobs
-            WHERE status IS NOT DISTINCT FROM 'pending' AND run_at > now() AND kind = k) AS d) END
-) - now())::float8;
+-- A worker with no --queue and no --kind: jobs_claim_idx.
+WITH RECURSIVE level (priority) AS (
+    SELECT (SELECT priority FROM jobs WHERE status = 'pending'
+            ORDER BY priority DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT priority FROM jobs WHERE status = 'pending' AND priority < l.priority
+            ORDER BY priority DESC LIMIT 1)
+    FROM level AS l WHERE l.priority IS NOT NULL
+)
+SELECT extract(epoch FROM min((
+    SELECT run_at FROM jobs
+    WHERE status = 'pending' AND priority = l.priority AND run_at > now()
+    ORDER BY run_at LIMIT 1)) - now())::float8
+FROM level AS l;
+
+-- name: job_next_due_queues
+-- A worker with --queue (--kind filters within its queues): each queue's
+-- range of jobs_claim_queue_idx, spelled as worker_claim_queues is and for
+-- the same reason.
+WITH RECURSIVE level (queue, priority) AS (
+    SELECT q, (SELECT priority FROM jobs
+               WHERE status IS NOT DISTINCT FROM 'pending' AND queue = q
+               ORDER BY priority DESC LIMIT 1)
+    FROM unnest(%(queues)s::text[]) AS q
+    UNION ALL
+    SELECT l.queue, (SELECT priority FROM jobs
+                     WHERE status IS NOT DISTINCT FROM 'pending' AND queue = l.queue
+                       AND priority < l.priority
+                     ORDER BY priority DESC LIMIT 1)
+    FROM level AS l WHERE l.priority IS NOT NULL
+)
+SELECT extract(epoch FROM min((
+    SELECT run_at FROM jobs
+    WHERE status IS NOT DISTINCT FROM 'pending' AND queue = l.queue
+      AND priority = l.priority AND run_at > now()
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+    ORDER BY run_at LIMIT 1)) - now())::float8
+FROM level AS l;
+
+-- name: job_next_due_kinds
+-- A worker with --kind and no --queue: each kind's range of
+-- jobs_claim_kind_idx.
+WITH RECURSIVE level (kind, priority) AS (
+    SELECT k, (SELECT priority FROM jobs
+               WHERE status IS NOT DISTINCT FROM 'pending' AND kind = k
+               ORDER BY priority DESC LIMIT 1)
+    FROM unnest(%(kinds)s::text[]) AS k
+    UNION ALL
+    SELECT l.kind, (SELECT priority FROM jobs
+                    WHERE status IS NOT DISTINCT FROM 'pending' AND kind = l.kind
+                      AND priority < l.priority
+                    ORDER BY priority DESC LIMIT 1)
+    FROM level AS l WHERE l.priority IS NOT NULL
+)
+SELECT extract(epoch FROM min((
+    SELECT run_at FROM jobs
+    WHERE status IS NOT DISTINCT FROM 'pending' AND kind = l.kind
+      AND priority = l.priority AND run_at > now()
+    ORDER BY run_at LIMIT 1)) - now())::float8
+FROM level AS l;
 
 -- name: worker_listen
 -- Hear about new jobs (the jobs table's insert trigger notifies). No rows.

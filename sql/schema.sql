@@ -28,7 +28,8 @@ CREATE TABLE jobs (
 CREATE INDEX jobs_claim_idx ON jobs (priority DESC, run_at, id)
     WHERE status = 'pending';
 -- The same order within each queue and within each kind: a worker that
--- serves some queues or kinds walks only their part (0002).
+-- serves some queues or kinds walks only their part. The predicate's
+-- spelling keeps them to the statements that ask for them (see 0002).
 CREATE INDEX jobs_claim_queue_idx ON jobs (queue, priority DESC, run_at, id)
     WHERE status IS NOT DISTINCT FROM 'pending';
 CREATE INDEX jobs_claim_kind_idx ON jobs (kind, priority DESC, run_at, id)

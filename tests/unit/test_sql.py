@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from pgqctl import claims
 from pgqctl.sql import queries, query
 
 
@@ -19,4 +20,8 @@ def test_the_worker_exchange_fits_psycopgs_parse_cache() -> None:
     limit = getattr(
         importlib.import_module("psycopg._queries"), "MAX_CACHED_STATEMENT_LENGTH", 4096
     )
-    assert len(query("worker_exchange")) <= limit
+    # Each worker sends it with the claim for its --queue and --kind in place.
+    for queues, kinds in [((), ()), (("q",), ()), ((), ("k",)), (("q",), ("k",))]:
+        statement = claims.exchange_statement(queues, kinds)
+        assert "{claim}" in query("worker_exchange") and "{claim}" not in statement
+        assert len(statement.encode()) <= limit, (queues, kinds)
