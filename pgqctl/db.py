@@ -198,6 +198,28 @@ def explain(exc: psycopg.Error, conn: QueueConnection) -> Exception | None:
     return None
 
 
+def shares_server_connections(
+    conn: QueueConnection, other: QueueConnection, rounds: int = 10
+) -> bool:
+    """Whether the pooler in front of both connections hands a server
+    connection to another client between transactions (transaction pooling),
+    found without leaving anything behind on the server connections.
+
+    A session pooler keeps `conn` on one server connection, which no other
+    client ever gets. A transaction pooler hands `conn`'s to the next client
+    that starts a transaction, `other` if it comes at once (PgBouncer reuses
+    the last freed first), or gives `conn` another one next time; a few
+    rounds see either happen, even on a busy pool.
+    """
+    (mine,) = _one(conn, "server_backend")
+    for _ in range(rounds):
+        (theirs,) = _one(other, "server_backend")
+        (again,) = _one(conn, "server_backend")
+        if theirs == mine or again != mine:
+            return True
+    return False
+
+
 def require_primary(conn: QueueConnection) -> None:
     """Raise ReadOnlyServer on a standby (or a server that only reads)."""
     (recovering, read_only) = _one(conn, "server_read_only")
@@ -246,7 +268,8 @@ def require_migrated(conn: QueueConnection) -> None:
 
 
 def _ident(conn: psycopg.Connection[Any], name: str | None) -> str:
-    return sql.Identifier(name or "").as_string(conn)
+    # Without the connection: it may be closed by the time an error is explained.
+    return sql.Identifier(name or "").as_string(None)
 
 
 _DENIED_ON = re.compile(r"permission denied for (?:table|relation|sequence) (\w+)")

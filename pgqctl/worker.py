@@ -45,14 +45,12 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from pgqctl import claims, db, payload, runner
 from pgqctl.claims import Failure
@@ -70,9 +68,6 @@ APPLICATION_NAME = "pgqctl worker"
 # safety net, or every POLL_DEAF when notifications cannot be heard.
 POLL_LISTENING = 5.0
 POLL_DEAF = 1.0
-# How long the listener waits for the notification it sends itself to
-# find out whether it can hear any.
-PROBE_WAIT = 2.0
 
 # Set in every transaction of the worker's connections (never for the
 # session: a pooler would hand them to other clients). The timeouts bound
@@ -1031,27 +1026,14 @@ class Worker:
             delay = min(delay * 2, RECONNECT_CAP)
 
     def _can_hear(self, conn: db.QueueConnection) -> bool:
-        """Whether a LISTEN on `conn` hears notifications: always on a direct
-        connection; behind a pooler, only if a notification it sends itself
-        from another connection arrives (a session pooler), else not (a
-        transaction pooler), in which case the probe's LISTEN is undone on the
-        server connection that ran it, as far as the pool lets us reach it."""
+        """Whether a LISTEN on `conn` hears notifications: on a direct
+        connection, and behind a pooler that keeps a server connection for
+        each client (session pooling); not behind one that hands it to other
+        clients after each transaction, where the LISTEN would stay behind."""
         if not conn.pooled:
             return True
-        channel = f"pgqctl_probe_{uuid.uuid4().hex}"
-        with conn.transaction():
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-            (listener,) = conn.execute(query("server_backend")).fetchone() or (None,)
-        with self.listen_connect() as other, other.transaction():
-            other.execute(query("worker_probe_notify"), {"channel": channel})
-        heard = any(n.channel == channel for n in conn.notifies(timeout=PROBE_WAIT, stop_after=1))
-        for _ in range(0 if heard else 50):
-            with conn.transaction():
-                conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
-                (backend,) = conn.execute(query("server_backend")).fetchone() or (None,)
-            if backend == listener:
-                break
-        return heard
+        with self.listen_connect() as other:
+            return not db.shares_server_connections(conn, other)
 
     def _say_deaf(self) -> None:
         every = self.config.poll if self.config.poll is not None else POLL_DEAF

@@ -530,11 +530,6 @@ FROM level AS l;
 -- Hear about new jobs (the jobs table's insert trigger notifies). No rows.
 LISTEN pgqctl_jobs;
 
--- name: worker_probe_notify
--- The notification a worker sends itself to learn whether its LISTEN can
--- hear any. One row.
-SELECT pg_notify(%(channel)s, 'probe');
-
 -- name: transaction_begin
 -- The start of a worker's transaction, sent in one round trip with what it
 -- holds: at READ COMMITTED whatever the server's default, as the SKIP LOCKED

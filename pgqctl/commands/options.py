@@ -46,16 +46,7 @@ def command(name: str, **kwargs: Any) -> Callable[[F], click.Command]:
     def decorate(func: F) -> click.Command:
         @functools.wraps(func)
         def wrapper(*args: Any, debug: bool, **kw: Any) -> Any:
-            # `debug`: `cli.main` and `debugging` see it.
-            database = kw.get("database")
-            try:
-                return func(*args, **kw)
-            except psycopg.Error as exc:
-                conn = database.last if isinstance(database, Database) else None
-                meant = None if conn is None else db.explain(exc, conn)
-                if meant is None:
-                    raise
-                raise meant from exc
+            return func(*args, **kw)  # `cli.main` and `debugging` see `debug`
 
         made: click.Command = click.command(  # type: ignore[no-untyped-call]
             name, context_settings=CONTEXT, **kwargs
@@ -193,7 +184,15 @@ def database_options(func: F) -> F:
     )
     @functools.wraps(func)
     def wrapper(*args: Any, dsn: str | None, schema: str, **kwargs: Any) -> Any:
-        return func(*args, database=Database(dsn, schema), **kwargs)
+        database = Database(dsn, schema)
+        try:
+            return func(*args, database=database, **kwargs)
+        except psycopg.Error as exc:
+            # A standby, a missing GRANT: said as what they are, with what to do.
+            meant = None if database.last is None else db.explain(exc, database.last)
+            if meant is None:
+                raise
+            raise meant from exc
 
     return wrapper  # type: ignore[return-value]
 
