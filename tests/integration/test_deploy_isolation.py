@@ -77,5 +77,6 @@ def test_workers_keep_their_pace_under_a_stricter_default_isolation(
 
     baseline = max(before, after)
     timing = f"{isolation}: {taken:.1f}s, default: {before:.1f}s and {after:.1f}s"
+    print(timing)  # the figure, with -s
     assert reconnects == [], f"{len(reconnects)} reconnects or errors ({timing}): {reconnects[0]}"
     assert taken <= 1.3 * baseline, timing
