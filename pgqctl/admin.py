@@ -9,7 +9,8 @@ as `Job`s; nothing here prints or exits.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,6 +18,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgqctl.db import atomic
+from pgqctl.errors import BadInput
 from pgqctl.jobs import FIELDS, FINISHED, STATUS_NAMES, Job
 from pgqctl.sql import query
 
@@ -48,6 +50,9 @@ class Counts:
     by_status: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUS_NAMES, 0))
     expired_leases: int = 0
     oldest_pending_age_seconds: float | None = None
+    # How the done count is known: "exact", "estimated" (to within a factor
+    # of 2), or "unknown" (the statistics cannot tell; by_status holds a floor).
+    done_figure: str = "exact"
 
     @classmethod
     def of(
@@ -89,12 +94,23 @@ class Counts:
         ]
         self.oldest_pending_age_seconds = max(ages) if ages else None
 
+    @property
+    def estimated(self) -> bool:
+        return self.done_figure != "exact"
+
+    def shown_done(self) -> int | None:
+        """The done count as shown: None when the statistics cannot tell it."""
+        return None if self.done_figure == "unknown" else self.done
+
     def as_record(self) -> dict[str, Any]:
-        """Every status's count, then expired leases and the oldest pending age."""
+        """Every status's count (done None when unknown), then expired leases,
+        the oldest pending age and whether done is estimated."""
         return {
             **self.by_status,
+            "done": self.shown_done(),
             "expired_leases": self.expired_leases,
             "oldest_pending_age_seconds": self.oldest_pending_age_seconds,
+            "estimated": self.estimated,
         }
 
 
@@ -105,7 +121,9 @@ class Stats:
     estimated: bool  # the done counts are estimates
 
     def as_json(self) -> dict[str, Any]:
-        """The documented JSON shape of `pgqctl stats`."""
+        """The documented JSON shape of `pgqctl stats`: each queue says
+        whether its done count is estimated, and gives null for one the
+        statistics cannot tell."""
         t = self.totals
         return {
             "totals": dict(t.by_status),
@@ -120,22 +138,41 @@ class Stats:
 class TableEstimate:
     """What the planner's statistics say about the whole table."""
 
-    rows: int
+    rows: int  # live rows now (the statistics counter)
     analyzed: bool  # whether pg_stats has the queue column at all
     queue_shares: dict[str, float] = field(default_factory=dict)  # the most common queues
     other_share: float = 0.0  # the share of each queue not among them
+    # The share of all the queues not among them together; None: what the
+    # common ones leave.
+    rest_share: float | None = None
+    changed: int = 0  # rows inserted, updated or deleted since that ANALYZE
+    sampled: int = 0  # rows ANALYZE reads at most (0: it read every row)
+
+    def rest(self) -> float:
+        if self.rest_share is not None:
+            return self.rest_share
+        return max(0.0, 1.0 - sum(self.queue_shares.values()))
 
 
 def stats(conn: Connection, *, exact: bool = False) -> Stats:
     """Counts per status and queue; done is estimated on a long history unless `exact`."""
     queues = counts(conn, done_bound=None if exact else EXACT_DONE_BOUND + 1)
     estimated = not exact and sum(c.done for c in queues.values()) > EXACT_DONE_BOUND
+    total_done = None
     if estimated:
-        for name, n in estimate_done(queues, table_estimate(conn)).items():
-            queues.setdefault(name, Counts()).done = n
+        table = table_estimate(conn)
+        total_done = estimate_total_done(queues, table)
+        for name, n in estimate_done(queues, table).items():
+            c = queues.setdefault(name, Counts())
+            if n is None:
+                c.done_figure = "unknown"  # c.done stays what was seen: a floor
+            else:
+                c.done, c.done_figure = n, "estimated"
     totals = Counts()
     for c in queues.values():
         totals.add(c)
+    if total_done is not None:
+        totals.done, totals.done_figure = total_done, "estimated"
     return Stats(totals, dict(sorted(queues.items())), estimated)
 
 
@@ -152,40 +189,80 @@ def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:
 
 
 def table_estimate(conn: Connection) -> TableEstimate:
-    """Row count and queue shares from the statistics; reads catalogs only."""
+    """Row count, queue shares and their freshness from the statistics;
+    reads catalogs only."""
     (row,) = _rows(conn, "stats_table_estimate")
     rows = int(row["rows"])
+    changed = int(row["changed"])
+    # ANALYZE reads 300 rows per unit of the column's statistics target.
+    sampled = 300 * int(row["target"])
+    sampled = 0 if rows <= sampled else sampled
     if not row["analyzed"]:
-        return TableEstimate(rows, analyzed=False)
+        return TableEstimate(rows, analyzed=False, changed=changed, sampled=sampled)
     shares = dict(zip(row["common_queues"] or [], row["common_shares"] or [], strict=True))
     # As the planner does for a value outside the most-common list: the rest
     # of the rows spread evenly over the other distinct values.
     n_distinct = row["n_distinct"] if row["n_distinct"] > 0 else -row["n_distinct"] * rows
     others = max(1.0, n_distinct - len(shares))
     rest = max(0.0, 1.0 - row["null_frac"] - sum(shares.values()))
-    return TableEstimate(rows, True, shares, rest / others)
+    return TableEstimate(rows, True, shares, rest / others, rest, changed, sampled)
 
 
-def estimate_done(counted: Mapping[str, Counts], table: TableEstimate) -> dict[str, int]:
-    """Done jobs per queue: the queue's estimated rows less its exact other counts.
+def estimate_total_done(counted: Mapping[str, Counts], table: TableEstimate) -> int:
+    """Done jobs in all: the table's live rows less the exact other counts
+    (never fewer than the done jobs seen)."""
+    seen = sum(c.done for c in counted.values())
+    return max(seen, table.rows - sum(c.not_done() for c in counted.values()))
 
-    The done jobs in `counted` come from a bounded sample: a floor for each
-    queue. Before the table was ever analyzed, the estimated done total is
-    split in the sample's proportions.
+
+def estimate_done(counted: Mapping[str, Counts], table: TableEstimate) -> dict[str, int | None]:
+    """Done jobs per queue, to within a factor of 2, or None where the
+    statistics cannot promise that.
+
+    A queue's estimate is its share of the table's rows at the last ANALYZE
+    (its most common values) less its exact pending, running and failed
+    jobs. How far off that can be is known: since ANALYZE, each row
+    inserted, updated or deleted (`changed`) moves a queue's rows by at most
+    one; and ANALYZE read a sample, whose shares are off by a few standard
+    errors at most. Together with what is certain (a queue has at least the
+    done jobs seen in the bounded count, and at most the table's done jobs
+    less those seen in other queues), that gives each queue a range; a
+    figure within a factor of 2 of all of it exists when the range spans at
+    most a factor of 4. A queue outside the common values has only a bound
+    from above (all the rows the common ones leave), as has every queue
+    before the table was ever analyzed.
     """
     names = set(counted) | set(table.queue_shares)
     seen = {q: counted[q].done if q in counted else 0 for q in names}
     others = {q: counted[q].not_done() if q in counted else 0 for q in names}
-    if not table.analyzed:
-        total = max(sum(seen.values()), table.rows - sum(others.values()))
-        sampled = sum(seen.values()) or 1
-        return {q: max(seen[q], round(total * seen[q] / sampled)) for q in names}
-    return {
-        q: max(
-            seen[q], round(table.rows * table.queue_shares.get(q, table.other_share)) - others[q]
-        )
-        for q in names
-    }
+    total = estimate_total_done(counted, table)
+    all_seen = sum(seen.values())
+    found: dict[str, int | None] = {}
+    for q in names:
+        low, high = seen[q], total - (all_seen - seen[q])
+        # Unanalyzed: the done total split as the bounded count saw it.
+        guess = total * seen[q] / (all_seen or 1)
+        if table.analyzed:
+            share = table.queue_shares.get(q)
+            common = share is not None
+            share = share if share is not None else table.rest()
+            spread = table.changed * (1 + share)
+            if table.sampled:
+                spread += 3 * math.sqrt(share * (1 - share) / table.sampled) * table.rows
+            rows = share * table.rows
+            high = min(high, math.ceil(rows + spread) - others[q])
+            if common:
+                low = max(low, math.floor(rows - spread) - others[q])
+                guess = rows - others[q]
+            else:
+                guess = table.other_share * table.rows - others[q]
+        high = max(high, low)
+        if high > 4 * low:
+            found[q] = None
+            continue
+        # Within a factor of 2 of every count the range allows.
+        found[q] = round(min(max(guess, low, high / 2), high, 2 * low))
+    return found
 
 
 # --- leases and reap -----------------------------------------------------------
@@ -233,9 +310,13 @@ def leases(conn: Connection, *, expired_only: bool = False) -> list[Lease]:
 
 
 def reap_preview(conn: Connection) -> list[Reaped]:
-    """The jobs `reap` would change now, each with the status it would get."""
+    """The jobs `reap` would change now, each with the status and the
+    last_error it would get."""
     return [
-        Reaped(replace(Job.from_row(row), status=row["reaped_status"]), row["held_by"])
+        Reaped(
+            replace(Job.from_row(row), status=row["reaped_status"], last_error=row["reaped_error"]),
+            row["held_by"],
+        )
         for row in _rows(conn, "lease_reap_preview")
     ]
 
@@ -262,17 +343,109 @@ def notify_workers(conn: Connection) -> None:
 # --- list and show -----------------------------------------------------------------
 
 
+# `list` counts the jobs it does not show exactly when only pending, running
+# or failed jobs can match (each status through its partial index: the cost
+# follows the live jobs), or ids are given; else, as the done history may
+# hold millions, at most this many, and says "more than".
+LIST_COUNT_BOUND = 10_000
+ORDERS = ("newest", "next")
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs `list` shows: each filter given narrows, each holds any of its values."""
+
+    statuses: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    ids: tuple[int, ...] = ()
+    since: float | None = None  # seconds: created within this long
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "statuses": list(self.statuses) or None,
+            "queues": list(self.queues) or None,
+            "kinds": list(self.kinds) or None,
+            "ids": list(self.ids) or None,
+            "since": None if self.since is None else dt.timedelta(seconds=self.since),
+        }
+
+
+@dataclass(frozen=True)
+class Matched:
+    """How many jobs a filter matches: `count` exactly, or more than it when not `exact`."""
+
+    count: int
+    exact: bool
+
+
+def _values(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 def list_jobs(
     conn: Connection,
     *,
-    status: str | None = None,
-    queue: str | None = None,
-    kind: str | None = None,
-    limit: int = 50,
+    status: str | Sequence[str] | None = None,
+    queue: str | Sequence[str] | None = None,
+    kind: str | Sequence[str] | None = None,
+    ids: Sequence[int] = (),
+    since: float | None = None,
+    order: str = "newest",
+    limit: int | None = 50,
 ) -> list[Job]:
-    """Jobs matching every filter given, newest first."""
-    params = {"status": status, "queue": queue, "kind": kind, "limit": limit}
-    return [Job.from_row(row) for row in _rows(conn, "job_list", params)]
+    """Jobs matching every filter given (each one value or several), newest
+    first or, with order "next", pending jobs in claim order; at most
+    `limit` (None: all)."""
+    found = JobFilter(_values(status), _values(queue), _values(kind), tuple(ids), since)
+    return select_jobs(conn, found, order=order, limit=limit)
+
+
+def _list_query(found: JobFilter, order: str) -> str:
+    if order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}")
+    if order == "next" and set(found.statuses) - {"pending"}:
+        raise BadInput(
+            "--order next lists pending jobs in the order workers take them: "
+            "give no --status, or --status pending"
+        )
+    return "job_list_next" if order == "next" else "job_list"
+
+
+def select_jobs(
+    conn: Connection, found: JobFilter, *, order: str = "newest", limit: int | None = 50
+) -> list[Job]:
+    """The jobs `found` matches, in `order`, at most `limit` (None: all)."""
+    name = _list_query(found, order)
+    return [Job.from_row(row) for row in _rows(conn, name, {**found.params(), "limit": limit})]
+
+
+def stream_jobs(
+    conn: Connection, found: JobFilter, *, order: str = "newest", batch: int = 2000
+) -> Iterator[Job]:
+    """Every job `found` matches, in `order`, read `batch` at a time through a
+    cursor in one read-only transaction, which stays open until the iterator
+    is exhausted or closed."""
+    name = _list_query(found, order)
+    with conn.transaction(), conn.cursor("pgqctl_list", row_factory=dict_row) as cur:
+        cur.itersize = batch
+        cur.execute(query(name), {**found.params(), "limit": None})
+        for row in cur:
+            yield Job.from_row(row)
+
+
+def count_jobs(conn: Connection, found: JobFilter) -> Matched:
+    """How many jobs `found` matches: exactly when that is cheap (see
+    LIST_COUNT_BOUND), else up to the bound."""
+    live_only = found.statuses and "done" not in found.statuses
+    bound = None if live_only or found.ids else LIST_COUNT_BOUND + 1
+    (row,) = _rows(conn, "job_count", {**found.params(), "bound": bound})
+    count = int(row["count"])
+    if bound is not None and count >= bound:
+        return Matched(LIST_COUNT_BOUND, exact=False)
+    return Matched(count, exact=True)
 
 
 def get_job(conn: Connection, job_id: int) -> Job | None:
@@ -289,15 +462,15 @@ class Selection:
     """Which failed jobs to requeue: each filter given narrows the set."""
 
     ids: tuple[int, ...] = ()
-    kind: str | None = None
-    queue: str | None = None
+    kinds: tuple[str, ...] = ()  # any of these
+    queues: tuple[str, ...] = ()  # any of these
     since: float | None = None  # seconds: failed within this long
 
     def params(self) -> dict[str, Any]:
         return {
             "ids": list(self.ids) or None,
-            "kind": self.kind,
-            "queue": self.queue,
+            "kinds": list(self.kinds) or None,
+            "queues": list(self.queues) or None,
             "since": None if self.since is None else dt.timedelta(seconds=self.since),
         }
 

@@ -11,6 +11,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import click
 import psycopg
@@ -21,21 +22,27 @@ from click.core import ParameterSource
 # imported here, and in a short command that is a good part of its run.
 from pgqctl import __version__, db
 from pgqctl.commands import admin, embedded, enqueue, migrate, worker
-from pgqctl.commands.options import CONTEXT, DEBUG_HELP, say
+from pgqctl.commands.options import CONTEXT, DEBUG_HELP, OnceGroup, global_options, say
 from pgqctl.errors import EXIT_FAILURE, EXIT_USAGE, DatabaseUnavailable, PgqctlError
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(cls=OnceGroup, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="pgqctl")
 @click.option("--debug", is_flag=True, help=DEBUG_HELP)
-def cli(debug: bool) -> None:
+@global_options
+def cli(debug: bool, **options: Any) -> None:
     """Run and administer a job queue stored in one PostgreSQL table.
+
+    --dsn, --schema, --format and --json may come before the command, as
+    --debug may: `pgqctl --schema staging list` is `pgqctl list --schema
+    staging`.
 
     \b
     Example:
         pgqctl migrate
         pgqctl enqueue report '{"argv": ["echo", "hello"]}'
         pgqctl worker --burst
+        pgqctl --format json stats
     """
 
 

@@ -53,6 +53,28 @@ def resolve_target(dsn_option: str | None, environ: Mapping[str, str]) -> Target
     return Target(None, "embedded")
 
 
+def dsn_source(dsn: str, environ: Mapping[str, str]) -> str:
+    """Where a DSN most likely came from, when the caller did not say (a
+    `Target.source`); "--dsn / PGQCTL_DSN" when it cannot be told."""
+    if not dsn:
+        return "libpq environment"
+    if dsn == environ.get("DATABASE_URL") and dsn != environ.get("PGQCTL_DSN"):
+        return "DATABASE_URL"
+    return "--dsn / PGQCTL_DSN"
+
+
+def source_text(source: str) -> str:
+    """A `Target.source` as a message names it."""
+    if source == "libpq environment":
+        # An empty DSN: libpq chose the server from PGHOST, PGPORT and the like.
+        return "PGHOST, PGPORT and the other PG* variables"
+    if source == "embedded":
+        return "the embedded server (`pgqctl embedded status`)"
+    if source in ("--dsn", "PGQCTL_DSN"):
+        return "--dsn / PGQCTL_DSN"
+    return source
+
+
 def _checked(dsn: str, source: str, environ: Mapping[str, str]) -> str:
     try:
         params = conninfo.conninfo_to_dict(dsn)

@@ -22,7 +22,9 @@ Every connection names pgqctl in `application_name` (pg_stat_activity).
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -48,6 +50,13 @@ CONNECT_TIMEOUT_SECONDS = 10
 # numbers to 2 hosts'; the server, 'invalid value for parameter "TimeZone"'.
 _BAD_SETTING = re.compile(
     r'invalid (\w+ |"\w+" )?(value|port number)|could not match \d+ port numbers'
+)
+# How the server words a login it refuses: it runs, so the setting is wrong
+# (the role, its password, the database name, pg_hba.conf), not the server.
+_LOGIN_REFUSED = re.compile(
+    r'(role|database) ".*" does not exist|password authentication failed'
+    r"|authentication failed for user|no pg_hba\.conf entry|not permitted to log in"
+    r"|permission denied for database|password is required|pg_hba\.conf rejects"
 )
 READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction
 PRIVILEGE_SQLSTATE = "42501"  # insufficient_privilege
@@ -93,12 +102,15 @@ def connect(
     schema: str,
     application_name: str = APPLICATION_NAME,
     settings: Mapping[str, str] | None = None,
+    source: str | None = None,
     **params: Any,
 ) -> QueueConnection:
     """Open a connection or raise DatabaseUnavailable naming the target.
 
     `settings` are more transaction-local settings (timeouts...); `params`
-    more libpq connection parameters (keepalives, ...).
+    more libpq connection parameters (keepalives, ...). `source` says where
+    the DSN came from, for the message (see `config.Target.source`); without
+    it, the environment tells.
     """
     try:
         conn = QueueConnection.connect(
@@ -109,15 +121,19 @@ def connect(
             **params,
         )
     except psycopg.OperationalError as exc:
-        # An empty DSN: libpq chose the server from PGHOST, PGPORT and the like.
-        source = "--dsn / PGQCTL_DSN" if dsn else "PGHOST, PGPORT and the other PG* variables"
+        where = config.source_text(source or config.dsn_source(dsn, os.environ))
         why = reason(exc)
         if _BAD_SETTING.search(why):
             # A setting libpq (or the server) refuses: no use retrying as is.
-            raise BadInput(f"bad connection setting: {why}; fix it in {source}") from exc
+            raise BadInput(f"bad connection setting: {why}; fix it in {where}") from exc
+        if _LOGIN_REFUSED.search(why):
+            hint = f"check the user, password and database name in {where}"
+        elif "FATAL:" in why:  # the server answered (too many clients, starting up...)
+            hint = f"check {where}"
+        else:
+            hint = f"check {where} and that the server is running"
         raise DatabaseUnavailable(
-            f"cannot connect to {config.describe(dsn)}: {why}; "
-            f"check {source} and that the server is running"
+            f"cannot connect to {config.describe(dsn)}: {why}; {hint}"
         ) from exc
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
     conn.schema = schema
@@ -138,12 +154,18 @@ def connect(
 
 
 def open_queue(
-    dsn: str, *, schema: str, migrated: bool = True, writes: bool = False, **params: Any
+    dsn: str,
+    *,
+    schema: str,
+    migrated: bool = True,
+    writes: bool = False,
+    source: str | None = None,
+    **params: Any,
 ) -> QueueConnection:
     """A connection to the queue in `schema`: checked to be migrated unless
     `migrated` is False (for `migrate` itself), and to be a primary when the
     caller `writes`. `params` as for `connect`."""
-    conn = connect(dsn, schema=schema, **params)
+    conn = connect(dsn, schema=schema, source=source, **params)
     try:
         if writes:
             require_primary(conn)
@@ -231,6 +253,7 @@ def require_migrated(conn: QueueConnection) -> None:
     """Raise NotMigrated unless every migration this pgqctl knows is applied,
     or PrivilegeMissing when this role may not see the queue."""
     schema = conn.schema
+    run_migrate = f"run `{migrate_command(schema)}`"
     state = _one(conn, "schema_state", {"schema": schema})
     exists, usage, recorded, jobs, readable = state
     if exists and not usage:
@@ -249,22 +272,29 @@ def require_migrated(conn: QueueConnection) -> None:
         # `migrate` would find every migration applied and do nothing.
         raise NotMigrated(
             f"schema {schema} records pgqctl migrations but has no jobs table (dropped?): "
-            "drop its pgqctl_migrations table too, then run `pgqctl migrate`"
+            f"drop its pgqctl_migrations table too, then {run_migrate}"
         )
     if not recorded:
-        raise NotMigrated(f"no pgqctl queue in schema {schema}: run `pgqctl migrate`")
+        raise NotMigrated(f"no pgqctl queue in schema {schema}: {run_migrate}")
     if not readable:
         raise PrivilegeMissing(privilege_message(conn, "pgqctl_migrations"))
     (applied,) = _one(conn, "migrations_count")
     known = len(migrations())
     if applied < known:
         raise NotMigrated(
-            f"schema {schema} is {known - applied} migration(s) behind: run `pgqctl migrate`"
+            f"schema {schema} is {known - applied} migration(s) behind: {run_migrate}"
         )
     if applied > known:
         raise NotMigrated(
             f"schema {schema} was migrated by a newer pgqctl: upgrade pgqctl to use it"
         )
+
+
+def migrate_command(schema: str) -> str:
+    """The `pgqctl migrate` that serves `schema`, to paste into a shell."""
+    if schema == "public":
+        return "pgqctl migrate"
+    return f"pgqctl migrate --schema {shlex.quote(schema)}"
 
 
 def _ident(conn: psycopg.Connection[Any], name: str | None) -> str:

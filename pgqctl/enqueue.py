@@ -161,9 +161,13 @@ def make_job(
     """Validate one job's fields; BadInput names the field and what is wrong."""
     if run_at is not None and delay is not None:
         raise BadInput("give run_at or delay, not both")
+    name = _text("kind", kind)
+    text = _payload_text(payload)
+    if isinstance(payload, (dict, Mapping)) and ("argv" in payload or "shell" in payload):
+        check_command(payload, name)
     return NewJob(
-        _text("kind", kind),
-        _payload_text(payload),
+        name,
+        text,
         _text("queue", queue),
         _int4("priority", priority, INT4_MIN),
         _int4("max_attempts", max_attempts, 1),
@@ -192,6 +196,38 @@ def job_from_record(record: object, defaults: Mapping[str, Any] | None = None) -
     if "kind" not in values:
         raise BadInput('missing "kind"')
     return make_job(**values)
+
+
+def check_command(payload: Mapping[str, Any], kind: str) -> None:
+    """BadInput for an argv or shell payload a worker would refuse (unknown
+    keys, an argv that is not a list of strings...), as pgqctl/payload.py,
+    which defines payloads, says; a payload with neither key is a handler's.
+
+    Imported here, not at the top: `import pgqctl` stays cheap, and a load
+    of handler payloads never imports it.
+    """
+    try:
+        _check_payload(payload, kind)
+    except _PayloadRejected as exc:  # read when raised: the class, once imported
+        raise BadInput(f"payload cannot run: {exc}") from None
+
+
+class _NotYetImported(Exception):
+    """What check_command catches until pgqctl.payload is imported."""
+
+
+def _import_check(payload: Mapping[str, Any], kind: str) -> None:
+    """The first check: import payload.check_payload, then run it from now on
+    with no more than a call (it runs once per job of a bulk load)."""
+    global _check_payload, _PayloadRejected
+    from pgqctl.payload import PayloadRejected, check_payload
+
+    _check_payload, _PayloadRejected = check_payload, PayloadRejected
+    check_payload(payload, kind)
+
+
+_check_payload: Callable[[Mapping[str, Any], str], None] = _import_check
+_PayloadRejected: type[Exception] = _NotYetImported
 
 
 def _without_nulls(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -227,8 +263,12 @@ def parse_payload(text: str) -> dict[str, Any]:
 
 
 def parse_run_at(value: object, *, what: str = "run_at") -> dt.datetime:
-    """An aware datetime from a datetime or ISO 8601 text; naive means local time."""
+    """An aware datetime from a datetime or ISO 8601 text; naive means local time.
+
+    `what` names the value in errors; "" when the caller's message names it.
+    """
     shown = value.strip() if isinstance(value, str) else str(value)
+    named = f"{what} " if what else ""
     if isinstance(value, str):
         text = value.strip()
         # Python 3.10's fromisoformat does not know the Z suffix.
@@ -238,17 +278,17 @@ def parse_run_at(value: object, *, what: str = "run_at") -> dt.datetime:
             value = dt.datetime.fromisoformat(text)
         except ValueError:
             raise BadInput(
-                f"{what} {value!r} is not an ISO 8601 time such as 2030-01-31T09:00:00+01:00"
+                f"{named}{value!r} is not an ISO 8601 time such as 2030-01-31T09:00:00+01:00"
             ) from None
     if not isinstance(value, dt.datetime):
-        raise BadInput(f"{what} must be an ISO 8601 time or a datetime, not {_kind_of(value)}")
+        raise BadInput(f"{named}must be an ISO 8601 time or a datetime, not {_kind_of(value)}")
     try:
         # astimezone() reads a naive time as local time, the least surprising reading.
         aware = value if value.tzinfo is not None else value.astimezone()
         # Stored in UTC and read back as a Python datetime: it must be one there.
         aware.astimezone(dt.timezone.utc)
     except (OverflowError, ValueError, OSError):
-        raise BadInput(f"{what} {shown!r} is out of range: years 1 to 9999 in UTC") from None
+        raise BadInput(f"{named}{shown!r} is out of range: years 1 to 9999 in UTC") from None
     return aware
 
 
@@ -409,6 +449,8 @@ def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
     elif type(payload) is not dict:
         return None
     else:
+        if "argv" in payload or "shell" in payload:
+            check_command(payload, kind)
         payload_text = None if escaped else _payload_as_written(text)
         if payload_text is None:
             try:
@@ -435,6 +477,8 @@ def _simple_record_row(number: int, record: object, defaults: _Defaults) -> str 
     elif type(payload) is not dict:
         return None
     else:
+        if "argv" in payload or "shell" in payload:
+            check_command(payload, kind)
         try:
             payload_text = _encode(payload)
         except (TypeError, ValueError, RecursionError):

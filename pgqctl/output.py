@@ -13,10 +13,11 @@ import datetime as dt
 import decimal
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pgqctl.errors import PgqctlError
 
@@ -121,8 +122,10 @@ def emit_rows(
     *,
     stream: IO[str] | None = None,
     title: str | None = None,
+    width: int | None = None,
 ) -> None:
-    """Write records in the chosen format."""
+    """Write records in the chosen format; a table fits `width` when given,
+    else the terminal's (see `fit`)."""
     stream = stream or sys.stdout
     fmt = resolve_format(fmt, stream)
     if fmt == "json":
@@ -134,9 +137,59 @@ def emit_rows(
     elif fmt in ("csv", "tsv"):
         _write_delimited(rows, columns, stream, "," if fmt == "csv" else "\t")
     elif fmt == "table":
-        _write_rich(rows, columns, stream, title)
+        _write_rich(rows, columns, stream, title, width)
     else:
-        _write_plain(rows, columns, stream)
+        _write_plain(rows, columns, stream, width)
+
+
+# A stream of records is kept in memory up to this much, then in a file.
+SPOOL_MEMORY = 16 * 1024 * 1024
+
+
+def emit_stream(
+    records: Iterable[Mapping[str, Any]],
+    fields: Sequence[str],
+    fmt: str,
+    *,
+    stream: IO[str] | None = None,
+) -> int:
+    """Records in a machine format (json, ndjson, csv, tsv), each written as
+    it comes, as emit_rows writes them all at once; the number written.
+
+    They go to a temporary file first (in memory up to SPOOL_MEMORY), and to
+    the stream once `records` is exhausted: a reader that pauses (`| less`)
+    must not hold open the transaction the records come from.
+    """
+    import shutil
+    import tempfile
+
+    stream = stream or sys.stdout
+    fmt = resolve_format(fmt, stream)
+    if fmt in HUMAN_FORMATS:
+        raise ValueError("emit_stream writes machine formats only")
+    count = 0
+    with tempfile.SpooledTemporaryFile(
+        max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8", newline=""
+    ) as spool:
+        if fmt == "json":
+            spool.write("[")
+            for r in records:
+                spool.write((", " if count else "") + _json(dict(r)))
+                count += 1
+            spool.write("]\n")
+        elif fmt == "ndjson":
+            for r in records:
+                spool.write(_json(dict(r)) + "\n")
+                count += 1
+        else:
+            sep = "," if fmt == "csv" else "\t"
+            writer = _DelimitedWriter(spool, fields, sep)
+            for r in records:
+                writer.row(r)
+                count += 1
+        spool.seek(0)
+        shutil.copyfileobj(spool, stream)
+    return count
 
 
 def emit_new_ids(ids: Sequence[int], fmt: str) -> None:
@@ -211,15 +264,43 @@ def _job_cells(job: Mapping[str, Any]) -> dict[str, Any]:
         **job,
         "attempt": f"{job['attempts']}/{job['max_attempts']}",
         "left": left or "",
-        "error": first_line(job.get("last_error")),
+        "error": error_summary(job.get("last_error")),
     }
+
+
+# The first line of a last_error the worker wrote (runner.Outcome.last_error)
+# says how the job ended, and the output that follows says why: a program's
+# last line is most often its error ("convert: no such file a.png", a
+# traceback's "ValueError: ...").
+_HOW_IT_ENDED = re.compile(
+    r"exit status -?\d+|killed by signal \d+ \(\w+\)|timed out after .+|stopped: .+"
+)
+_TRUNCATION_NOTE = "[output truncated:"
+
+
+def error_summary(text: str | None) -> str:
+    """Why a job failed, on one line: the first line of its last_error, and
+    after a worker's "exit status 1" (or a signal, a timeout) the last line
+    of the job's output."""
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first, last = lines[0], lines[-1]
+    if len(lines) > 1 and _HOW_IT_ENDED.fullmatch(first) and not last.startswith(_TRUNCATION_NOTE):
+        return f"{first}: {last}"
+    return first
 
 
 def first_line(text: str | None, width: int = 60) -> str:
     """The first line of an error, cut to fit a table cell."""
     lines = (text or "").strip().splitlines()
     first = lines[0] if lines else ""
-    return first if len(first) <= width else first[: width - 1] + "…"
+    return cut(first, width)
+
+
+def cut(text: str, width: int) -> str:
+    """`text` in at most `width` characters, ending in … when cut."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 def emit_record(record: Mapping[str, Any], fmt: str) -> None:
@@ -254,21 +335,33 @@ def emit_result(result: Mapping[str, Any], fmt: str) -> None:
 
 STATS_COLUMNS = ["queue", "pending", "running", "expired", "done", "failed", "oldest_pending"]
 ESTIMATE_NOTE = "~ marks estimated done counts; --exact counts them"
+UNKNOWN_NOTE = (
+    "~ marks estimated done counts, ? those the statistics cannot tell "
+    "(they changed too much since the last ANALYZE); --exact counts them"
+)
+
+
+def estimate_note(stats: Stats) -> str | None:
+    """What the marks in a `stats` table mean, when there are any."""
+    if not stats.estimated:
+        return None
+    unknown = any(c.done_figure == "unknown" for c in stats.queues.values())
+    return UNKNOWN_NOTE if unknown else ESTIMATE_NOTE
 
 
 def _stats_rows(stats: Stats) -> list[dict[str, Any]]:
     """One row per queue and a total row, as the human tables show them."""
-    mark = "~" if stats.estimated else ""
     scopes = [*stats.queues.items(), ("(total)", stats.totals)]
     rows = []
     for name, c in scopes:
         age = c.oldest_pending_age_seconds
+        done = {"exact": f"{c.done}", "estimated": f"~{c.done}", "unknown": "?"}
         rows.append(
             {
                 **c.by_status,
                 "queue": name,
                 "expired": c.expired_leases,
-                "done": f"{mark}{c.done}",
+                "done": done[c.done_figure],
                 "oldest_pending": "" if age is None else format_seconds(age),
             }
         )
@@ -277,8 +370,7 @@ def _stats_rows(stats: Stats) -> list[dict[str, Any]]:
 
 def stats_table(stats: Stats) -> Any:
     """`stats` as a rich table, to print or to redraw live."""
-    caption = ESTIMATE_NOTE if stats.estimated else None
-    return rich_table(_stats_rows(stats), STATS_COLUMNS, caption=caption)
+    return rich_table(_stats_rows(stats), STATS_COLUMNS, caption=estimate_note(stats))
 
 
 def emit_stats(stats: Stats, fmt: str) -> None:
@@ -288,7 +380,7 @@ def emit_stats(stats: Stats, fmt: str) -> None:
         emit_object(data)
     elif resolved in ("csv", "tsv"):
         total = {"queue": "(total)", **stats.totals.as_record()}
-        rows = [{**r, "estimated": stats.estimated} for r in [*data["queues"], total]]
+        rows = [*data["queues"], total]
         emit_rows(rows, list(rows[0]), fmt)
     else:
         emit_rows(_stats_rows(stats), STATS_COLUMNS, fmt)
@@ -316,20 +408,32 @@ def emit_object(obj: Mapping[str, Any], stream: IO[str] | None = None) -> None:
 def _write_delimited(
     rows: Sequence[Mapping[str, Any]], columns: Sequence[str], stream: IO[str], sep: str
 ) -> None:
-    keys = list(rows[0].keys()) if rows else list(columns)
-    if sep == "\t":
-        # TSV: one line per record whatever the data, for line-based tools:
-        # backslash, tab, newline and carriage return are escaped as
-        # PostgreSQL's text format does (\\, \t, \n, \r); nothing is quoted.
-        stream.write("\t".join(keys) + "\n")
-        for r in rows:
-            cells = (_delimited_cell(r.get(k)).translate(_TSV_ESCAPES) for k in keys)
-            stream.write("\t".join(cells) + "\n")
-        return
-    writer = csv.writer(stream, delimiter=sep, lineterminator="\n")
-    writer.writerow(keys)
+    writer = _DelimitedWriter(stream, list(rows[0].keys()) if rows else list(columns), sep)
     for r in rows:
-        writer.writerow([_delimited_cell(r.get(k)) for k in keys])
+        writer.row(r)
+
+
+class _DelimitedWriter:
+    """CSV or TSV: the header at once, then a line per record."""
+
+    def __init__(self, stream: IO[str], keys: Sequence[str], sep: str) -> None:
+        self.keys = list(keys)
+        self.stream = stream
+        self.csv = None if sep == "\t" else csv.writer(stream, delimiter=sep, lineterminator="\n")
+        if self.csv is None:
+            stream.write("\t".join(self.keys) + "\n")
+        else:
+            self.csv.writerow(self.keys)
+
+    def row(self, r: Mapping[str, Any]) -> None:
+        if self.csv is None:
+            # TSV: one line per record whatever the data, for line-based tools:
+            # backslash, tab, newline and carriage return are escaped as
+            # PostgreSQL's text format does (\\, \t, \n, \r); nothing is quoted.
+            cells = (_delimited_cell(r.get(k)).translate(_TSV_ESCAPES) for k in self.keys)
+            self.stream.write("\t".join(cells) + "\n")
+        else:
+            self.csv.writerow([_delimited_cell(r.get(k)) for k in self.keys])
 
 
 _TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -338,6 +442,8 @@ _TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r
 def _delimited_cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, bool):  # as JSON writes them, not Python's True and False
+        return "true" if value else "false"
     if isinstance(value, (Mapping, list)):
         return json.dumps(jsonable(value), separators=(",", ":"), ensure_ascii=False)
     if isinstance(value, (dt.datetime, dt.date)):
@@ -348,25 +454,56 @@ def _delimited_cell(value: Any) -> str:
 
 
 def _write_plain(
-    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], stream: IO[str]
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    stream: IO[str],
+    width: int | None = None,
 ) -> None:
+    """A tabulate table. On a terminal (or given a `width`) a listing is
+    fitted to its width as the rich table is; piped, it has no width, and
+    every column is written whole (errors cut at 60 characters, as ever)."""
     from tabulate import tabulate
 
     if not rows:
         return
-    table = [[human(r.get(c)) for c in columns] for r in rows]
-    stream.write(tabulate(table, headers=list(columns), tablefmt="simple", disable_numparse=True))
+    if width is None and fitted(columns):
+        width = _terminal_width(stream)
+    if width is not None and fitted(columns):
+        layout = fit(rows, columns, width, _plain_overhead, _PLAIN_HEADER_PAD)
+        table = layout.cells(rows)
+        headers = layout.columns
+    else:
+        table = [[_piped_cell(c, r.get(c)) for c in columns] for r in rows]
+        headers = list(columns)
+    stream.write(tabulate(table, headers=headers, tablefmt="simple", disable_numparse=True))
     stream.write("\n")
 
 
+def _piped_cell(column: str, value: Any) -> str:
+    return cut(human(value), 60) if column == "error" else human(value)
+
+
+def _terminal_width(stream: IO[str]) -> int | None:
+    try:
+        if stream.isatty():
+            return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        pass
+    return None
+
+
 def _write_rich(
-    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], stream: IO[str], title: str | None
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    stream: IO[str],
+    title: str | None,
+    width: int | None = None,
 ) -> None:
     from rich.console import Console
 
     if not rows:
         return
-    Console(file=stream).print(rich_table(rows, columns, title=title))
+    Console(file=stream, width=width).print(rich_table(rows, columns, title=title))
 
 
 def rich_table(
@@ -376,7 +513,10 @@ def rich_table(
     title: str | None = None,
     caption: str | None = None,
 ) -> Any:
-    """The rich Table of `table` output, to print or to show live."""
+    """The rich table of `table` output, to print or to show live. A listing
+    is laid out for the width it is drawn in (see `fit`), each time it is."""
+    if fitted(columns):
+        return _FittedTable(rows, columns, title, caption)
     from rich.table import Table
     from rich.text import Text
 
@@ -387,6 +527,180 @@ def rich_table(
         # Text, not str: job data must never be read as rich markup.
         table.add_row(*(Text(human(r.get(c))) for c in columns))
     return table
+
+
+# --- fitting a listing to the terminal ------------------------------------------
+#
+# A listing on a terminal never wraps inside a value (a time broken as
+# `2026-12-0` / `1` is unreadable, and a job takes many lines). Where the
+# columns do not fit: text the user chose is cut with … (the error first,
+# then kinds and queues); then times are shortened; then the least important
+# columns are left out. Ids, statuses, attempts, counts, times and the
+# worker in locked_by are never cut.
+
+
+class Column(NamedTuple):
+    shape: str  # "error" or "text": may be cut; "time": may be shortened; "whole"
+    rank: int  # the least important are left out first; 0: never
+    ease: int = 0  # how narrow a cut column may go before columns are left out
+
+
+COLUMNS: dict[str, Column] = {
+    "id": Column("whole", 0),
+    "queue": Column("text", 30, 10),
+    "kind": Column("text", 50, 12),
+    "status": Column("whole", 80),
+    "attempt": Column("whole", 40),
+    "run_at": Column("time", 20),
+    "finished_at": Column("time", 10),
+    "locked_until": Column("time", 10),
+    "locked_by": Column("whole", 60),
+    "left": Column("whole", 70),
+    "error": Column("error", 60, 24),
+    # stats: every count stays; a long queue name is cut.
+    "pending": Column("whole", 0),
+    "running": Column("whole", 0),
+    "expired": Column("whole", 0),
+    "done": Column("whole", 0),
+    "failed": Column("whole", 0),
+    "oldest_pending": Column("whole", 0),
+}
+# How times are shown, longest first: as everywhere, then in UTC without
+# the year, then without the seconds.
+TIME_STYLES = ("full", "utc", "short")
+_ONE_LINE = _control_escapes("")  # tabs and newlines too: one cell, one line
+
+
+def fitted(columns: Sequence[str]) -> bool:
+    """Whether a table of these columns is a listing laid out to fit a width."""
+    return len(columns) > 1 and all(c in COLUMNS for c in columns)
+
+
+def _one_line(value: Any, style: str) -> str:
+    if isinstance(value, dt.datetime) and style != "full":
+        utc = value.astimezone(dt.timezone.utc)
+        return utc.strftime("%m-%d %H:%M:%SZ" if style == "utc" else "%m-%d %H:%MZ")
+    text = human(value)
+    return text if text.isprintable() else text.translate(_ONE_LINE)
+
+
+def _rich_overhead(n: int) -> int:
+    return 3 * n - 1  # a space each side of each column, a rule between two
+
+
+def _plain_overhead(n: int) -> int:
+    return 2 * (n - 1)  # two spaces between columns
+
+
+# tabulate makes each column at least two wider than its header.
+_PLAIN_HEADER_PAD = 2
+
+
+class Layout(NamedTuple):
+    columns: list[str]
+    widths: list[int]
+    style: str  # of times: one of TIME_STYLES
+
+    def cells(self, rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+        return [
+            [
+                cut(_one_line(r.get(c), self.style), w)
+                for c, w in zip(self.columns, self.widths, strict=True)
+            ]
+            for r in rows
+        ]
+
+
+def fit(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    width: int,
+    overhead: Callable[[int], int] = _rich_overhead,
+    header_pad: int = 0,
+) -> Layout:
+    """The columns to show, their widths and the style of times, for a table
+    of `rows` at most `width` wide (see COLUMNS).
+
+    Tried in order, the first that fits wins: every column, with times from
+    the longest style to the shortest, then without the least important
+    column (an empty one first), and so on; cut columns keep at least their
+    `ease` (or what they hold, if less). The first column is never left
+    out. When even that does not fit, the layout that comes closest, with
+    cut columns as narrow as their header.
+    """
+    texts = {c: [_one_line(r.get(c), "full") for r in rows] for c in columns}
+    head = {c: len(c) + header_pad for c in columns}
+    natural = {c: max([head[c], *(len(t) for t in texts[c])]) for c in columns}
+    time_widths = {
+        style: {
+            c: max([head[c], *(len(_one_line(r.get(c), style)) for r in rows)])
+            for c in columns
+            if COLUMNS[c].shape == "time"
+        }
+        for style in TIME_STYLES
+    }
+    # The first column says what a row is (a job's id, a queue): it stays.
+    empty = {c for c in columns[1:] if COLUMNS[c].rank and not any(texts[c])}
+    droppable = sorted(
+        (c for c in columns[1:] if COLUMNS[c].rank),
+        key=lambda c: (c not in empty, COLUMNS[c].rank),
+    )
+
+    def attempt(kept: list[str], style: str, loose: bool) -> Layout | None:
+        widths = {c: time_widths[style].get(c, natural[c]) for c in kept}
+        cuttable = [c for c in kept if COLUMNS[c].shape in ("error", "text")]
+        floor = {
+            c: head[c] if loose else max(head[c], min(natural[c], COLUMNS[c].ease))
+            for c in cuttable
+        }
+        excess = sum(widths.values()) + overhead(len(kept)) - width
+        # The error gives way first, then the other text, the widest first.
+        for c in sorted(cuttable, key=lambda c: (COLUMNS[c].shape != "error", -widths[c])):
+            if excess <= 0:
+                break
+            give = min(excess, widths[c] - floor[c])
+            widths[c] -= give
+            excess -= give
+        if excess > 0 and not loose:
+            return None
+        return Layout(kept, [widths[c] for c in kept], style)
+
+    for dropped in range(len(droppable) + 1):
+        kept = [c for c in columns if c not in droppable[:dropped]]
+        for style in TIME_STYLES:
+            layout = attempt(kept, style, loose=False)
+            if layout is not None:
+                return layout
+    kept = [c for c in columns if c not in droppable]
+    layout = attempt(kept, TIME_STYLES[-1], loose=True)
+    assert layout is not None
+    return layout
+
+
+class _FittedTable:
+    """A listing that lays itself out for the width rich draws it in."""
+
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        columns: Sequence[str],
+        title: str | None,
+        caption: str | None,
+    ) -> None:
+        self.rows, self.columns, self.title, self.caption = rows, columns, title, caption
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
+        from rich.table import Table
+        from rich.text import Text
+
+        layout = fit(self.rows, self.columns, options.max_width)
+        table = Table(title=self.title, caption=self.caption, header_style="bold", show_edge=False)
+        for c, w in zip(layout.columns, layout.widths, strict=True):
+            table.add_column(c, width=w, no_wrap=True, overflow="ellipsis")
+        for cells in layout.cells(self.rows):
+            # Text, not str: job data must never be read as rich markup.
+            table.add_row(*(Text(cell, no_wrap=True, overflow="ellipsis") for cell in cells))
+        yield table
 
 
 def live(render: Callable[[], Any], interval: float, stream: IO[str] | None = None) -> None:

@@ -7,7 +7,8 @@ claimed job here and hands the result to the process engine (``runner.py``).
   `PayloadRejected` for a payload that can never run. A rejection is
   permanent: the worker fails the job at once, without retries.
 - `command_for_payload` does the same for a payload no handler takes, so
-  that an ``argv`` or ``shell`` payload can be checked without a worker.
+  that an ``argv`` or ``shell`` payload can be checked without a worker;
+  `check_payload` is that check, as ``pgqctl enqueue`` makes it.
 - `without_credentials` and `job_environment` build the child's
   environment: the worker's own, minus every way to reach the queue's
   database, plus the job's `env`, plus the ``PGQCTL_JOB_*`` variables.
@@ -18,8 +19,9 @@ stdin; the payload is not interpreted and the worker's default timeout
 applies. Otherwise the payload must be an object with either ``argv`` (a
 non-empty array of strings, run directly) or ``shell`` (a string run with
 ``/bin/sh -c``, only when the worker allows shell payloads), and optionally
-``env`` (object of strings), ``cwd`` (string), ``timeout`` (positive
-seconds; overrides the worker's default) and ``stdin`` (string). A ``null``
+``env`` (object of strings), ``cwd`` (string), ``timeout`` (a positive
+number of seconds, or a duration as the CLI takes it, "90s", "5m"; overrides
+the worker's default) and ``stdin`` (string). A ``null``
 optional key counts as absent. Any other key is rejected: in a payload that
 pgqctl itself interprets, an unknown key is almost always a typo (``timout``)
 that would otherwise be silently ignored.
@@ -33,6 +35,8 @@ import math
 from collections.abc import Mapping, Sequence
 
 from pgqctl.config import LIBPQ_SELECTORS
+from pgqctl.durations import UNITS_TEXT, parse_duration
+from pgqctl.errors import BadInput
 from pgqctl.runner import Command
 
 _SHELL = "/bin/sh"
@@ -171,6 +175,57 @@ def command_for_payload(
     )
 
 
+def check_payload(payload: Mapping[str, object], kind: str) -> None:
+    """`PayloadRejected` for an ``argv`` or ``shell`` payload that no worker
+    without a handler for `kind` can run: what `command_for_payload` refuses
+    with shell payloads allowed. For checking a payload before it is stored
+    (``pgqctl enqueue``); a payload with neither key is a handler's, and is
+    not checked.
+
+    A bulk load checks one payload per job, so an ``argv`` payload whose
+    every key plainly follows the rules is passed here without building its
+    command; any other goes through `command_for_payload`, which accepts it
+    or says what is wrong (tests check that both agree).
+    """
+    argv = payload.get("argv")
+    if type(argv) is list and argv and type(argv[0]) is str and argv[0]:
+        try:
+            # Every word a string (join raises TypeError for any other), no NUL.
+            words = "\0" not in "".join(argv)
+        except TypeError:
+            words = False
+        if words and (
+            len(payload) == 1  # {"argv": [...]} alone, the most common
+            or ("shell" not in payload and _KNOWN_KEYS.issuperset(payload) and _options(payload))
+        ):
+            return
+    elif "argv" not in payload and "shell" not in payload:
+        return
+    command_for_payload(payload, kind=kind, allow_shell=True, default_timeout=None)
+
+
+def _options(payload: Mapping[str, object]) -> bool:
+    """Whether the optional keys of an argv payload plainly follow the rules;
+    False when unsure."""
+    env = payload.get("env")
+    if env is not None:
+        if type(env) is not dict:
+            return False
+        for name, value in env.items():
+            if type(value) is not str or not name or "=" in name or "\0" in name + value:
+                return False
+    cwd = payload.get("cwd")
+    if cwd is not None and (type(cwd) is not str or not cwd or "\0" in cwd):
+        return False
+    timeout = payload.get("timeout")
+    if timeout is not None and (
+        type(timeout) not in (int, float) or not 0 < timeout < math.inf  # type: ignore[operator]
+    ):
+        return False
+    stdin = payload.get("stdin")
+    return stdin is None or type(stdin) is str
+
+
 def without_credentials(base: Mapping[str, str]) -> dict[str, str]:
     """A copy of `base` without any way to reach the queue's database.
 
@@ -257,7 +312,8 @@ def _argv(argv: object) -> tuple[str, ...]:
             raise PayloadRejected(
                 f'"argv"[{i}] is {_json_type(item)}, not a string: quote it, e.g. "42"'
             )
-        _no_nul(item, f'"argv"[{i}]')
+        if "\0" in item:  # the message is made only then: this runs per word
+            _no_nul(item, f'"argv"[{i}]')
     if not argv[0]:
         raise PayloadRejected('"argv"[0] is an empty string: it must name the program to run')
     return tuple(argv)
@@ -277,12 +333,14 @@ def _env(env: object) -> dict[str, str]:
                 f'"env" name {json.dumps(name)} is not a variable name: '
                 'names are non-empty and have no "="'
             )
-        _no_nul(name, f'"env" name {json.dumps(name)}')
+        if "\0" in name:  # messages are made only then: this runs per variable
+            _no_nul(name, f'"env" name {json.dumps(name)}')
         if not isinstance(value, str):
             raise PayloadRejected(
                 f'"env"["{name}"] is {_json_type(value)}, not a string: quote it, e.g. "42"'
             )
-        _no_nul(value, f'"env"["{name}"]')
+        if "\0" in value:
+            _no_nul(value, f'"env"["{name}"]')
     return dict(env)
 
 
@@ -301,16 +359,24 @@ def _cwd(cwd: object) -> str | None:
 def _timeout(timeout: object) -> float | None:
     if timeout is None:
         return None
+    seconds: object = timeout
+    if isinstance(timeout, str):
+        # The forms `--timeout` takes: "90s", "5m", "1h30m", or "30" (seconds).
+        try:
+            seconds = parse_duration(timeout, what="")
+        except BadInput:
+            seconds = None
     if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not math.isfinite(timeout)
-        or timeout <= 0
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not math.isfinite(seconds)
+        or seconds <= 0
     ):
         shown = (
             json.dumps(timeout) if isinstance(timeout, (str, int, float)) else _json_type(timeout)
         )
         raise PayloadRejected(
-            f'"timeout" must be a positive number of seconds, e.g. {{"timeout": 30}}, got {shown}'
+            '"timeout" must be a positive duration, e.g. {"timeout": 30} (seconds) or '
+            f'{{"timeout": "5m"}} (units {UNITS_TEXT}), got {shown}'
         )
-    return float(timeout)
+    return float(seconds)

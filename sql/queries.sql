@@ -56,7 +56,10 @@ SELECT count(*) FROM pgqctl_migrations;
 -- Per queue: exact pending, running, failed, expired leases and oldest due
 -- pending job, one arm per status so each reads its own partial index. Done
 -- jobs are counted among at most `bound` of them (NULL: all of them, exact),
--- so a long history is never read unless asked for.
+-- so a long history is never read unless asked for: the most recently
+-- finished (jobs_finished_idx, backwards), which find the queues that worked
+-- since the statistics were last gathered. The CASE folds away for NULL:
+-- an exact count sorts nothing.
 SELECT queue,
        count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'running') AS running,
@@ -74,22 +77,30 @@ FROM (
     SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'failed'
     UNION ALL
     (SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'done'
+     ORDER BY CASE WHEN %(bound)s::bigint IS NOT NULL THEN finished_at END DESC
      LIMIT %(bound)s)
 ) AS counted
 GROUP BY queue;
 
 -- name: stats_table_estimate
 -- What the planner knows, from catalogs only: the live rows in the table
--- (the statistics counter, else the last ANALYZE's count) and the most
--- common queues with their share of rows.
+-- (the statistics counter, else the last ANALYZE's count), the most common
+-- queues with their share of rows at the last ANALYZE, how many rows were
+-- inserted, updated or deleted since (how stale those shares may be), and
+-- the queue column's statistics target (ANALYZE samples 300 rows per unit).
+-- One row.
 SELECT coalesce(nullif(pg_stat_get_live_tuples(c.oid), 0),
                 greatest(c.reltuples, 0)::bigint) AS rows,
+       pg_stat_get_mod_since_analyze(c.oid) AS changed,
+       coalesce(nullif(a.attstattarget, -1),
+                current_setting('default_statistics_target')::int) AS target,
        st.null_frac,
        st.n_distinct,
        st.most_common_vals::text::text[] AS common_queues,
        st.most_common_freqs AS common_shares,
        st.attname IS NOT NULL AS analyzed
 FROM pg_class AS c
+JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attname = 'queue'
 LEFT JOIN pg_stats AS st
        ON st.schemaname = current_schema() AND st.tablename = 'jobs'
       AND st.attname = 'queue' AND NOT st.inherited
@@ -108,9 +119,20 @@ WHERE status = 'running'
 ORDER BY locked_until NULLS FIRST, id;
 
 -- name: lease_reap_preview
--- What lease_reap would do now, without locking or writing anything.
+-- What lease_reap would do now, without locking or writing anything: each
+-- expired job with the status and the last_error it would get (the same
+-- expressions as lease_reap's; tests compare the two). One row per job.
 SELECT *,
        CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END AS reaped_status,
+       CASE
+           WHEN locked_until IS NULL
+           THEN format('running without a lease (held by %%s)',
+                       coalesce(locked_by, 'an unnamed worker'))
+           ELSE format('lease expired at %%s (held by %%s)',
+                       to_char(locked_until AT TIME ZONE 'UTC',
+                               'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+                       coalesce(locked_by, 'an unnamed worker'))
+       END AS reaped_error,
        locked_by AS held_by
 FROM jobs
 WHERE status = 'running' AND (locked_until < now() OR locked_until IS NULL)
@@ -127,8 +149,11 @@ SET status = CASE WHEN jobs.attempts >= jobs.max_attempts THEN 'failed' ELSE 'pe
         WHEN expired.locked_until IS NULL
         THEN format('running without a lease (held by %%s)',
                     coalesce(expired.locked_by, 'an unnamed worker'))
+        -- ISO 8601 in UTC to the millisecond, as pgqctl writes every time.
         ELSE format('lease expired at %%s (held by %%s)',
-                    expired.locked_until, coalesce(expired.locked_by, 'an unnamed worker'))
+                    to_char(expired.locked_until AT TIME ZONE 'UTC',
+                            'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+                    coalesce(expired.locked_by, 'an unnamed worker'))
     END,
     locked_until = NULL  -- locked_by stays: the worker that last held it
 FROM (
@@ -144,31 +169,82 @@ RETURNING jobs.*, expired.locked_by AS held_by;
 -- Wake listening workers; delivered when the surrounding transaction commits.
 SELECT pg_notify('pgqctl_jobs', current_schema());
 
+-- The filters of `list`, the same in job_list, job_list_next and job_count:
+-- each a list of values (NULL: any), every one given narrows. Statuses get
+-- one arm each, folded to true or false by the parameters, so that the jobs
+-- of each status given are read through their own partial index and `list
+-- --status pending --status failed` never reads the done history (a
+-- `status = ANY(...)` would: no partial index answers it). A new status
+-- needs its arm in each (tests/unit/test_admin_sql.py checks).
+
 -- name: job_list
+-- Jobs matching the filters, newest first, at most `limit` (NULL: all).
 SELECT *
 FROM jobs
-WHERE (%(status)s::text IS NULL OR status = %(status)s)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
--- Newest first. The CASE folds to a constant (and drops out) for done or no
--- status: the primary key is walked backwards. For pending, running and
--- failed it forces a sort of the matching rows, which come from their small
--- partial index, instead of a backward walk through the done history that
--- the planner may pick when those rows are old.
-ORDER BY CASE WHEN %(status)s::text <> 'done' THEN -id END, id DESC
+WHERE (%(statuses)s::text[] IS NULL
+       OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+       OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[]))
+       OR (status = 'done' AND 'done' = ANY(%(statuses)s::text[]))
+       OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[])))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+  AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+-- Newest first. The CASE folds to a constant (and drops out) when done jobs
+-- may match: the primary key is walked backwards. When only pending,
+-- running or failed jobs may, it forces a sort of the matching rows, which
+-- come from their small partial indexes, instead of a backward walk through
+-- the done history that the planner may pick when those rows are old.
+ORDER BY CASE WHEN NOT ('done' = ANY(coalesce(%(statuses)s::text[], '{done}')))
+              THEN -id END,
+         id DESC
 LIMIT %(limit)s;
+
+-- name: job_list_next
+-- Pending jobs matching the filters in the order workers claim them
+-- (priority DESC, run_at, id: jobs_claim_idx, walked in order), at most
+-- `limit` (NULL: all). Jobs not due yet are listed where they will stand.
+SELECT *
+FROM jobs
+WHERE status = 'pending'
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+  AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+ORDER BY priority DESC, run_at, id
+LIMIT %(limit)s;
+
+-- name: job_count
+-- How many jobs match job_list's filters, counting at most `bound` of them
+-- (NULL: every one). One row.
+SELECT count(*)
+FROM (
+    SELECT 1
+    FROM jobs
+    WHERE (%(statuses)s::text[] IS NULL
+           OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+           OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[]))
+           OR (status = 'done' AND 'done' = ANY(%(statuses)s::text[]))
+           OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[])))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+    LIMIT %(bound)s
+) AS matched;
 
 -- name: job_get
 SELECT * FROM jobs WHERE id = %(id)s;
 
 -- name: job_failed_select
--- Failed jobs matching a requeue selection (each filter optional).
+-- Failed jobs matching a requeue selection (each filter optional; a list of
+-- values means any of them).
 SELECT *
 FROM jobs
 WHERE status = 'failed'
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(since)s::interval IS NULL OR finished_at >= now() - %(since)s::interval)
 ORDER BY id;
 

@@ -10,6 +10,7 @@ import click
 
 from pgqctl import admin, output
 from pgqctl.commands.options import (
+    AGE,
     COUNT,
     DURATION,
     JOB_ID,
@@ -37,7 +38,8 @@ CHANGE_COLUMNS = ["id", "queue", "kind", "status", "attempt", "error"]
     "--watch",
     type=DURATION,
     metavar="SECONDS",
-    help="Refresh every SECONDS (in place on a terminal) until Ctrl-C.",
+    help="Refresh every SECONDS, or a duration such as 500ms or 1m (in place on a "
+    "terminal), until Ctrl-C.",
 )
 @format_options
 def stats_command(database: Database, exact: bool, watch: float | None, fmt: str) -> None:
@@ -47,7 +49,12 @@ def stats_command(database: Database, exact: bool, watch: float | None, fmt: str
     Pending, running and failed counts are exact. Done counts are exact up to
     1,000 done jobs; beyond that they are estimated from PostgreSQL's table
     statistics (marked ~, and "estimated": true in JSON), so stats stays cheap
-    on a long history. --exact counts them.
+    on a long history. A queue's estimate is shown only when the statistics
+    bound it to within a factor of 2; else it is ? (null in JSON). --exact
+    counts them.
+
+    On a terminal the table fits its width: a long queue name is cut with …;
+    no count is.
 
     \b
     Example:
@@ -78,8 +85,9 @@ def stats_command(database: Database, exact: bool, watch: float | None, fmt: str
 
 def _show_stats(stats: admin.Stats, fmt: str) -> None:
     output.emit_stats(stats, fmt)
-    if stats.estimated and output.is_human(fmt):
-        say(output.ESTIMATE_NOTE)
+    note = output.estimate_note(stats)
+    if note and output.is_human(fmt):
+        say(note)
 
 
 @command("leases")
@@ -89,6 +97,11 @@ def _show_stats(stats: admin.Stats, fmt: str) -> None:
 def leases_command(database: Database, expired: bool, fmt: str) -> None:
     """Running jobs: who holds each lease, when it ends, and the time left
     (negative when overdue), soonest end first.
+
+    On a terminal the table fits its width: text is cut with …, times are
+    shown shorter (in UTC) and the least important columns left out when
+    needed, and no value is broken across lines. Piped, the plain table is
+    never narrowed; --json has every field.
 
     \b
     Example:
@@ -104,32 +117,101 @@ def leases_command(database: Database, expired: bool, fmt: str) -> None:
 
 @command("list")
 @database_options
-@selection_option("--status", type=click.Choice(STATUS_NAMES), help="Only jobs in this status.")
-@selection_option("--queue", "queue_name", metavar="QUEUE", help="Only jobs of this queue.")
-@selection_option("--kind", metavar="KIND", help="Only jobs of this kind.")
-@click.option("--limit", type=COUNT, default=50, show_default=True, help="At most this many.")
+@selection_option(
+    "--status",
+    "statuses",
+    type=click.Choice(STATUS_NAMES),
+    multiple=True,
+    help="Only jobs in this status (repeatable: any of them).",
+)
+@selection_option(
+    "--queue",
+    "queues",
+    metavar="QUEUE",
+    multiple=True,
+    help="Only jobs of this queue (repeatable: any of them).",
+)
+@selection_option(
+    "--kind",
+    "kinds",
+    metavar="KIND",
+    multiple=True,
+    help="Only jobs of this kind (repeatable: any of them).",
+)
+@selection_option("--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable).")
+@selection_option(
+    "--since",
+    type=AGE,
+    metavar="DURATION",
+    help="Only jobs created within this long, with a unit (ms, s, m, h, d, w), e.g. 1h.",
+)
+@click.option(
+    "--order",
+    type=click.Choice(admin.ORDERS),
+    default="newest",
+    show_default=True,
+    help="newest: newest first; next: pending jobs in the order workers take them "
+    "(priority, then run_at, then id).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0, max=2**31 - 1),
+    default=50,
+    show_default=True,
+    help="At most this many; 0: every match.",
+)
 @format_options
 def list_command(
     database: Database,
-    status: str | None,
-    queue_name: str | None,
-    kind: str | None,
+    statuses: tuple[str, ...],
+    queues: tuple[str, ...],
+    kinds: tuple[str, ...],
+    ids: tuple[int, ...],
+    since: float | None,
+    order: str,
     limit: int,
     fmt: str,
 ) -> None:
-    """Jobs, newest first, with the first line of their last error.
+    """Jobs, newest first, with why each failed (if it did).
+
+    Each filter given narrows the list; one given several times matches any
+    of its values. When more jobs match than are shown, stderr says how many
+    (`showing 50 of 434,011`; counted up to 10,000 when done jobs may match,
+    as the history can be long). --limit 0 lists every match (in JSON, CSV
+    and TSV without holding them all in memory).
+
+    On a terminal the table fits its width: text is cut with …, times are
+    shown shorter (in UTC) and the least important columns left out when
+    needed, and no value is broken across lines. Piped, the plain table is
+    never narrowed; --json has every field.
 
     \b
     Example:
-        pgqctl list --status failed
-        pgqctl list --queue emails --kind send_receipt --limit 10
-        pgqctl list --status pending --json | jq length
+        pgqctl list --status failed --status running
+        pgqctl list --queue emails --kind send_receipt --since 1h --limit 10
+        pgqctl list --order next --limit 5
+        pgqctl list --status pending --limit 0 --json | jq length
     """
+    found = admin.JobFilter(statuses, queues, kinds, ids, since)
+    matched: admin.Matched | None = None
     with database.connect() as conn:
-        jobs = admin.list_jobs(conn, status=status, queue=queue_name, kind=kind, limit=limit)
-    output.emit_jobs(jobs, LIST_COLUMNS, fmt, FIELDS)
-    if not jobs:
+        if limit == 0 and not output.is_human(fmt):
+            shown = output.emit_stream(
+                (j.as_record() for j in admin.stream_jobs(conn, found, order=order)),
+                FIELDS,
+                fmt,
+            )
+        else:
+            jobs = admin.select_jobs(conn, found, order=order, limit=limit or None)
+            if limit and len(jobs) == limit:
+                matched = admin.count_jobs(conn, found)
+            output.emit_jobs(jobs, LIST_COLUMNS, fmt, FIELDS)
+            shown = len(jobs)
+    if not shown:
         say("no jobs match")
+    elif matched is not None and (not matched.exact or matched.count > shown):
+        more = "" if matched.exact else "more than "
+        say(f"showing {shown:,} of {more}{matched.count:,}; --limit to see more")
 
 
 @command("show")
@@ -168,6 +250,11 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
     reap is safe to run from cron while workers run; concurrent reaps never
     handle the same job twice. Workers are woken for the jobs made pending.
 
+    On a terminal the table fits its width: text is cut with …, times are
+    shown shorter (in UTC) and the least important columns left out when
+    needed, and no value is broken across lines. Piped, the plain table is
+    never narrowed; --json has every field.
+
     \b
     Example:
         pgqctl reap --dry-run
@@ -195,10 +282,25 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
 @database_options
 @selection_option("--failed", "all_failed", is_flag=True, help="Every failed job.")
 @selection_option("--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable).")
-@selection_option("--kind", metavar="KIND", help="Only failed jobs of this kind.")
-@selection_option("--queue", "queue_name", metavar="QUEUE", help="Only failed jobs of this queue.")
 @selection_option(
-    "--since", type=DURATION, metavar="DURATION", help="Only jobs failed within, e.g. 1h."
+    "--kind",
+    "kinds",
+    metavar="KIND",
+    multiple=True,
+    help="Only failed jobs of this kind (repeatable: any of them).",
+)
+@selection_option(
+    "--queue",
+    "queues",
+    metavar="QUEUE",
+    multiple=True,
+    help="Only failed jobs of this queue (repeatable: any of them).",
+)
+@selection_option(
+    "--since",
+    type=AGE,
+    metavar="DURATION",
+    help="Only jobs failed within this long, with a unit (ms, s, m, h, d, w), e.g. 1h.",
 )
 @selection_option(
     "--attempts",
@@ -214,8 +316,8 @@ def requeue_command(
     database: Database,
     all_failed: bool,
     ids: tuple[int, ...],
-    kind: str | None,
-    queue_name: str | None,
+    kinds: tuple[str, ...],
+    queues: tuple[str, ...],
     since: float | None,
     more: int,
     dry_run: bool,
@@ -224,17 +326,23 @@ def requeue_command(
     """Move failed jobs back to pending, due now.
 
     Select every failed job with --failed, or narrow with --id, --kind,
-    --queue and --since (each given narrows further). Each job gets --attempts
+    --queue and --since (each given narrows further; one given several times
+    matches any of its values). Each job gets --attempts
     more tries: attempts is kept (it fences stale workers) and max_attempts is
     raised. last_error is kept until a later failure replaces it.
+
+    On a terminal the table fits its width: text is cut with …, times are
+    shown shorter (in UTC) and the least important columns left out when
+    needed, and no value is broken across lines. Piped, the plain table is
+    never narrowed; --json has every field.
 
     \b
     Example:
         pgqctl requeue --id 5
         pgqctl requeue --failed --kind send_receipt --since 1h --dry-run
-        pgqctl requeue --queue emails --attempts 3
+        pgqctl requeue --queue emails --queue sms --attempts 3
     """
-    selection = admin.Selection(ids=ids, kind=kind, queue=queue_name, since=since)
+    selection = admin.Selection(ids=ids, kinds=kinds, queues=queues, since=since)
     if not all_failed and selection == admin.Selection():
         raise BadInput(
             "nothing selected: give --failed to requeue every failed job, "
@@ -272,10 +380,10 @@ def requeue_command(
 )
 @selection_option(
     "--older-than",
-    type=DURATION,
+    type=AGE,
     default=0.0,
     metavar="DURATION",
-    help="Only jobs finished longer ago than this, e.g. 7d.",
+    help="Only jobs finished longer ago than this, with a unit (ms, s, m, h, d, w), e.g. 7d.",
 )
 @click.option(
     "--batch-size",

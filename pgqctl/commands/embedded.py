@@ -5,10 +5,18 @@ from __future__ import annotations
 import click
 
 from pgqctl import output
-from pgqctl.commands.options import CONTEXT, command, embedded_started, format_options, say
+from pgqctl.commands.options import (
+    CONTEXT,
+    OnceGroup,
+    command,
+    embedded_started,
+    format_options,
+    say,
+)
+from pgqctl.errors import EXIT_CHECK
 
 
-@click.group("embedded", context_settings=CONTEXT)
+@click.group("embedded", cls=OnceGroup, context_settings=CONTEXT)
 def embedded_group() -> None:
     """Manage the embedded PostgreSQL used when no database is configured.
 
@@ -25,10 +33,13 @@ def embedded_group() -> None:
 def embedded_status(fmt: str) -> None:
     """Show whether the embedded PostgreSQL exists and runs.
 
+    Exits 0 when it runs and 3 when it does not, so a script can test it.
+
     \b
     Example:
         pgqctl embedded status
         pgqctl embedded status --json | jq .running
+        pgqctl embedded status >/dev/null || echo "not running"
     """
     from pgqctl import embedded
 
@@ -44,6 +55,8 @@ def embedded_status(fmt: str) -> None:
         },
         fmt,
     )
+    if not st.running:
+        raise click.exceptions.Exit(EXIT_CHECK)
 
 
 @command("stop")

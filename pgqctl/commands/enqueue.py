@@ -52,7 +52,12 @@ def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
     help="Queue to put the job in.",
 )
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
-@click.option("--delay", type=DURATION, help="Due after this long: 30s, 5m, 2h, 1d or seconds.")
+@click.option(
+    "--delay",
+    type=DURATION,
+    help="Due after this long: a number with a unit (ms, s, m, h, d, w), "
+    "e.g. 30s, 5m, 1h30m, or seconds.",
+)
 @click.option(
     "--run-at", type=Timestamp(), help="Due at this ISO 8601 time (without offset: local time)."
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pgqctl import output
+from pgqctl import db, output
 from pgqctl.commands.options import (
     Database,
     command,
@@ -54,7 +54,7 @@ def migrate_command(
             if todo:
                 raise CheckFailed(
                     f"{len(todo)} migration(s) pending in schema {database.schema}: "
-                    "run `pgqctl migrate`"
+                    f"run `{db.migrate_command(database.schema)}`"
                 )
             say(f"schema {database.schema} is up to date")
             return

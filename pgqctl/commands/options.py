@@ -37,24 +37,144 @@ def debugging() -> bool:
     return any(c.params.get("debug") for c in (ctx, ctx.find_root()))
 
 
+def refuse_repeats(ctx: click.Context, args: list[str]) -> None:
+    """UsageError for an option that takes one value given more than once.
+
+    Click keeps the last one, so `list --queue a --queue b` would silently
+    mean queue b. Flags and repeatable options may come again. The values
+    are never shown: one may be a DSN with its password.
+    """
+    command = ctx.command
+    single: dict[str, click.Option] = {}
+    takes_value: set[str] = set()
+    for param in command.params:
+        if not isinstance(param, click.Option):
+            continue
+        for name in param.opts:
+            if not param.is_flag and not param.count:
+                takes_value.add(name)
+                if not param.multiple:
+                    single[name] = param
+    seen: dict[str, int] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return
+        name, eq, _ = arg.partition("=")
+        if name in takes_value and not eq:
+            i += 1  # its value, whatever it looks like
+        if name in single:
+            option = single[name]
+            seen[option.name or name] = seen.get(option.name or name, 0) + 1
+            if seen[option.name or name] > 1:
+                flag = max(option.opts, key=len)
+                raise click.UsageError(f"{flag} was given more than once: it takes one value", ctx)
+        elif not arg.startswith("-") and isinstance(command, click.Group):
+            return  # the subcommand's name: what follows is its own
+        i += 1
+
+
+class OnceCommand(click.Command):
+    """A command whose single-value options refuse a second value."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        refuse_repeats(ctx, args)
+        return super().parse_args(ctx, args)
+
+
+class OnceGroup(click.Group):
+    """A group whose single-value options refuse a second value."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        refuse_repeats(ctx, args)
+        return super().parse_args(ctx, args)
+
+
 def command(name: str, **kwargs: Any) -> Callable[[F], click.Command]:
     """A command whose options read PGQCTL_<OPTION> (see `cli.name_envvars`).
 
-    Each also takes --debug, as people type it after the command too.
+    Each also takes --debug, as people type it after the command too, and
+    refuses a global option given before it that it does not take.
     """
 
     def decorate(func: F) -> click.Command:
         @functools.wraps(func)
         def wrapper(*args: Any, debug: bool, **kw: Any) -> Any:
-            return func(*args, **kw)  # `cli.main` and `debugging` see `debug`
+            # `cli.main` and `debugging` see `debug`.
+            ctx = click.get_current_context()
+            taken = {p.name for p in ctx.command.params}
+            for name, flag in GLOBAL_FLAGS.items():
+                if name not in taken and given_before(name) not in (None, False):
+                    raise click.UsageError(f"`{ctx.command_path}` takes no {flag}")
+            return func(*args, **kw)
 
         made: click.Command = click.command(  # type: ignore[no-untyped-call]
-            name, context_settings=CONTEXT, **kwargs
+            name, cls=OnceCommand, context_settings=CONTEXT, **kwargs
         )(wrapper)
         made.params.append(click.Option(["--debug"], is_flag=True, help=DEBUG_HELP))
         return made
 
     return decorate
+
+
+# --- global options ------------------------------------------------------------
+#
+# --dsn, --schema, --format and --json may come before the command as well as
+# after it (`pgqctl --schema staging list`), as --debug does. Before it, they
+# are read from the command line only (the command's own options read the
+# PGQCTL_ variables); given in both places, they are refused.
+
+GLOBAL_FLAGS = {"dsn": "--dsn", "schema": "--schema", "fmt": "--format", "as_json": "--json"}
+
+
+def global_options(func: F) -> F:
+    """The options the `pgqctl` group takes for its commands."""
+    for decorator in reversed(
+        (
+            click.option(
+                "--dsn",
+                metavar="DSN",
+                allow_from_autoenv=False,
+                help="As the command's --dsn, for any command.",
+            ),
+            click.option("--schema", allow_from_autoenv=False, help="As the command's --schema."),
+            click.option(
+                "--format",
+                "fmt",
+                type=click.Choice(output.FORMATS),
+                allow_from_autoenv=False,
+                help="As the command's --format.",
+            ),
+            click.option(
+                "--json",
+                "as_json",
+                is_flag=True,
+                allow_from_autoenv=False,
+                help="As the command's --json.",
+            ),
+        )
+    ):
+        func = decorator(func)
+    return func
+
+
+def given_before(name: str) -> Any:
+    """A global option's value given before the command, or None (False for --json)."""
+    ctx = click.get_current_context()
+    root = ctx.find_root()
+    return None if root is ctx else root.params.get(name)
+
+
+def _from_command_line(name: str) -> bool:
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+
+
+def _twice(flag: str) -> click.UsageError:
+    return click.UsageError(f"{flag} was given before the command and after it: give it once")
 
 
 def selection_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
@@ -88,23 +208,29 @@ JOB_ID = JobId()
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
-    """`30s`, `5m`, `2h`, `1d` or seconds, as a float number of seconds."""
+    """`30s`, `5m`, `2h`, `1d`, `1w`, `250ms`, `1h30m` or seconds, as a float
+    number of seconds. An `age` (how long ago) needs a unit."""
 
     name = "duration"
+
+    def __init__(self, *, age: bool = False) -> None:
+        self.age = age
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> float:
-        if isinstance(value, (int, float)):
+        if isinstance(value, (int, float)):  # a default given in code
             return float(value)
         try:
             # Click's message already names the option.
-            return parse_duration(str(value), what="value")
+            return parse_duration(str(value), what="", age=self.age)
         except BadInput as exc:
             self.fail(str(exc), param, ctx)
 
 
 DURATION = Duration()
+# How long ago: `purge --older-than 7` could mean days as well as seconds.
+AGE = Duration(age=True)
 # A count the database stores or compares as a 32-bit integer.
 COUNT = click.IntRange(min=1, max=2**31 - 1)
 
@@ -120,8 +246,8 @@ class Timestamp(click.ParamType):  # type: ignore[type-arg]  # generic only in n
         from pgqctl.enqueue import parse_run_at
 
         try:
-            hint = param.get_error_hint(ctx) if param and ctx else "time"
-            return parse_run_at(value, what=hint)
+            # Click's message already names the option.
+            return parse_run_at(value, what="")
         except BadInput as exc:
             self.fail(str(exc), param, ctx)
 
@@ -145,9 +271,11 @@ class Database:
     dsn_option: str | None
     schema: str
     last: db.QueueConnection | None = None  # the connection opened last
+    source: str | None = None  # where the DSN came from (`config.Target.source`)
 
     def dsn(self) -> str:
         target = config.resolve_target(self.dsn_option, os.environ)
+        self.source = target.source
         if target.dsn is not None:
             return target.dsn
         from pgqctl import embedded
@@ -162,7 +290,10 @@ class Database:
 
     def connect(self, *, migrated: bool = True, writes: bool = False) -> Any:
         """A connection to the queue; `writes`: refuse a standby at once."""
-        self.last = db.open_queue(self.dsn(), schema=self.schema, migrated=migrated, writes=writes)
+        dsn = self.dsn()
+        self.last = db.open_queue(
+            dsn, schema=self.schema, migrated=migrated, writes=writes, source=self.source
+        )
         return self.last
 
 
@@ -184,6 +315,15 @@ def database_options(func: F) -> F:
     )
     @functools.wraps(func)
     def wrapper(*args: Any, dsn: str | None, schema: str, **kwargs: Any) -> Any:
+        dsn_before, schema_before = given_before("dsn"), given_before("schema")
+        if dsn_before is not None:
+            if dsn is not None:
+                raise _twice("--dsn")
+            dsn = dsn_before
+        if schema_before is not None:
+            if _from_command_line("schema"):
+                raise _twice("--schema")
+            schema = schema_before  # over PGQCTL_SCHEMA, as after the command
         database = Database(dsn, schema)
         try:
             return func(*args, database=database, **kwargs)
@@ -211,6 +351,11 @@ def format_options(func: F) -> F:
     @click.option("--json", "as_json", is_flag=True, help="Shorthand for --format json.")
     @functools.wraps(func)
     def wrapper(*args: Any, fmt: str, as_json: bool, **kwargs: Any) -> Any:
+        fmt_before, json_before = given_before("fmt"), given_before("as_json")
+        if fmt_before is not None or json_before:
+            if as_json or _from_command_line("fmt"):
+                raise _twice("--json" if as_json and json_before else "--format")
+            fmt, as_json = fmt_before or fmt, bool(json_before)
         return func(*args, fmt="json" if as_json else fmt, **kwargs)
 
     return wrapper  # type: ignore[return-value]

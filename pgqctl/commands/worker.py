@@ -163,6 +163,9 @@ def worker_command(
     --grace, then stop them and hand them back; a second signal stops them
     at once. Logs one line per job event on stderr.
 
+    A DURATION is a number with a unit, ms, s, m, h, d or w (30s, 1h30m),
+    or a number of seconds.
+
     \b
     Example:
         pgqctl worker --concurrency 8

@@ -264,3 +264,21 @@ def test_embedded_dsn_says_when_it_started_the_server(data_dir: Path) -> None:
     embedded.stop(data_dir)
     restarted = dsn()
     assert restarted.stderr.startswith("pgqctl: started the embedded PostgreSQL in")
+
+
+def test_embedded_status_exits_3_unless_the_server_runs(data_dir: Path) -> None:
+    from tests.conftest import run_cli
+
+    env = {"PGQCTL_EMBEDDED_DIR": str(data_dir)}
+    absent = run_cli("embedded", "status", "--json", env=env)
+    assert absent.exit_code == 3, absent.stderr
+    assert json.loads(absent.stdout)["running"] is False
+    embedded.ensure_running(data_dir)
+    running = run_cli("embedded", "status", "--format", "csv", env=env)
+    assert running.exit_code == 0, running.stderr
+    header, row = running.stdout.splitlines()
+    record = dict(zip(header.split(","), row.split(","), strict=True))
+    assert (record["initialized"], record["running"]) == ("true", "true")
+    embedded.stop(data_dir)
+    stopped = run_cli("embedded", "status", env=env)
+    assert stopped.exit_code == 3

@@ -35,3 +35,20 @@ def test_rejected_with_an_example(text: str) -> None:
         parse_duration(text, what="--delay")
     assert "--delay" in str(err.value)
     assert err.value.exit_code == 2
+
+
+@pytest.mark.parametrize("text", ["5M", "250MS", "1h5M", "2Ms"])
+def test_minutes_are_lower_case_never_guessed(text: str) -> None:
+    with pytest.raises(BadInput, match="case-sensitive for minutes"):
+        parse_duration(text, what="--delay")
+
+
+def test_weeks_and_upper_case_units_that_cannot_be_misread() -> None:
+    assert parse_duration("1w") == parse_duration("7D") == parse_duration("168H") == 604800
+
+
+@pytest.mark.parametrize("text", ["7", "0", "1.5"])
+def test_an_age_needs_a_unit(text: str) -> None:
+    with pytest.raises(BadInput, match="has no unit: give one of ms, s, m, h, d, w"):
+        parse_duration(text, what="--older-than", age=True)
+    assert parse_duration(f"{text}d", age=True) == float(text) * 86400

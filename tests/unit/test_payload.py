@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import pytest
 
@@ -92,7 +93,10 @@ def test_shell_payload_runs_with_sh_when_allowed() -> None:
 
 HANDLER_HINT = "or run kind 'resize' with `pgqctl worker --handler resize=CMD`"
 ARGV_EXAMPLE = '{"argv": ["ls", "-l"]}'
-TIMEOUT_RULE = '"timeout" must be a positive number of seconds, e.g. {"timeout": 30}, got'
+TIMEOUT_RULE = (
+    '"timeout" must be a positive duration, e.g. {"timeout": 30} (seconds) or '
+    '{"timeout": "5m"} (units ms, s, m, h, d, w), got'
+)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +169,9 @@ TIMEOUT_RULE = '"timeout" must be a positive number of seconds, e.g. {"timeout":
         ),
         ({"argv": ["ls"], "timeout": 0}, f"{TIMEOUT_RULE} 0"),
         ({"argv": ["ls"], "timeout": -1.5}, f"{TIMEOUT_RULE} -1.5"),
-        ({"argv": ["ls"], "timeout": "30s"}, f'{TIMEOUT_RULE} "30s"'),
+        ({"argv": ["ls"], "timeout": "soon"}, f'{TIMEOUT_RULE} "soon"'),
+        ({"argv": ["ls"], "timeout": "0s"}, f'{TIMEOUT_RULE} "0s"'),
+        ({"argv": ["ls"], "timeout": "5M"}, f'{TIMEOUT_RULE} "5M"'),
         ({"argv": ["ls"], "timeout": True}, f"{TIMEOUT_RULE} true"),
         ({"argv": ["ls"], "timeout": float("inf")}, f"{TIMEOUT_RULE} Infinity"),
         (
@@ -270,3 +276,55 @@ def test_child_sees_job_variables_and_no_credentials() -> None:
         "env | grep -E '^(PGQCTL_DSN|DATABASE_URL|PGPASSWORD|PGHOST|PGSSL)' || echo clean"
     )
     assert run(sh(script), env).output_tail == "42 resize images 2\nclean\n"
+
+
+CHECKED = [
+    {"argv": ["ls"]},
+    {"argv": ["ls", ""]},
+    {"argv": [""]},
+    {"argv": []},
+    {"argv": "ls -l"},
+    {"argv": ["ls", 3]},
+    {"argv": ["l\0s"]},
+    {"argv": ["ls"], "env": {"A": "1"}, "cwd": "/srv", "timeout": 2.5, "stdin": "x"},
+    {"argv": ["ls"], "env": {"A": 1}},
+    {"argv": ["ls"], "env": {"": "1"}},
+    {"argv": ["ls"], "env": {"A=B": "1"}},
+    {"argv": ["ls"], "env": {"A": "\0"}},
+    {"argv": ["ls"], "env": ["A"]},
+    {"argv": ["ls"], "env": None, "cwd": None, "timeout": None, "stdin": None},
+    {"argv": ["ls"], "cwd": ""},
+    {"argv": ["ls"], "cwd": 7},
+    {"argv": ["ls"], "timeout": 0},
+    {"argv": ["ls"], "timeout": True},
+    {"argv": ["ls"], "timeout": "5m"},
+    {"argv": ["ls"], "timeout": "soon"},
+    {"argv": ["ls"], "timeout": float("nan")},
+    {"argv": ["ls"], "stdin": {"a": 1}},
+    {"argv": ["ls"], "timout": 5},
+    {"argv": ["ls"], "shell": "ls"},
+    {"shell": "ls | wc -l"},
+    {"shell": "  "},
+    {"shell": ["ls"]},
+    {"order_id": 1},
+    {"argvv": ["ls"]},
+]
+
+
+@pytest.mark.parametrize("payload", CHECKED, ids=[repr(p) for p in CHECKED])
+def test_check_payload_refuses_what_the_worker_would(payload: dict[str, object]) -> None:
+    from pgqctl.payload import check_payload
+
+    def verdict(check: Any) -> str:
+        try:
+            check()
+        except PayloadRejected as exc:
+            return exc.reason
+        return "ok"
+
+    worker = verdict(
+        lambda: command_for_payload(payload, kind="k", allow_shell=True, default_timeout=None)
+    )
+    if "argv" not in payload and "shell" not in payload:
+        worker = "ok"  # a handler's payload: not checked before it is stored
+    assert verdict(lambda: check_payload(payload, kind="k")) == worker

@@ -1,0 +1,161 @@
+"""Listings laid out for a terminal's width: rendered to fixed-width consoles."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import re
+from typing import Any
+
+import pytest
+
+from pgqctl import admin, output
+from pgqctl.commands.admin import CHANGE_COLUMNS, LEASE_COLUMNS, LIST_COLUMNS
+from pgqctl.jobs import Job
+from pgqctl.runner import Outcome
+
+WHEN = dt.datetime(2026, 12, 1, 14, 21, 4, 382000, tzinfo=dt.timezone.utc)
+HOLDER = "ip-10-0-12-34.eu-west-1.compute.internal:48213:3"
+ERROR = (
+    "exit status 1\nTraceback (most recent call last):\n  ...\n"
+    "ValueError: /srv/uploads/2026/12/01/a-very-long-file-name.png is not a PNG file"
+)
+# A time as each style shows it: never cut.
+TIME = re.compile(r"2026-12-01 14:21:04\+00:00|12-01 14:21:04Z|12-01 14:21Z")
+ANY_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[+-]\d\d:\d\d|\d\d-\d\d \d\d:\d\d(:\d\d)?Z")
+
+
+def jobs() -> list[Job]:
+    kinds = ["nopayload", "send_receipt", "resize_image_thumbnails_for_the_gallery"]
+    return [
+        Job(
+            434_011 - i,
+            ["default", "emails", "a-queue-with-a-rather-long-name"][i % 3],
+            kinds[i % 3],
+            {},
+            status=["failed", "pending", "done"][i % 3],
+            attempts=3,
+            max_attempts=3,
+            run_at=WHEN,
+            finished_at=None if i % 3 == 1 else WHEN,
+            last_error=ERROR if i % 3 == 0 else None,
+        )
+        for i in range(6)
+    ]
+
+
+def listings() -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
+    leases = [admin.Lease(replace_status(j, "running", HOLDER), True, -312.5) for j in jobs()]
+    reaped = [
+        admin.Reaped(
+            replace_status(
+                j,
+                "pending",
+                HOLDER,
+                f"lease expired at 2026-11-30T14:21:04.382Z (held by {HOLDER})",
+            ),
+            HOLDER,
+        )
+        for j in jobs()
+    ]
+    stats = admin.Stats(
+        admin.Counts.of(pending=434_011, done=48_210_334, failed=3),
+        {
+            "default": admin.Counts.of(pending=434_000, done=48_210_000, failed=3),
+            "a-queue-with-a-name-far-too-long-for-any-column-really": admin.Counts.of(
+                pending=11, done=334
+            ),
+        },
+        estimated=True,
+    )
+    return {
+        "list": ([output._job_cells(j.as_record()) for j in jobs()], LIST_COLUMNS),
+        "leases": ([output._job_cells(r.as_record()) for r in leases], LEASE_COLUMNS),
+        "reap": ([output._job_cells(r.as_record()) for r in reaped], CHANGE_COLUMNS),
+        "stats": (output._stats_rows(stats), output.STATS_COLUMNS),
+    }
+
+
+def replace_status(job: Job, status: str, holder: str, error: str | None = None) -> Job:
+    import dataclasses
+
+    return dataclasses.replace(
+        job, status=status, locked_by=holder, locked_until=WHEN, last_error=error
+    )
+
+
+def table_cells(lines: list[str]) -> list[dict[str, str]]:
+    """The rows of a rendered table, each by column name, cut out by the
+    spans of its rule line (rich's ━━╇━━ or tabulate's ---  ---)."""
+    rule = lines[1].replace("╇", " ")
+    spans = [m.span() for m in re.finditer(r"[^ ]+", rule)]
+    names = [lines[0][a:b].replace("┃", "").strip() for a, b in spans]
+    return [
+        {
+            name: line[a:b].replace("│", "").strip()
+            for name, (a, b) in zip(names, spans, strict=True)
+        }
+        for line in lines[2:]
+        if line.strip()
+    ]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("fmt", ["table", "plain"])
+@pytest.mark.parametrize("name", ["list", "leases", "reap", "stats"])
+def test_a_listing_fits_the_width_and_breaks_no_value(width: int, fmt: str, name: str) -> None:
+    rows, columns = listings()[name]
+    out = io.StringIO()
+    output.emit_rows(rows, columns, fmt, stream=out, width=width)
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= width for line in lines), [len(line) for line in lines]
+    header = lines[0].replace("┃", " ").split()
+    assert set(header) <= set(columns) and header[0] == columns[0]  # every header whole
+    shown = table_cells(lines)
+    assert len(shown) == len(rows)  # one line per row: nothing wrapped
+    for row, cells in zip(rows, shown, strict=True):
+        for column, cell in cells.items():
+            value = row[column]
+            if column == "id" or (name == "stats" and column != "queue"):
+                assert cell == str(value)  # never cut
+            elif column in ("run_at", "finished_at", "locked_until"):
+                assert cell == "" if value is None else TIME.fullmatch(cell), cell
+            elif column in ("status", "attempt", "locked_by", "left"):
+                assert cell == output.human(value)
+            else:  # text: whole, or cut with …
+                text = output.human(value)
+                assert cell == text or (cell.endswith("…") and text.startswith(cell[:-1]))
+
+
+def test_the_error_is_cut_first_and_times_shortened_before_columns_go() -> None:
+    rows, columns = listings()["list"]
+    wide = output.fit(rows, columns, 200)
+    assert wide.columns == list(columns) and wide.style == "full"
+    at_120 = output.fit(rows, columns, 120)
+    assert at_120.columns == list(columns) and at_120.style in ("utc", "short")
+    widths = dict(zip(at_120.columns, at_120.widths, strict=True))
+    assert widths["error"] < wide.widths[-1]
+    at_80 = output.fit(rows, columns, 80)
+    assert {"id", "status", "attempt", "error"} <= set(at_80.columns)
+    assert "finished_at" not in at_80.columns  # the least important goes first
+
+
+def test_an_empty_column_is_left_out_before_a_full_one() -> None:
+    rows, columns = listings()["list"]
+    pending = [r for r in rows if r["status"] == "pending"]
+    layout = output.fit(pending, columns, 80)
+    assert "finished_at" not in layout.columns  # empty: left out before run_at
+    assert "run_at" in layout.columns
+
+
+def test_the_error_column_reads_the_worker_s_last_error() -> None:
+    tail = "converting\nconvert: no such file a.png\n"
+    failed = Outcome(exit_code=1, output_tail=tail).last_error()
+    assert output.error_summary(failed) == "exit status 1: convert: no such file a.png"
+    long = Outcome(exit_code=2, output_tail="x" * 5000 + "\nlast\n", output_bytes=9000)
+    assert output.error_summary(long.last_error(limit=100)) == "exit status 2: last"
+    timed_out = Outcome(timed_out=True, timeout=1.0, output_tail="slow\n").last_error()
+    assert output.error_summary(timed_out) == "timed out after 1s: slow"
+    assert output.error_summary(Outcome(exit_code=1).last_error()) == "exit status 1"
+    assert output.error_summary("boom\nTraceback...") == "boom"
+    assert output.error_summary(None) == ""
