@@ -291,13 +291,6 @@ def error_summary(text: str | None) -> str:
     return first
 
 
-def first_line(text: str | None, width: int = 60) -> str:
-    """The first line of an error, cut to fit a table cell."""
-    lines = (text or "").strip().splitlines()
-    first = lines[0] if lines else ""
-    return cut(first, width)
-
-
 def cut(text: str, width: int) -> str:
     """`text` in at most `width` characters, ending in … when cut."""
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"

@@ -14,6 +14,7 @@ from pgqctl import output
 from pgqctl.commands.options import (
     DURATION,
     Database,
+    OnceOption,
     Timestamp,
     command,
     database_options,
@@ -46,23 +47,36 @@ def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.argument("payload", required=False)
 @click.option(
     "--queue",
+    cls=OnceOption,
     default="default",
     show_default=True,
     callback=_one_queue,
     help="Queue to put the job in.",
 )
-@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option(
+    "--priority",
+    cls=OnceOption,
+    type=int,
+    default=0,
+    show_default=True,
+    help="Higher runs first.",
+)
 @click.option(
     "--delay",
+    cls=OnceOption,
     type=DURATION,
     help="Due after this long: a number with a unit (ms, s, m, h, d, w), "
     "e.g. 30s, 5m, 1h30m, or seconds.",
 )
 @click.option(
-    "--run-at", type=Timestamp(), help="Due at this ISO 8601 time (without offset: local time)."
+    "--run-at",
+    cls=OnceOption,
+    type=Timestamp(),
+    help="Due at this ISO 8601 time (without offset: local time).",
 )
 @click.option(
     "--max-attempts",
+    cls=OnceOption,
     type=click.IntRange(min=1),
     default=3,
     show_default=True,
@@ -71,6 +85,7 @@ def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option(
     "--file",
     "path",
+    cls=OnceOption,
     type=click.Path(exists=True, dir_okay=False, allow_dash=True),
     allow_from_autoenv=False,  # a PGQCTL_FILE in the environment would hijack every enqueue
     help="Bulk-load JSON lines from this file (- for stdin).",

@@ -37,12 +37,19 @@ def debugging() -> bool:
     return any(c.params.get("debug") for c in (ctx, ctx.find_root()))
 
 
-def refuse_repeats(ctx: click.Context, args: list[str]) -> None:
-    """UsageError for an option that takes one value given more than once.
+class OnceOption(click.Option):
+    """An option that says what a command reads or changes (the database, a
+    filter, a field of the job it writes) and takes one value: a second one
+    is refused, where click would keep the last. `enqueue --queue a --queue
+    b` puts the job in no queue the user can be sure of; options that tune
+    how a command runs (a worker's --concurrency) keep click's way."""
 
-    Click keeps the last one, so `list --queue a --queue b` would silently
-    mean queue b. Flags and repeatable options may come again. The values
-    are never shown: one may be a DSN with its password.
+
+def refuse_repeats(ctx: click.Context, args: list[str]) -> None:
+    """UsageError for a OnceOption given more than once.
+
+    Flags and repeatable options may come again. The values are never
+    shown: one may be a DSN with its password.
     """
     command = ctx.command
     single: dict[str, click.Option] = {}
@@ -53,7 +60,7 @@ def refuse_repeats(ctx: click.Context, args: list[str]) -> None:
         for name in param.opts:
             if not param.is_flag and not param.count:
                 takes_value.add(name)
-                if not param.multiple:
+                if not param.multiple and isinstance(param, OnceOption):
                     single[name] = param
     seen: dict[str, int] = {}
     i = 0
@@ -134,11 +141,17 @@ def global_options(func: F) -> F:
         (
             click.option(
                 "--dsn",
+                cls=OnceOption,
                 metavar="DSN",
                 allow_from_autoenv=False,
                 help="As the command's --dsn, for any command.",
             ),
-            click.option("--schema", allow_from_autoenv=False, help="As the command's --schema."),
+            click.option(
+                "--schema",
+                cls=OnceOption,
+                allow_from_autoenv=False,
+                help="As the command's --schema.",
+            ),
             click.option(
                 "--format",
                 "fmt",
@@ -183,7 +196,9 @@ def selection_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     A PGQCTL_QUEUE meant for workers must not quietly narrow a `requeue`, and
     a stray PGQCTL_DRY_RUN must not turn a cron job into a no-op.
     """
-    return click.option(*names, allow_from_autoenv=False, **kwargs)  # type: ignore[return-value]
+    return click.option(  # type: ignore[return-value]
+        *names, cls=OnceOption, allow_from_autoenv=False, **kwargs
+    )
 
 
 # --- option types ------------------------------------------------------------
@@ -302,6 +317,7 @@ def database_options(func: F) -> F:
 
     @click.option(
         "--dsn",
+        cls=OnceOption,
         metavar="DSN",
         envvar=None,
         help="PostgreSQL URL or conninfo (else PGQCTL_DSN, DATABASE_URL, PG* variables, "
@@ -309,6 +325,7 @@ def database_options(func: F) -> F:
     )
     @click.option(
         "--schema",
+        cls=OnceOption,
         default="public",
         show_default=True,
         help="Schema holding the jobs table.",

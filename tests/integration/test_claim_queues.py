@@ -444,7 +444,7 @@ def test_worker_processes_of_several_queues_run_each_job_once(
     command = [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn, "--burst"]
     args = [
         ["--queue", "a", "--queue", "b"],
-        ["--queue", "b", "--queue", "c", "--concurrency", "3"],
+        ["--queue", "b", "--queue", "c"],
         ["--kind", "x", "--kind", "y", "--queue", "c", "--queue", "a"],
         ["--kind", "y"],
     ]

@@ -276,7 +276,7 @@ def test_a_repeated_filter_selects_any_of_its_values(
     [
         ["enqueue", "k", "--queue", "a", "--queue", "b"],
         ["enqueue", "k", "--priority", "1", "--priority=2"],
-        ["list", "--limit", "1", "--limit", "2"],
+        ["list", "--since", "1h", "--since", "2h"],
         ["purge", "--older-than", "1d", "--older-than", "2d"],
         ["requeue", "--failed", "--attempts", "2", "--attempts", "3"],
         ["stats", "--schema", "public", "--schema", "other"],
