@@ -22,6 +22,7 @@ Every connection names pgqctl in `application_name` (pg_stat_activity).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -88,12 +89,18 @@ class QueueConnection(psycopg.Connection[Any]):
                 self.execute(query("settings_set_local"), self.settings_params())
             yield tx
 
-    def settings_params(self) -> dict[str, Any]:
-        """The parameters of `settings_set_local` for this connection."""
-        path = sql.Identifier(self.schema).as_string(self)
+    @functools.cached_property
+    def _settings(self) -> dict[str, Any]:
+        # Made once: the worker sends them with every exchange.
+        path = sql.Identifier(self.schema).as_string(None)
         names = ["search_path", *(name for name, _ in self.local_settings)]
         values = [path, *(value for _, value in self.local_settings)]
         return {"names": names, "values": values}
+
+    def settings_params(self) -> dict[str, Any]:
+        """The parameters of `settings_set_local` for this connection (fixed
+        once its schema and settings are)."""
+        return self._settings
 
 
 def connect(

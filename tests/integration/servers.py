@@ -252,26 +252,28 @@ def start_pooler(server_dsn: str) -> Iterator[Callable[..., Pooler]]:
                 pooler.stop()
 
 
-@pytest.fixture(scope="module")
-def txn_pooler(server_dsn: str) -> Iterator[Pooler]:
-    """PgBouncer in transaction mode, a pool of 4 server connections per database and user."""
+@contextlib.contextmanager
+def _pooler(server_dsn: str, mode: str) -> Iterator[Pooler]:
     with _scratch_dir("pgqctl-pgb-") as workdir:
-        pooler = _start_pgbouncer(server_dsn, workdir, "transaction", 4)
+        pooler = _start_pgbouncer(server_dsn, workdir, mode, 4)
         try:
             yield pooler
         finally:
             pooler.stop()
+
+
+@pytest.fixture(scope="module")
+def txn_pooler(server_dsn: str) -> Iterator[Pooler]:
+    """PgBouncer in transaction mode, a pool of 4 server connections per database and user."""
+    with _pooler(server_dsn, "transaction") as pooler:
+        yield pooler
 
 
 @pytest.fixture(scope="module")
 def session_pooler(server_dsn: str) -> Iterator[Pooler]:
     """PgBouncer in session mode: a server connection stays with its client."""
-    with _scratch_dir("pgqctl-pgb-") as workdir:
-        pooler = _start_pgbouncer(server_dsn, workdir, "session", 4)
-        try:
-            yield pooler
-        finally:
-            pooler.stop()
+    with _pooler(server_dsn, "session") as pooler:
+        yield pooler
 
 
 # ------------------------------------------------ a primary and its replica
