@@ -492,13 +492,13 @@ def requeue(
 ) -> Requeued:
     """Move the selected failed jobs back to pending, due now, with `more` new tries.
 
-    `attempts` is kept (it is the fencing token); `max_attempts` becomes
-    attempts + more. `last_error` is kept until the next attempt replaces it.
+    `attempts` is kept (it is the fencing token); `max_attempts` becomes the
+    tries used + more. `last_error` is kept until the next attempt replaces it.
     """
     with conn.transaction():
         matched = failed_jobs(conn, selection)
         if dry_run:
-            jobs = [replace(j, status="pending", max_attempts=j.attempts + more) for j in matched]
+            jobs = [replace(j, status="pending", max_attempts=j.tries + more) for j in matched]
         else:
             params = {"ids": [j.id for j in matched], "more": more}
             jobs = [Job.from_row(row) for row in _rows(conn, "job_requeue", params)]

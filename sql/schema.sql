@@ -20,7 +20,10 @@ CREATE TABLE jobs (
     locked_by     text,
     last_error    text,
     created_at    timestamptz NOT NULL DEFAULT now(),
-    finished_at   timestamptz
+    finished_at   timestamptz,
+    -- Claims a worker handed back unfinished (it stopped): they do not count
+    -- as tries. The tries used are attempts - handbacks, of max_attempts.
+    handbacks     integer NOT NULL DEFAULT 0
 );
 
 -- Partial indexes: the hot queries touch only the live part of the table,
