@@ -80,7 +80,7 @@ def measure(
             for r in _rows(conn, "monitor_running_since", {})
         }
         finished = finished_since(conn, window) if window is not None else {}
-    names = queues or sorted(set(counted) | set(running) | set(finished))
+    names = list(dict.fromkeys(queues)) or sorted(set(counted) | set(running) | set(finished))
     figures = {}
     for name in names:
         figures[name] = QueueFigures(
@@ -134,6 +134,10 @@ class Threshold:
     def option(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    def spelled(self, limit: float) -> str:
+        """A limit as a user gives it: 10m, or 0."""
+        return short_duration(limit) if self.duration else f"{int(limit)}"
+
     def breached(self, value: Value, limit: float) -> bool:
         """Every threshold so far is a maximum: breached above it."""
         return value is not None and value > limit
@@ -181,8 +185,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "max_expired_leases",
         "expired_leases",
         duration=False,
-        help="More expired leases than this (jobs whose worker is gone, not yet "
-        "reaped). Default 0.",
+        help="More expired leases than this (jobs whose worker is gone, not yet reaped).",
         read=lambda q: q.counts.expired_leases,
         breach=lambda v, m: f"{_count(v, 'expired lease')} (max {int(m):,})",
         default=0,
@@ -200,8 +203,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "stalled",
         "stalled_seconds",
         duration=True,
-        help="Due jobs waited longer than this and no job of the queue finished "
-        "within it. Default 10m.",
+        help="Due jobs waited longer than this and no job of the queue finished within it.",
         read=_stalled_for,
         breach=lambda v, m: (
             f"stalled: due jobs waited {_d(v)} and no job finished in {_d(m)} "

@@ -27,21 +27,22 @@ LIMIT = click.IntRange(min=0)
 def threshold_options(func: Any) -> Any:
     """One option per entry of monitor.THRESHOLDS, in that order."""
     for threshold in reversed(monitor.THRESHOLDS):
+        text = threshold.help
+        if threshold.default is not None:
+            text += f" With no threshold given: {threshold.spelled(threshold.default)}."
         func = click.option(
             threshold.option,
             threshold.name,
             type=AGE if threshold.duration else LIMIT,
             metavar="DURATION" if threshold.duration else "N",
-            help=threshold.help,
+            help=text,
         )(func)
     return func
 
 
 def _defaults_text() -> str:
     return ", ".join(
-        f"{t.option} {monitor.short_duration(t.default) if t.duration else t.default}"
-        for t in monitor.THRESHOLDS
-        if t.default is not None
+        f"{t.option} {t.spelled(t.default)}" for t in monitor.THRESHOLDS if t.default is not None
     )
 
 
