@@ -778,6 +778,11 @@ def file_progress(f: Any) -> Iterator[_FileProgress | None]:
         yield progress
 
 
+def emit_number(n: int) -> None:
+    """One figure alone on its line (`stats --metric`), whatever the format."""
+    sys.stdout.write(f"{n}\n")
+
+
 # --- check and metrics -----------------------------------------------------------
 
 

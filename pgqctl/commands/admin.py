@@ -79,10 +79,10 @@ def stats_command(
     On a terminal the table fits its width: a long queue name is cut with …;
     no count is.
 
-    --metric prints one figure as a whole number: a status's count
-    (pending, running, done, failed), expired_leases, or
-    oldest_pending_age_seconds (0 when no job is due), of every queue or of
-    those given with --queue, e.g. for a KEDA scaler (README: Autoscaling).
+    --metric prints one figure as a whole number: the count of a status,
+    expired_leases, or oldest_pending_age_seconds (0 when no job is due), of
+    every queue or of those given with --queue (summed; the oldest for the
+    age), e.g. for a KEDA scaler (README: Autoscaling).
 
     \b
     Example:
@@ -103,7 +103,7 @@ def stats_command(
             return admin.stats(conn, exact=exact)
 
         if metric is not None:
-            click.echo(admin.metric_value(snapshot(), metric, queues))
+            output.emit_number(admin.metric_value(snapshot(), metric, queues))
         elif watch is None:
             _show_stats(snapshot(), fmt)
         elif output.resolve_format(fmt) == "table":
