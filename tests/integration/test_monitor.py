@@ -399,6 +399,11 @@ def test_metrics_listen_answers_scrapes_until_sigterm(
         add_jobs(conn, 3, queue="emails")
         status, body = _scrape(url)
         assert samples(body)[("pgqctl_jobs", (("queue", "emails"), ("status", "pending")))] == 7
+        # The address taken: said at once, exit 1.
+        taken = url.removeprefix("http://").removesuffix("/metrics")
+        again = run_cli("metrics", "--dsn", dsn, "--listen", taken)
+        assert again.exit_code == 1
+        assert again.stderr.startswith(f"pgqctl: error: cannot listen on {taken}: ")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
