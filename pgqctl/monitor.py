@@ -322,21 +322,33 @@ def check(
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
-    """What `metrics` exposes: stats, and the jobs finished in the last minute."""
+    """What `metrics` exposes: stats' counts per queue, and the jobs finished
+    in the last minute."""
 
-    stats: admin.Stats
+    counts: dict[str, admin.Counts]
     finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs
 
     def queues(self) -> list[str]:
-        return sorted(set(self.stats.queues) | set(self.finished))
+        return sorted(set(self.counts) | set(self.finished))
 
 
 def metrics_snapshot(conn: Connection, *, exact: bool = False) -> MetricsSnapshot:
-    """Read everything `metrics` exposes, in one transaction."""
+    """Read everything `metrics` exposes, in one transaction.
+
+    Done jobs are the history: unless `exact` (which counts them all, as
+    `stats --exact`), they are not read, and their count is left out rather
+    than estimated, so that a scrape costs what the live jobs cost (an
+    estimate reads the planner's statistics, which costs as much again).
+    """
     with atomic(conn):
-        stats = admin.stats(conn, exact=exact)
+        counts = admin.stats(conn, exact=True).queues if exact else admin.counts(conn, done_bound=0)
         finished = finished_since(conn, THROUGHPUT_WINDOW_SECONDS)
-    return MetricsSnapshot(stats, finished)
+    for name in finished:
+        counts.setdefault(name, admin.Counts())  # a queue with no live jobs
+    if not exact:
+        for c in counts.values():
+            c.done_figure = "unknown"  # not counted: by_status holds 0
+    return MetricsSnapshot(counts, finished)
 
 
 def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
@@ -346,8 +358,7 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
 
     jobs = GaugeMetricFamily(
         "pgqctl_jobs",
-        "Jobs per queue and status (done: estimated as by `pgqctl stats` unless "
-        "--exact; left out when the statistics cannot tell it).",
+        "Jobs per queue and status, exactly (done only with --exact: it is the history).",
         labels=["queue", "status"],
     )
     age = GaugeMetricFamily(
@@ -366,7 +377,7 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
         labels=["queue", "outcome"],
     )
     for name in snapshot.queues():
-        counts = snapshot.stats.queues.get(name, admin.Counts())
+        counts = snapshot.counts.get(name, admin.Counts())
         record = counts.as_record()
         for status in STATUS_NAMES:
             if record[status] is not None:

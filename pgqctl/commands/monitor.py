@@ -127,7 +127,9 @@ class ListenAddress(click.ParamType):  # type: ignore[type-arg]  # generic only 
 @command("metrics")
 @database_options
 @click.option(
-    "--exact", is_flag=True, help="Count done jobs exactly (reads the whole finished history)."
+    "--exact",
+    is_flag=True,
+    help="Also count done jobs, exactly (reads the whole finished history at each run).",
 )
 @click.option(
     "--textfile",
@@ -156,8 +158,9 @@ def metrics_command(
     pgqctl_expired_leases{queue}                leases over, not yet reaped
     pgqctl_jobs_finished_last_minute{queue,outcome}   throughput: done, failed
 
-    The figures are those of `pgqctl stats` (done counts estimated on a long
-    history unless --exact), and the jobs finished in the last minute, read
+    The counts are those of `pgqctl stats`, exact, but for done jobs: they
+    are the history, left out unless --exact counts them all (the throughput
+    is the figure to watch). The jobs finished in the last minute are read
     from that minute's rows only. Served, a scrape the database cannot answer
     gets 503 with the reason, and the server goes on. --textfile and
     --listen are read from the command line only.

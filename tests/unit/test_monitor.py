@@ -57,10 +57,8 @@ def test_a_breach_is_above_the_limit_not_at_it() -> None:
 
 
 def test_every_status_is_a_series_of_pgqctl_jobs_and_every_finished_one_an_outcome() -> None:
-    stats = admin.Stats(
-        admin.Counts(), {"emails": admin.Counts.of(pending=2, failed=1)}, estimated=False
-    )
-    snapshot = monitor.MetricsSnapshot(stats, {"sms": {"done": 4}})
+    counts = {"emails": admin.Counts.of(pending=2, failed=1), "sms": admin.Counts()}
+    snapshot = monitor.MetricsSnapshot(counts, {"sms": {"done": 4}})
     text = output.metrics_text(monitor.metrics_registry(snapshot)).decode()
     found = {f.name: f for f in text_string_to_metric_families(text)}
     jobs = {(s.labels["queue"], s.labels["status"]): s.value for s in found["pgqctl_jobs"].samples}
@@ -73,13 +71,11 @@ def test_every_status_is_a_series_of_pgqctl_jobs_and_every_finished_one_an_outco
     ] == 4
 
 
-def test_an_unknown_done_count_has_no_sample() -> None:
+def test_a_done_count_not_counted_has_no_sample() -> None:
     counts = admin.Counts.of(pending=1)
     counts.done_figure = "unknown"
-    stats = admin.Stats(admin.Counts(), {"emails": counts}, estimated=True)
-    text = output.metrics_text(
-        monitor.metrics_registry(monitor.MetricsSnapshot(stats, {}))
-    ).decode()
+    snapshot = monitor.MetricsSnapshot({"emails": counts}, {})
+    text = output.metrics_text(monitor.metrics_registry(snapshot)).decode()
     assert 'status="done"' not in text and 'status="pending"' in text
 
 
