@@ -95,7 +95,7 @@ def measure(
 
 
 def short_duration(seconds: float) -> str:
-    """45s, 12m, 12m30s, 2h, 2h05m, 3d4h: a threshold's own spelling, shortened
+    """45s, 12m, 12m05s, 2h, 2h05m, 3d04h: a threshold's own spelling, shortened
     to its two leading units."""
     if seconds < 10 and seconds != int(seconds):
         return f"{seconds:.3g}s"
