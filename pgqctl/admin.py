@@ -1,7 +1,7 @@
 """Operator queries: what is in the queue, and the fixes for what is stuck.
 
-The library behind `stats`, `leases`, `list`, `show`, `reap`, `requeue` and
-`purge`: one function per named query of the `admin` section of
+The library behind `stats`, `leases`, `list`, `show`, `reap`, `requeue`,
+`cancel` and `purge`: one function per named query of the `admin` section of
 sql/queries.sql (`stats` and `purge` put several together). Jobs come back
 as `Job`s; nothing here prints or exits.
 """
@@ -9,6 +9,7 @@ as `Job`s; nothing here prints or exits.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -19,7 +20,7 @@ from psycopg.rows import dict_row
 
 from pgqctl.db import atomic
 from pgqctl.errors import BadInput
-from pgqctl.jobs import FIELDS, FINISHED, STATUS_NAMES, Job
+from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, STATUS_NAMES, Job
 from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
@@ -511,6 +512,128 @@ def requeue(
             job = get_job(conn, job_id)
             left[job_id] = job.status if job else None
     return Requeued(sorted(jobs, key=lambda j: j.id), left)
+
+
+# --- cancel --------------------------------------------------------------------------
+
+# Running jobs named per notification: (id, attempt) pairs stay well under
+# PostgreSQL's 8000-byte limit for a payload.
+NOTIFY_CANCEL_BATCH = 300
+# A cancel that deadlocks with workers reporting on the same jobs (it locks
+# many rows) is rolled back as a whole; it tries again this many times.
+CANCEL_TRIES = 5
+
+
+@dataclass(frozen=True)
+class CancelSelection:
+    """Which jobs to cancel: pending or running ones (those of `statuses`),
+    narrowed by each filter given, each holding any of its values."""
+
+    ids: tuple[int, ...] = ()
+    queues: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    statuses: tuple[str, ...] = CANCELLABLE
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "ids": list(self.ids) or None,
+            "queues": list(self.queues) or None,
+            "kinds": list(self.kinds) or None,
+            "statuses": list(self.statuses or CANCELLABLE),
+        }
+
+
+@dataclass(frozen=True)
+class CancelledJob:
+    """A job as cancel left it (or would leave it): from which status, and
+    for a running one whether its worker was already gone (lease expired)."""
+
+    job: Job
+    cancelled_from: str
+    lease_expired: bool | None
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            **self.job.as_record(),
+            "cancelled_from": self.cancelled_from,
+            "lease_expired": self.lease_expired,
+        }
+
+
+CANCEL_FIELDS = (*FIELDS, "cancelled_from", "lease_expired")
+
+
+@dataclass
+class Cancelled:
+    jobs: list[CancelledJob]
+    # Each --id that was not cancelled, with its status (None: no such job).
+    left: dict[int, str | None]
+
+
+def cancel_error(reason: str | None) -> str:
+    """The last_error of a cancelled job."""
+    reason = (reason or "").strip()
+    return f"cancelled: {reason}" if reason else "cancelled by an operator"
+
+
+def cancel(
+    conn: Connection,
+    selection: CancelSelection,
+    *,
+    reason: str | None = None,
+    dry_run: bool = False,
+) -> Cancelled:
+    """Cancel the selected pending and running jobs, finished now, with a
+    last_error naming `reason`; attempts is kept.
+
+    The workers holding the running ones are told in the same transaction
+    (they stop the job when it commits); a worker that cannot hear finds out
+    at its next lease renewal. With `dry_run`, the jobs that would be
+    cancelled as they would be left, and nothing changed or locked.
+    """
+    error = cancel_error(reason)
+    params = {**selection.params(), "error": error}
+    if dry_run:
+        rows = _rows(conn, "job_cancel_select", params)
+        jobs = [
+            CancelledJob(
+                replace(Job.from_row(row), status="cancelled", last_error=error, locked_until=None),
+                row["status"],
+                row["lease_expired"],
+            )
+            for row in rows
+        ]
+    else:
+        jobs = _cancel_retrying(conn, params)
+    changed = {c.job.id for c in jobs}
+    left = {}
+    for job_id in selection.ids:
+        if job_id not in changed:
+            job = get_job(conn, job_id)
+            left[job_id] = job.status if job else None
+    return Cancelled(sorted(jobs, key=lambda c: c.job.id), left)
+
+
+def _cancel_retrying(conn: Connection, params: Mapping[str, Any]) -> list[CancelledJob]:
+    for tries_left in range(CANCEL_TRIES - 1, -1, -1):
+        try:
+            with conn.transaction():
+                jobs = [
+                    CancelledJob(Job.from_row(row), row["cancelled_from"], row["lease_expired"])
+                    for row in _rows(conn, "job_cancel", params)
+                ]
+                running = [c.job.held for c in jobs if c.cancelled_from == "running"]
+                for start in range(0, len(running), NOTIFY_CANCEL_BATCH):
+                    batch = running[start : start + NOTIFY_CANCEL_BATCH]
+                    conn.execute(
+                        query("workers_notify_cancel"),
+                        {"jobs": json.dumps([list(held) for held in batch])},
+                    )
+            return jobs
+        except psycopg.errors.DeadlockDetected:
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")
 
 
 # --- purge ---------------------------------------------------------------------------

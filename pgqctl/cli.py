@@ -56,6 +56,7 @@ for _command in (
     admin.show_command,
     admin.reap_command,
     admin.requeue_command,
+    admin.cancel_command,
     admin.purge_command,
     worker.worker_command,
 ):

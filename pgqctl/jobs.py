@@ -39,7 +39,10 @@ STATUSES: tuple[Status, ...] = (
         "pending",
         "waiting to run, from run_at on",
         finished=False,
-        moves=(Move("running", "worker", "claims it (due, highest priority first)"),),
+        moves=(
+            Move("running", "worker", "claims it (due, highest priority first)"),
+            Move("cancelled", "cancel", "an operator cancels it"),
+        ),
     ),
     Status(
         "running",
@@ -52,6 +55,7 @@ STATUSES: tuple[Status, ...] = (
             Move("pending", "worker", "it stops before the job ends (handed back: not a try)"),
             Move("pending", "reap", "its lease expired, with attempts left"),
             Move("failed", "reap", "its lease expired, with no attempts left"),
+            Move("cancelled", "cancel", "an operator cancels it (its worker stops the job)"),
         ),
     ),
     Status(
@@ -69,10 +73,23 @@ STATUSES: tuple[Status, ...] = (
             Move("deleted", "purge", "--status failed, finished before --older-than"),
         ),
     ),
+    Status(
+        "cancelled",
+        "finished: an operator cancelled it (last_error says why); no worker claims it",
+        finished=True,
+        moves=(
+            Move("pending", "requeue", "an operator brings it back"),
+            Move("deleted", "purge", "--status cancelled, finished before --older-than"),
+        ),
+    ),
 )
 
 STATUS_NAMES: tuple[str, ...] = tuple(s.name for s in STATUSES)
 FINISHED: tuple[str, ...] = tuple(s.name for s in STATUSES if s.finished)
+# What `cancel` takes: the statuses an operator's cancel moves a job out of.
+CANCELLABLE: tuple[str, ...] = tuple(
+    s.name for s in STATUSES if any(m.by == "cancel" for m in s.moves)
+)
 
 
 @dataclass(frozen=True, slots=True)

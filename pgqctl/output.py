@@ -327,7 +327,16 @@ def emit_result(result: Mapping[str, Any], fmt: str) -> None:
 
 # --- stats ---------------------------------------------------------------------
 
-STATS_COLUMNS = ["queue", "pending", "running", "expired", "done", "failed", "oldest_pending"]
+STATS_COLUMNS = [
+    "queue",
+    "pending",
+    "running",
+    "expired",
+    "done",
+    "failed",
+    "cancelled",
+    "oldest_pending",
+]
 ESTIMATE_NOTE = "~ marks estimated done counts; --exact counts them"
 UNKNOWN_NOTE = (
     "~ marks estimated done counts, ? those the statistics cannot tell "
@@ -557,6 +566,7 @@ COLUMNS: dict[str, Column] = {
     "expired": Column("whole", 0),
     "done": Column("whole", 0),
     "failed": Column("whole", 0),
+    "cancelled": Column("whole", 0),
     "oldest_pending": Column("whole", 0),
 }
 # How times are shown, longest first: as everywhere, then in UTC without

@@ -18,7 +18,8 @@ Threads, and who owns what:
   children themselves (about 10% of its CPU per job of `true`).
 - A listener thread holds a second connection in ``LISTEN pgqctl_jobs`` (the
   main one stays free for queries) and posts a wake-up for each notification
-  about this schema.
+  about this schema; and in ``LISTEN pgqctl_cancel``, posting the jobs an
+  operator cancelled (`pgqctl cancel`).
 
 Everything reaches the main thread through one queue, `events`, so the loop
 waits in one place (watching the children), until an event or the nearest
@@ -29,13 +30,19 @@ to that queue and wake the wait (`_post`); the loop decides what to do.
 State of a job held by this worker: claimed and running in a slot (in
 `running`), then finished and waiting to be reported (in the report lists),
 then reported. A lease found lost (renewal or fenced report matched nothing)
-stops the child if it still runs and drops its result.
+stops the child if it still runs and drops its result. So does a cancel: the
+operator's cancel has already ended the job in the database (status
+cancelled, fenced like a report); a notification names it at once, and the
+renewal finds it otherwise. Either way the worker reads the job's row before
+it stops anything (anyone connected may send a notification), and logs
+`cancelled`, not a lost lease.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import queue
@@ -63,6 +70,7 @@ from pgqctl.sql import query
 from pgqctl.worklog import WorkLog, seconds, timestamp
 
 CHANNEL = "pgqctl_jobs"
+CANCEL_CHANNEL = "pgqctl_cancel"
 APPLICATION_NAME = "pgqctl worker"
 # Looking for jobs without a notification: every POLL_LISTENING seconds as a
 # safety net, or every POLL_DEAF when notifications cannot be heard.
@@ -114,6 +122,13 @@ CONNECTION_PARAMS: dict[str, Any] = {
 _WAKE = "wake"
 _DEAF = "deaf"  # the listener cannot hear notifications (now)
 _HEARING = "hearing"  # the listener hears them
+
+
+@dataclass(frozen=True)
+class _CancelNotice:
+    """A notification that an operator cancelled these (job id, attempt)s."""
+
+    held: frozenset[Held]
 
 
 @dataclass(frozen=True)
@@ -303,6 +318,8 @@ class Worker:
         self.done: list[_Finished] = []
         self.fails: list[tuple[_Finished, Failure]] = []
         self.handed_back: list[_Finished] = []
+        # Held jobs a notification says were cancelled: checked, then stopped.
+        self.cancel_notices: set[Held] = set()
         self.claimed = 0
 
         now = time.monotonic()
@@ -456,6 +473,10 @@ class Worker:
             self.read_only or now < self.reconnect_at or not self._reconnect()
         ):
             return
+        if self.cancel_notices:
+            self._check_cancel_notices()
+            if self.conn is None:
+                return
         limit = self._claim_limit() if self._claim_due(now) else 0
         renew = now >= self.next_renew and any(not r.lost for r in self.running.values())
         if limit or renew or self.done or self.fails or self.handed_back:
@@ -497,7 +518,7 @@ class Worker:
         if self.conn is None:
             deadlines.append(self.reconnect_at)
             return min(deadlines)
-        if self.done or self.fails or self.handed_back:
+        if self.done or self.fails or self.handed_back or self.cancel_notices:
             deadlines.append(now)
         if any(not r.lost for r in self.running.values()):
             deadlines.append(self.next_renew)
@@ -514,6 +535,10 @@ class Worker:
             self._finished(event)
         elif event == _WAKE:
             self.claim_wanted = True
+        elif isinstance(event, _CancelNotice):
+            self.cancel_notices.update(
+                held for held in event.held if held in self.running and not self.running[held].lost
+            )
         elif event in (_DEAF, _HEARING) and self.config.poll is None:
             # Until a notification can wake it, the loop looks for jobs often.
             self.poll = POLL_LISTENING if event == _HEARING else POLL_DEAF
@@ -613,10 +638,61 @@ class Worker:
             if due is not None:
                 self.next_due = time.monotonic() + max(due, 0.0)
 
-    def _check_renewal(self, held: list[Held], kept: set[int]) -> None:
+    def _check_cancel_notices(self) -> None:
+        """Stop the held jobs a notification said were cancelled, once their
+        rows confirm it."""
+        assert self.conn is not None
+        held = [k for k in self.cancel_notices if k in self.running and not self.running[k].lost]
+        self.cancel_notices.clear()
+        if not held:
+            return
+        try:
+            found = claims.cancelled(self.conn, held)
+        except (psycopg.Error, PgqctlError) as exc:
+            self.cancel_notices.update(held)  # asked again once reconnected
+            self._connection_failed(exc)
+            return
         for key in held:
-            running = self.running.get(key)
-            if running is None or running.lost or key[0] in kept:
+            if key[0] in found:
+                self._stop_cancelled(self.running[key], found[key[0]], "notification")
+
+    def _stop_cancelled(self, running: _Running, error: str | None, noticed: str) -> None:
+        """An operator cancelled a job this worker runs: stop its process
+        group (SIGTERM, then SIGKILL) and drop its result; the database
+        already says cancelled."""
+        running.lost = True
+        running.stop.request("cancelled")
+        job = running.job
+        self.log.event(
+            "cancelled",
+            f"job {job.id} cancelled ({error or 'by an operator'}): stopping attempt "
+            f"{job.attempts}; it is not retried",
+            job_id=job.id,
+            kind=job.kind,
+            attempt=job.attempts,
+            reason=error,
+            noticed=noticed,
+        )
+
+    def _check_renewal(self, held: list[Held], kept: set[int]) -> None:
+        gone = [
+            key
+            for key in held
+            if key in self.running and not self.running[key].lost and key[0] not in kept
+        ]
+        if not gone:
+            return
+        # Lost, or cancelled by an operator (also without a notification,
+        # through a transaction pooler): the job's row tells which.
+        assert self.conn is not None
+        try:
+            cancelled = claims.cancelled(self.conn, gone)
+        except (psycopg.Error, PgqctlError):
+            cancelled = {}  # said as a lost lease; either way the job is stopped
+        for key in gone:
+            running = self.running[key]
+            if key[0] in cancelled:
+                self._stop_cancelled(running, cancelled[key[0]], "renewal")
                 continue
             running.lost = True
             running.stop.request("lease lost")
@@ -862,6 +938,19 @@ class Worker:
                 # Our own earlier report, whose answer the connection lost.
                 self._log_done(finished)
                 continue
+            if status == "cancelled" and attempts == job.attempts:
+                # An operator cancelled it before the report came in.
+                self.log.event(
+                    "cancelled",
+                    f"job {job.id} cancelled while attempt {job.attempts} ran; "
+                    f"its result ({tried}) dropped",
+                    job_id=job.id,
+                    kind=job.kind,
+                    attempt=job.attempts,
+                    dropped=tried,
+                    noticed="report",
+                )
+                continue
             if not state:
                 why = "is no longer held by this worker"
             elif not status:
@@ -1009,6 +1098,7 @@ class Worker:
                     self._say_deaf()
                     return
                 conn.execute(query("worker_listen"))
+                conn.execute(query("worker_listen_cancel"))
                 delay = RECONNECT_FIRST
                 self._post(_HEARING)
                 # Jobs may have come while nobody listened.
@@ -1058,8 +1148,22 @@ class Worker:
             if self._closing_r in ready:
                 return
             for note in conn.notifies(timeout=0):
-                if note.payload in ("", self.config.schema):
+                if note.channel == CANCEL_CHANNEL:
+                    notice = self._cancel_notice(note.payload)
+                    if notice is not None:
+                        self._post(notice)
+                elif note.payload in ("", self.config.schema):
                     self._post(_WAKE)
+
+    def _cancel_notice(self, text: str) -> _CancelNotice | None:
+        """The jobs a cancel notification names, if it is about our schema."""
+        try:
+            found = json.loads(text)
+            if found["schema"] != self.config.schema:
+                return None
+            return _CancelNotice(frozenset((int(i), int(a)) for i, a in found["jobs"]))
+        except (ValueError, KeyError, TypeError):
+            return None  # not one of ours
 
 
 def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:

@@ -53,8 +53,8 @@ SELECT count(*) FROM pgqctl_migrations;
 -- ---------------------------------------------------------------------------
 
 -- name: stats_counts
--- Per queue: exact pending, running, failed, expired leases and oldest due
--- pending job, one arm per status so each reads its own partial index. Done
+-- Per queue: exact pending, running, failed and cancelled counts, expired
+-- leases and the oldest due pending job, one arm per status so each reads its own partial index. Done
 -- jobs are counted among at most `bound` of them (NULL: all of them, exact),
 -- so a long history is never read unless asked for: the most recently
 -- finished (jobs_finished_idx, backwards), which find the queues that worked
@@ -65,6 +65,7 @@ SELECT queue,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'done') AS done,
        count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
        count(*) FILTER (WHERE status = 'running'
                           AND (locked_until < now() OR locked_until IS NULL)) AS expired_leases,
        extract(epoch FROM now() - min(run_at) FILTER (
@@ -75,6 +76,8 @@ FROM (
     SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'running'
     UNION ALL
     SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'failed'
+    UNION ALL
+    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'cancelled'
     UNION ALL
     (SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'done'
      ORDER BY CASE WHEN %(bound)s::bigint IS NOT NULL THEN finished_at END DESC
@@ -187,7 +190,8 @@ WHERE (%(statuses)s::text[] IS NULL
        OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
        OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[]))
        OR (status = 'done' AND 'done' = ANY(%(statuses)s::text[]))
-       OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[])))
+       OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
+       OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
@@ -227,7 +231,8 @@ FROM (
            OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
            OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[]))
            OR (status = 'done' AND 'done' = ANY(%(statuses)s::text[]))
-           OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[])))
+           OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
+           OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
@@ -263,6 +268,71 @@ SET status = 'pending',
     locked_until = NULL
 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'failed'
 RETURNING *;
+
+-- The selection of `cancel`, the same in job_cancel_select and job_cancel:
+-- pending and running jobs (those of `statuses`, each status through its
+-- own partial index), narrowed by each filter given (NULL: any).
+
+-- name: job_cancel_select
+-- The jobs job_cancel would take now, by id, without locking anything;
+-- lease_expired says whether a running one's worker is gone (NULL for a
+-- pending one).
+SELECT *,
+       CASE WHEN status = 'running'
+            THEN locked_until < now() OR locked_until IS NULL END AS lease_expired
+FROM jobs
+WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+       OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[])))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+ORDER BY id;
+
+-- name: job_cancel
+-- Pending or running -> cancelled, finished now, in one statement. Each row
+-- is locked first (in id order), waiting for a worker that is reporting on
+-- it at this instant, and the selection is checked again on the row as that
+-- report left it: a job that has just ended (done, failed) is not taken, one
+-- sent back to pending for a retry is. Then the change is fenced on the
+-- status and attempt that were locked, like every move out of running: a
+-- race with the job's own end has exactly one winner, and a worker's later
+-- report, fenced on status running, matches nothing. attempts is kept.
+-- cancelled_from is the status the job had; lease_expired as in
+-- job_cancel_select.
+UPDATE jobs
+SET status = 'cancelled',
+    finished_at = now(),
+    locked_until = NULL,  -- locked_by stays: the worker that last held it
+    last_error = %(error)s
+FROM (
+    SELECT id, status, attempts, locked_until
+    FROM jobs
+    WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+           OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[])))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+    ORDER BY id
+    FOR UPDATE
+) AS picked
+WHERE jobs.id = picked.id
+  AND jobs.status = picked.status
+  AND jobs.attempts = picked.attempts
+RETURNING jobs.*,
+          picked.status AS cancelled_from,
+          CASE WHEN picked.status = 'running'
+               THEN picked.locked_until < now() OR picked.locked_until IS NULL
+          END AS lease_expired;
+
+-- name: workers_notify_cancel
+-- Tell the workers which running jobs were cancelled, as (id, attempt)
+-- pairs, with the schema so that workers of another schema ignore it; the
+-- worker holding one stops it. Delivered when the cancel commits, and only
+-- then. A payload must stay under 8000 bytes: callers send a few hundred
+-- jobs per notification.
+SELECT pg_notify('pgqctl_cancel',
+                 json_build_object('schema', current_schema(),
+                                   'jobs', %(jobs)s::jsonb)::text);
 
 -- name: job_purge_cutoff
 -- Purge deletes rows finished before this instant, fixed when it starts, so
@@ -612,6 +682,11 @@ FROM level AS l;
 -- Hear about new jobs (the jobs table's insert trigger notifies). No rows.
 LISTEN pgqctl_jobs;
 
+-- name: worker_listen_cancel
+-- Hear about running jobs an operator cancelled (`pgqctl cancel` notifies).
+-- No rows.
+LISTEN pgqctl_cancel;
+
 -- name: transaction_begin
 -- The start of a worker's transaction, sent in one round trip with what it
 -- holds: at READ COMMITTED whatever the server's default, as the SKIP LOCKED
@@ -627,6 +702,14 @@ COMMIT;
 SELECT id, status, attempts
 FROM jobs
 WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: job_cancelled_state
+-- Which of these jobs an operator cancelled, with their attempt and why: a
+-- worker checks before it stops a job it was told about (anyone may send a
+-- notification). One row per cancelled job.
+SELECT id, attempts, last_error
+FROM jobs
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled';
 
 -- ---------------------------------------------------------------------------
 -- migrate: applying sql/migrations/ (pgqctl/migrate.py).

@@ -10,7 +10,7 @@ CREATE TABLE jobs (
     kind          text NOT NULL,
     payload       jsonb NOT NULL,
     status        text NOT NULL DEFAULT 'pending'
-                  CHECK (status IN ('pending', 'running', 'done', 'failed')),
+                  CHECK (status IN ('pending', 'running', 'done', 'failed', 'cancelled')),
     priority      integer NOT NULL DEFAULT 0,
     -- The fencing token: incremented by every claim and never decreased.
     attempts      integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
@@ -40,7 +40,7 @@ CREATE INDEX jobs_claim_kind_idx ON jobs (kind, priority DESC, run_at, id)
 CREATE INDEX jobs_lease_idx ON jobs (locked_until)
     WHERE status = 'running';
 CREATE INDEX jobs_finished_idx ON jobs (status, finished_at)
-    WHERE status IN ('done', 'failed');
+    WHERE status IN ('done', 'failed', 'cancelled');
 
 -- Keep finished_at true to status for writers that do not set it (plain SQL
 -- such as `UPDATE jobs SET status = 'done' WHERE id = 3`), so purge sees
@@ -49,7 +49,7 @@ CREATE INDEX jobs_finished_idx ON jobs (status, finished_at)
 CREATE FUNCTION jobs_sync_finished_at() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    NEW.finished_at := CASE WHEN NEW.status IN ('done', 'failed') THEN now() END;
+    NEW.finished_at := CASE WHEN NEW.status IN ('done', 'failed', 'cancelled') THEN now() END;
     RETURN NEW;
 END;
 $$;
@@ -57,7 +57,7 @@ $$;
 CREATE TRIGGER jobs_sync_finished_at
     BEFORE INSERT OR UPDATE OF status, finished_at ON jobs
     FOR EACH ROW
-    WHEN ((NEW.status IN ('done', 'failed')) <> (NEW.finished_at IS NOT NULL))
+    WHEN ((NEW.status IN ('done', 'failed', 'cancelled')) <> (NEW.finished_at IS NOT NULL))
     EXECUTE FUNCTION jobs_sync_finished_at();
 
 -- Wake listening workers once per INSERT statement (a bulk load of 100,000

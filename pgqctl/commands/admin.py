@@ -1,5 +1,5 @@
-"""The operator's commands: stats, leases, list, show, reap, requeue, purge
-(library: pgqctl/admin.py)."""
+"""The operator's commands: stats, leases, list, show, reap, requeue, cancel,
+purge (library: pgqctl/admin.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pgqctl.commands.options import (
     selection_option,
 )
 from pgqctl.errors import BadInput, NotFound
-from pgqctl.jobs import FIELDS, FINISHED, STATUS_NAMES
+from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, STATUS_NAMES
 
 LIST_COLUMNS = ["id", "queue", "kind", "status", "attempt", "run_at", "finished_at", "error"]
 LEASE_COLUMNS = ["id", "queue", "kind", "attempt", "locked_by", "locked_until", "left"]
@@ -367,6 +367,110 @@ def requeue_command(
         )
 
 
+@command("cancel")
+@database_options
+@selection_option("--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable).")
+@selection_option(
+    "--queue",
+    "queues",
+    metavar="QUEUE",
+    multiple=True,
+    help="Only jobs of this queue (repeatable: any of them).",
+)
+@selection_option(
+    "--kind",
+    "kinds",
+    metavar="KIND",
+    multiple=True,
+    help="Only jobs of this kind (repeatable: any of them).",
+)
+@selection_option(
+    "--status",
+    "statuses",
+    type=click.Choice(CANCELLABLE),
+    multiple=True,
+    help="Only jobs in this status (repeatable; default: " + " and ".join(CANCELLABLE) + ").",
+)
+@selection_option(
+    "--reason", metavar="TEXT", help="Why, kept in each job's last_error (cancelled: TEXT)."
+)
+@selection_option("--dry-run", is_flag=True, help="Show what would be cancelled; change nothing.")
+@format_options
+def cancel_command(
+    database: Database,
+    ids: tuple[int, ...],
+    queues: tuple[str, ...],
+    kinds: tuple[str, ...],
+    statuses: tuple[str, ...],
+    reason: str | None,
+    dry_run: bool,
+    fmt: str,
+) -> None:
+    """Cancel pending or running jobs: each ends cancelled, finished now, and
+    is never claimed again (`requeue` brings it back).
+
+    Select with --id, --queue, --kind and --status (at least one; each given
+    narrows further, one given several times matches any of its values).
+    last_error says `cancelled: REASON` (`cancelled by an operator` without
+    --reason); attempts is kept.
+
+    A running job's worker, on whichever host, is told at once and stops the
+    job's whole process group (SIGTERM, then SIGKILL), without retrying it; a
+    worker that cannot hear notifications finds out at its next lease renewal
+    (within a third of the lease). A job whose worker is gone (lease expired)
+    is simply cancelled. A job that ends while it is being cancelled ends one
+    way or the other, never both.
+
+    On a terminal the table fits its width: text is cut with …, times are
+    shown shorter (in UTC) and the least important columns left out when
+    needed, and no value is broken across lines. Piped, the plain table is
+    never narrowed; --json has every field.
+
+    \b
+    Example:
+        pgqctl cancel --id 42 --reason "sent to the wrong customer"
+        pgqctl cancel --queue emails --status pending --dry-run
+        pgqctl cancel --kind resize --json | jq '.[].id'
+    """
+    selection = admin.CancelSelection(ids=ids, queues=queues, kinds=kinds, statuses=statuses)
+    if not (ids or queues or kinds or statuses):
+        raise BadInput(
+            "nothing selected: give --id, --queue, --kind or --status "
+            f"({' or '.join(CANCELLABLE)}) to say which jobs to cancel"
+        )
+    with database.connect(writes=not dry_run) as conn:
+        result = admin.cancel(conn, selection, reason=reason, dry_run=dry_run)
+    output.emit_jobs(result.jobs, CHANGE_COLUMNS, fmt, admin.CANCEL_FIELDS)
+    takes = " or ".join(selection.statuses or CANCELLABLE)
+    for job_id, status in result.left.items():
+        if status is None:
+            say(f"job {job_id} not found")
+        elif status in (selection.statuses or CANCELLABLE):
+            say(f"job {job_id} is {status} but does not match the other filters: left as it is")
+        else:
+            say(f"job {job_id} is {status}: cancel takes {takes} jobs; left as it is")
+    jobs = result.jobs
+    if not jobs:
+        say(f"no {takes} jobs match")
+    else:
+        pending = sum(1 for c in jobs if c.cancelled_from == "pending")
+        gone = sum(1 for c in jobs if c.lease_expired)
+        told = len(jobs) - pending - gone
+        parts = [f"{pending} pending"] if pending else []
+        if told:
+            told_to = "would be told" if dry_run else "are told"
+            parts.append(f"{told} running (their workers {told_to} to stop them)")
+        if gone:
+            parts.append(f"{gone} running whose worker is gone (lease expired)")
+        verb = "would cancel" if dry_run else "cancelled"
+        say(f"{verb} {output.plural(len(jobs), 'job')}: {', '.join(parts)}")
+    if None in result.left.values():
+        raise NotFound(
+            "some --id jobs do not exist: `pgqctl list --status pending --status running` "
+            "lists the jobs cancel takes"
+        )
+
+
 @command("purge")
 @database_options
 @selection_option(
@@ -376,7 +480,7 @@ def requeue_command(
     multiple=True,
     default=["done"],
     show_default=True,
-    help="Finished status to delete (repeatable; all = done and failed).",
+    help="Finished status to delete (repeatable; all = " + ", ".join(FINISHED) + ").",
 )
 @selection_option(
     "--older-than",
