@@ -560,13 +560,15 @@ COLUMNS: dict[str, Column] = {
     "locked_by": Column("whole", 60),
     "left": Column("whole", 70),
     "error": Column("error", 60, 24),
-    # stats: every count stays; a long queue name is cut.
+    # stats: every count stays whole; a long queue name is cut. Cancelled
+    # jobs, the least urgent count, are left out when the table cannot fit
+    # them (a terminal of 80 columns and counts in the millions).
     "pending": Column("whole", 0),
     "running": Column("whole", 0),
     "expired": Column("whole", 0),
     "done": Column("whole", 0),
     "failed": Column("whole", 0),
-    "cancelled": Column("whole", 0),
+    "cancelled": Column("whole", 10),
     "oldest_pending": Column("whole", 0),
 }
 # How times are shown, longest first: as everywhere, then in UTC without

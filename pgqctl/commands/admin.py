@@ -54,7 +54,8 @@ def stats_command(database: Database, exact: bool, watch: float | None, fmt: str
     counts them.
 
     On a terminal the table fits its width: a long queue name is cut with …;
-    no count is.
+    no count is, but the cancelled column is left out when it cannot fit
+    (--json has every count).
 
     \b
     Example:

@@ -37,13 +37,14 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
     add_jobs(conn, 1, status="running", attempts=1, locked_until=ago("-5 minutes"))
     add_jobs(conn, 3, status="done", attempts=1)
     add_jobs(conn, 1, queue="emails", status="failed", attempts=3)
+    add_jobs(conn, 1, queue="emails", status="cancelled", attempts=1)
 
     stats = cli_json(dsn, "stats")
 
     assert 3590 < stats.pop("oldest_pending_age_seconds") < 3700
     queues = stats.pop("queues")
     assert stats == {
-        "totals": {"pending": 4, "running": 2, "done": 3, "failed": 1},
+        "totals": {"pending": 4, "running": 2, "done": 3, "failed": 1, "cancelled": 1},
         "expired_leases": 1,
         "estimated": False,
     }
@@ -56,6 +57,7 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
             "running": 1,
             "done": 3,
             "failed": 0,
+            "cancelled": 0,
             "expired_leases": 0,
             "estimated": False,
         },
@@ -65,6 +67,7 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
             "running": 1,
             "done": 0,
             "failed": 1,
+            "cancelled": 1,
             "expired_leases": 1,
             "estimated": False,
         },
@@ -73,7 +76,7 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
 
 def test_stats_of_an_empty_queue(dsn: str) -> None:
     assert cli_json(dsn, "stats") == {
-        "totals": {"pending": 0, "running": 0, "done": 0, "failed": 0},
+        "totals": {"pending": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0},
         "expired_leases": 0,
         "oldest_pending_age_seconds": None,
         "estimated": False,
@@ -81,7 +84,7 @@ def test_stats_of_an_empty_queue(dsn: str) -> None:
     }
     table = run_cli("stats", "--format", "plain", "--dsn", dsn)
     assert table.exit_code == 0
-    assert table.stdout.splitlines()[-1].split() == ["(total)", "0", "0", "0", "0", "0"]
+    assert table.stdout.splitlines()[-1].split() == ["(total)", "0", "0", "0", "0", "0", "0"]
 
 
 def test_stats_on_an_unmigrated_database_says_to_migrate(empty_dsn: str) -> None:
@@ -116,11 +119,18 @@ def test_stats_estimates_done_on_a_long_history_and_exact_counts_it(
         "pending": 50,
         "running": 0,
         "failed": 10,
+        "cancelled": 0,
     }
 
     exact = cli_json(dsn, "stats", "--exact")
     assert exact["estimated"] is False
-    assert exact["totals"] == {"pending": 50, "running": 0, "done": 1800, "failed": 10}
+    assert exact["totals"] == {
+        "pending": 50,
+        "running": 0,
+        "done": 1800,
+        "failed": 10,
+        "cancelled": 0,
+    }
     assert [q["done"] for q in exact["queues"]] == [1200, 600]
 
     table = run_cli("stats", "--format", "plain", "--dsn", dsn)
