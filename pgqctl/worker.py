@@ -1097,8 +1097,10 @@ class Worker:
                     self._post(_DEAF)
                     self._say_deaf()
                     return
-                conn.execute(query("worker_listen"))
+                # Cancels first: hearing about new jobs is then the sign
+                # that both are heard (`pg_stat_activity` shows the last).
                 conn.execute(query("worker_listen_cancel"))
+                conn.execute(query("worker_listen"))
                 delay = RECONNECT_FIRST
                 self._post(_HEARING)
                 # Jobs may have come while nobody listened.

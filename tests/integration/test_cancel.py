@@ -124,6 +124,14 @@ def test_cancel_stops_a_running_job_in_another_process_at_once(
     pids = tmp_path / "pids"
     # A long lease: the worker's renewal (a third of it) cannot be what stops it.
     worker = start_worker(dsn, "--allow-shell", "--lease", "60s", "--concurrency", "2")
+    wait_until(
+        lambda: conn.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query = 'LISTEN pgqctl_jobs'"  # the worker listens to cancels first
+        ).fetchone(),
+        10,
+        "the worker to listen",
+    )
     (job_id,) = insert_jobs(conn, [family_job(pids)])
     family = wait_for_family(pids)
 
