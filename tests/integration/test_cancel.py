@@ -26,7 +26,10 @@ from pgqctl import admin, claims, db
 from pgqctl.worker import TERM_GRACE
 from tests.conftest import alive, gone, run_cli
 from tests.integration.jobrows import add_jobs, expired, snapshot
+from tests.integration.servers import Pooler, txn_pooler
 from tests.integration.test_worker import insert_jobs, job, wait_until
+
+__all__ = ["txn_pooler"]  # a fixture
 
 # The worker logs in JSON here: each event's fields can be read back.
 LOG_JSON = ("--log-format", "json")
@@ -177,6 +180,26 @@ def test_a_worker_that_cannot_hear_finds_the_cancel_at_its_lease_renewal(
     event = worker.wait_for("cancelled", job_id=job_id)
     assert event["noticed"] == "renewal"
     assert_cancelled(conn, job_id, attempts=1, error="cancelled by an operator")
+    assert not worker.events("lease_lost")
+    assert worker.stop() == 0
+
+
+def test_a_worker_behind_a_transaction_pooler_stops_a_cancelled_job_at_renewal(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Path, start_worker: Any, txn_pooler: Pooler
+) -> None:
+    # Through PgBouncer in transaction mode a LISTEN cannot be heard: the
+    # worker says so and relies on its renewal.
+    lease = 3.0
+    worker = start_worker(txn_pooler.dsn(dsn), "--allow-shell", "--lease", f"{lease}s")
+    worker.wait_for("listen_unavailable")
+    pids = tmp_path / "pids"
+    (job_id,) = insert_jobs(conn, [family_job(pids)])
+    family = wait_for_family(pids)
+
+    cancel_json(txn_pooler.dsn(dsn), "--id", str(job_id), "--reason", "pooled")
+    assert all(gone(p, within=lease / 3 + TERM_GRACE) for p in family)
+    assert worker.wait_for("cancelled", job_id=job_id)["noticed"] == "renewal"
+    assert_cancelled(conn, job_id, attempts=1, error="cancelled: pooled")
     assert not worker.events("lease_lost")
     assert worker.stop() == 0
 
