@@ -46,7 +46,7 @@ def stats_command(database: Database, exact: bool, watch: float | None, fmt: str
     """Jobs per status, in total and per queue, with expired leases and the
     age of the oldest due pending job.
 
-    Pending, running and failed counts are exact. Done counts are exact up to
+    Pending, running, failed and cancelled counts are exact. Done counts are exact up to
     1,000 done jobs; beyond that they are estimated from PostgreSQL's table
     statistics (marked ~, and "estimated": true in JSON), so stats stays cheap
     on a long history. A queue's estimate is shown only when the statistics
