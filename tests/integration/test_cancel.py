@@ -92,6 +92,17 @@ def family_job(pids: Path) -> dict[str, str]:
     return {"shell": f"echo $$ >> {pids}; sh -c '{inner}' & wait"}
 
 
+def wait_for_listener(conn: psycopg.Connection[Any]) -> None:
+    wait_until(
+        lambda: conn.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query = 'LISTEN pgqctl_jobs'"  # the worker listens to cancels first
+        ).fetchone(),
+        10,
+        "the worker to listen",
+    )
+
+
 def wait_for_family(pids: Path) -> list[int]:
     wait_until(
         lambda: pids.exists() and len(pids.read_text().split()) == 3, 10, "the job's 3 processes"
@@ -127,14 +138,7 @@ def test_cancel_stops_a_running_job_in_another_process_at_once(
     pids = tmp_path / "pids"
     # A long lease: the worker's renewal (a third of it) cannot be what stops it.
     worker = start_worker(dsn, "--allow-shell", "--lease", "60s", "--concurrency", "2")
-    wait_until(
-        lambda: conn.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query = 'LISTEN pgqctl_jobs'"  # the worker listens to cancels first
-        ).fetchone(),
-        10,
-        "the worker to listen",
-    )
+    wait_for_listener(conn)
     (job_id,) = insert_jobs(conn, [family_job(pids)])
     family = wait_for_family(pids)
 
@@ -158,6 +162,31 @@ def test_cancel_stops_a_running_job_in_another_process_at_once(
     assert_cancelled(conn, job_id, attempts=1, error="cancelled: wrong customer")
     assert [e["job_id"] for e in worker.events("started")] == [job_id, other]
     assert not [e for e in worker.events() if e["event"] in ("lease_lost", "failed", "retry")]
+    assert worker.stop() == 0
+
+
+def test_a_notification_alone_stops_nothing(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Path, start_worker: Any
+) -> None:
+    # Any role that can connect may send a notification; only a job the
+    # database says is cancelled is stopped.
+    worker = start_worker(dsn, "--allow-shell", "--lease", "60s")
+    wait_for_listener(conn)
+    pids = tmp_path / "pids"
+    (job_id,) = insert_jobs(conn, [family_job(pids)])
+    family = wait_for_family(pids)
+    conn.execute(
+        "SELECT pg_notify('pgqctl_cancel', %s)",
+        (json.dumps({"schema": "public", "jobs": [[job_id, 1]]}),),
+    )
+    # The worker checks the row it was told about: one query, well within this.
+    assert not gone(family[-1], within=2)
+    assert job(conn, job_id)["status"] == "running"
+    assert not worker.events("cancelled")
+
+    cancel_json(dsn, "--id", str(job_id))
+    assert all(gone(p, within=TERM_GRACE) for p in family)
+    assert worker.wait_for("cancelled", job_id=job_id)["noticed"] == "notification"
     assert worker.stop() == 0
 
 
