@@ -666,10 +666,10 @@ class Worker:
         self.log.event(
             "cancelled",
             f"job {job.id} cancelled ({error or 'by an operator'}): stopping attempt "
-            f"{job.attempts}; it is not retried",
+            f"{job.tries}; it is not retried",
             job_id=job.id,
             kind=job.kind,
-            attempt=job.attempts,
+            attempt=job.tries,
             reason=error,
             noticed=noticed,
         )
@@ -942,11 +942,11 @@ class Worker:
                 # An operator cancelled it before the report came in.
                 self.log.event(
                     "cancelled",
-                    f"job {job.id} cancelled while attempt {job.attempts} ran; "
+                    f"job {job.id} cancelled while attempt {job.tries} ran; "
                     f"its result ({tried}) dropped",
                     job_id=job.id,
                     kind=job.kind,
-                    attempt=job.attempts,
+                    attempt=job.tries,
                     dropped=tried,
                     noticed="report",
                 )
