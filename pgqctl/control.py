@@ -108,9 +108,7 @@ def pause(
         raise BadInput("--reason cannot hold a NUL character")
     with conn.transaction():
         _run(conn, "paused_expired_delete", {})
-        rows = _run(
-            conn, "paused_upsert", {"queues": names, "seconds": seconds, "reason": reason}
-        )
+        rows = _run(conn, "paused_upsert", {"queues": names, "seconds": seconds, "reason": reason})
         _notify_workers(conn)
     return sorted(
         (Paused(Pause.from_row(row), row["updated"]) for row in rows), key=lambda p: p.pause.queue
