@@ -511,13 +511,17 @@ UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attem
 -- grows with the backlog until it turns on JIT compilation for every run
 -- (from about 10 million pending jobs). It also caps a claim at 10,000 jobs.
 --
--- Paused queues are skipped: `<> ALL(ARRAY(TABLE paused_queues_now))` reads
--- the pauses in effect once per statement (an InitPlan; the table holds a
--- row per paused queue), and costs each row read a comparison with an array
--- that is empty while nothing is paused (bench/pause_bench.py measures the
--- whole claim-and-complete path with and without it). A worker of some
--- queues drops the paused ones before walking; the others pass over a paused
--- queue's due jobs as they walk, which costs more the longer its backlog.
+-- Paused queues are skipped: `<> ALL(ARRAY(SELECT queue FROM
+-- paused_queues_now))` reads the pauses in effect once per statement (an
+-- InitPlan over a table of a row per paused queue), and costs each row read
+-- a comparison with an array that is empty while nothing is paused
+-- (bench/pause_bench.py: no measurable cost). The walks compare `queue ||
+-- ''`, not `queue`: from the queue column's statistics, the planner would
+-- take the test of a table with one queue (most tables) to reject nearly
+-- every row, and turn the walk into a scan and sort of every pending job. A
+-- worker of some queues drops the paused ones before walking; the others
+-- pass over a paused queue's due jobs as they walk, which costs more the
+-- longer its backlog.
 
 -- name: worker_claim_all
 -- A worker with no --queue and no --kind: jobs_claim_idx, in order.
@@ -525,7 +529,7 @@ SELECT ARRAY(
     SELECT id FROM (
         SELECT id FROM jobs
         WHERE status = 'pending' AND run_at <= now()
-          AND queue <> ALL(ARRAY(TABLE paused_queues_now))
+          AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
         ORDER BY priority DESC, run_at, id
         LIMIT 10000 FOR UPDATE SKIP LOCKED
     ) AS walk LIMIT %(limit)s
@@ -557,7 +561,7 @@ SELECT ARRAY(
         ORDER BY priority DESC, run_at, id
         LIMIT 10000 FOR UPDATE SKIP LOCKED
     ) AS walk LIMIT %(limit)s) AS w
-    WHERE q <> ALL(ARRAY(TABLE paused_queues_now))
+    WHERE q <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
     ORDER BY w.priority DESC, w.run_at, w.id
     LIMIT %(limit)s
 ) AS ids;
@@ -571,7 +575,7 @@ SELECT ARRAY(
     LATERAL (SELECT * FROM (
         SELECT id, priority, run_at FROM jobs
         WHERE status IS NOT DISTINCT FROM 'pending' AND run_at <= now() AND kind = k
-          AND queue <> ALL(ARRAY(TABLE paused_queues_now))
+          AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
         ORDER BY priority DESC, run_at, id
         LIMIT 10000 FOR UPDATE SKIP LOCKED
     ) AS walk LIMIT %(limit)s) AS w
@@ -604,7 +608,7 @@ WITH RECURSIVE level (priority) AS (
 SELECT extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status = 'pending' AND priority = l.priority AND run_at > now()
-      AND queue <> ALL(ARRAY(TABLE paused_queues_now))
+      AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
     ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)) - now())::float8
 FROM level AS l;
 
@@ -617,7 +621,7 @@ WITH RECURSIVE level (queue, priority) AS (
                WHERE status IS NOT DISTINCT FROM 'pending' AND queue = q
                ORDER BY priority DESC LIMIT 1)
     FROM unnest(%(queues)s::text[]) AS q
-    WHERE q <> ALL(ARRAY(TABLE paused_queues_now))
+    WHERE q <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
     UNION ALL
     SELECT l.queue, (SELECT priority FROM jobs
                      WHERE status IS NOT DISTINCT FROM 'pending' AND queue = l.queue
@@ -654,7 +658,7 @@ SELECT extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status IS NOT DISTINCT FROM 'pending' AND kind = l.kind
       AND priority = l.priority AND run_at > now()
-      AND queue <> ALL(ARRAY(TABLE paused_queues_now))
+      AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
     ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)) - now())::float8
 FROM level AS l;
 
