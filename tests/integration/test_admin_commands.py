@@ -46,6 +46,7 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
         "totals": {"pending": 4, "running": 2, "done": 3, "failed": 1},
         "expired_leases": 1,
         "estimated": False,
+        "paused": [],
     }
     ages = [q.pop("oldest_pending_age_seconds") for q in queues]
     assert 55 < ages[0] < 120 and 3590 < ages[1] < 3700
@@ -58,6 +59,7 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
             "failed": 0,
             "expired_leases": 0,
             "estimated": False,
+            "paused": None,
         },
         {
             "queue": "emails",
@@ -67,6 +69,7 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
             "failed": 1,
             "expired_leases": 1,
             "estimated": False,
+            "paused": None,
         },
     ]
 
@@ -78,6 +81,7 @@ def test_stats_of_an_empty_queue(dsn: str) -> None:
         "oldest_pending_age_seconds": None,
         "estimated": False,
         "queues": [],
+        "paused": [],
     }
     table = run_cli("stats", "--format", "plain", "--dsn", dsn)
     assert table.exit_code == 0
