@@ -88,9 +88,7 @@ def drain(conn: db.QueueConnection, jobs: int, filters: dict[str, Any]) -> float
     held: list[Held] = []
     started = time.perf_counter()
     while True:
-        got = claims.exchange(
-            conn, done=held, claim=CLAIM, lease=LEASE, worker="bench", **filters
-        )
+        got = claims.exchange(conn, done=held, claim=CLAIM, lease=LEASE, worker="bench", **filters)
         done += len(got.done)
         held = [job.held for job in got.claimed]
         if not held:

@@ -15,21 +15,21 @@ import pytest
 
 from pgqctl import claims, db
 from tests.conftest import run_cli
+from tests.integration import test_claim_queues, test_worker
 from tests.integration.jobrows import add_jobs
 from tests.integration.test_claim_queues import (
     PLANS,
     add,
     claim_params,
-    claimer,  # noqa: F401  (a fixture)
     exchange,
     plan_of,
     rows_read,
 )
-from tests.integration.test_worker import (
-    WorkerProcess,
-    start_worker,  # noqa: F401  (a fixture)
-    wait_until,
-)
+from tests.integration.test_worker import WorkerProcess, wait_until
+
+# The fixtures of those modules, for these tests too.
+claimer = test_claim_queues.claimer
+start_worker = test_worker.start_worker
 
 
 def cli_json(dsn: str, *args: str) -> Any:
@@ -39,7 +39,8 @@ def cli_json(dsn: str, *args: str) -> Any:
 
 
 def pauses(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-    return conn.execute("SELECT queue, reason, until IS NULL FROM paused_queues ORDER BY 1").fetchall()
+    query = "SELECT queue, reason, until IS NULL FROM paused_queues ORDER BY 1"
+    return conn.execute(query).fetchall()
 
 
 # -- the commands ---------------------------------------------------------------
@@ -292,7 +293,8 @@ def test_a_pause_for_two_seconds_ends_by_itself(
     wait_until(lambda: all(any(t >= until for t in starts(w)) for w in workers), 10, "claims")
     firsts = [min(t for t in starts(w) if t >= until) - until for w in workers]
     assert max(firsts) < 1.0, firsts
-    assert conn.execute("SELECT count(*) FROM paused_queues").fetchone() == (1,)  # no one removed it
+    # Nobody removed the pause.
+    assert conn.execute("SELECT count(*) FROM paused_queues").fetchone() == (1,)
     for w in workers:
         w.signal(signal.SIGTERM)
     assert [w.finish() for w in workers] == [0, 0]

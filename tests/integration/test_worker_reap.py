@@ -13,14 +13,11 @@ import psycopg
 import pytest
 
 from tests.conftest import run_cli
+from tests.integration import test_worker
 from tests.integration.jobrows import expired
-from tests.integration.test_worker import (
-    insert_jobs,
-    job,
-    sh,
-    start_worker,  # noqa: F401  (a fixture)
-    wait_until,
-)
+from tests.integration.test_worker import insert_jobs, job, sh, wait_until
+
+start_worker = test_worker.start_worker  # the fixture, for these tests too
 
 
 def reaped_lines(log: str) -> list[str]:
@@ -34,7 +31,8 @@ def test_a_killed_workers_jobs_are_reaped_by_another_worker_and_then_complete(
     script = 'if [ "$PGQCTL_JOB_ATTEMPT" = 1 ]; then exec sleep 60; fi'
     ids = insert_jobs(conn, [sh(script)] * 2)
     doomed = start_worker(dsn, "--concurrency", "2", "--lease", "2s", "--no-reap")
-    wait_until(lambda: len(re.findall(r" job \d+ started", doomed.log)) == 2, 15, "the jobs to start")
+    started = re.compile(r" job \d+ started")
+    wait_until(lambda: len(started.findall(doomed.log)) == 2, 15, "the jobs to start")
     rescuer = start_worker(
         dsn, "--concurrency", "2", "--lease", "2s", "--reap-every", "0.5s", "--poll", "30s"
     )
