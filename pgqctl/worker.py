@@ -302,6 +302,8 @@ class Worker:
         # Free slot numbers, lowest on top: the logs say which slot runs a job.
         self._free_slots = list(range(config.concurrency - 1, -1, -1))
         self._listener: threading.Thread | None = None
+        # What each channel the listener hears means (see _on_notification).
+        self._channel_handlers: dict[str, Callable[[str], None]] = {CHANNEL: self._on_jobs_notified}
         self._closing = threading.Event()
         self._closing_r, self._closing_w = os.pipe()
 
@@ -634,12 +636,13 @@ class Worker:
         """Reclaim expired leases, as `pgqctl reap` does; log the jobs it took."""
         assert self.conn is not None and self.config.reap_every is not None
         self.next_reap = time.monotonic() + jittered(self.config.reap_every)
-        self.burst_reaped = self._burst_idle()
+        idle = self._burst_idle()
         try:
             reaped = admin.reap(self.conn)
         except (psycopg.Error, PgqctlError) as exc:
-            self._connection_failed(exc)
+            self._connection_failed(exc)  # a --burst worker reaps again once back
             return
+        self.burst_reaped = idle
         if not reaped:
             return
         ids = [r.job.id for r in reaped]
@@ -1132,7 +1135,7 @@ class Worker:
 
     def _on_notification(self, channel: str, payload: str) -> None:
         """Hand a notification to its channel's handler (on the listener's thread)."""
-        handler = {CHANNEL: self._on_jobs_notified}.get(channel)
+        handler = self._channel_handlers.get(channel)
         if handler is not None:
             handler(payload)
 
