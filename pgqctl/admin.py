@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from pgqctl.control import Pause, paused
 from pgqctl.db import atomic
 from pgqctl.errors import BadInput
 from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, STATUS_NAMES, Job
@@ -120,19 +121,32 @@ class Stats:
     totals: Counts
     queues: dict[str, Counts]
     estimated: bool  # the done counts are estimates
+    # The pauses in effect, by queue (each of them also in `queues`).
+    paused: dict[str, Pause] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """The documented JSON shape of `pgqctl stats`: each queue says
         whether its done count is estimated, and gives null for one the
-        statistics cannot tell."""
+        statistics cannot tell, and its pause (null when not paused); the
+        pauses are also listed on their own."""
         t = self.totals
         return {
             "totals": dict(t.by_status),
             "expired_leases": t.expired_leases,
             "oldest_pending_age_seconds": t.oldest_pending_age_seconds,
             "estimated": self.estimated,
-            "queues": [{"queue": name, **c.as_record()} for name, c in self.queues.items()],
+            "queues": [
+                {"queue": name, **c.as_record(), "paused": self._pause_record(name)}
+                for name, c in self.queues.items()
+            ],
+            "paused": [p.as_record() for p in self.paused.values()],
         }
+
+    def _pause_record(self, queue: str) -> dict[str, Any] | None:
+        pause = self.paused.get(queue)
+        if pause is None:
+            return None
+        return {"reason": pause.reason, "paused_at": pause.paused_at, "until": pause.until}
 
 
 @dataclass(frozen=True)
@@ -174,7 +188,10 @@ def stats(conn: Connection, *, exact: bool = False) -> Stats:
         totals.add(c)
     if total_done is not None:
         totals.done, totals.done_figure = total_done, "estimated"
-    return Stats(totals, dict(sorted(queues.items())), estimated)
+    pauses = {p.queue: p for p in paused(conn)}
+    for name in pauses:
+        queues.setdefault(name, Counts())  # paused before it has any job
+    return Stats(totals, dict(sorted(queues.items())), estimated, pauses)
 
 
 def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:

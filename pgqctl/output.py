@@ -359,6 +359,7 @@ def _stats_rows(stats: Stats) -> list[dict[str, Any]]:
     for name, c in scopes:
         age = c.oldest_pending_age_seconds
         done = {"exact": f"{c.done}", "estimated": f"~{c.done}", "unknown": "?"}
+        pause = stats.paused.get(name) if name != "(total)" else None
         rows.append(
             {
                 **c.by_status,
@@ -366,14 +367,26 @@ def _stats_rows(stats: Stats) -> list[dict[str, Any]]:
                 "expired": c.expired_leases,
                 "done": done[c.done_figure],
                 "oldest_pending": "" if age is None else format_seconds(age),
+                "paused": "" if pause is None else pause_summary(pause.until, pause.reason),
             }
         )
     return rows
 
 
+def stats_columns(stats: Stats) -> list[str]:
+    """The columns of the `stats` table: `paused` only while a queue is."""
+    return [*STATS_COLUMNS, "paused"] if stats.paused else list(STATS_COLUMNS)
+
+
+def pause_summary(until: dt.datetime | None, reason: str | None) -> str:
+    """A pause on one line: `until 2026-12-02 10:30:00+00:00: smtp down`."""
+    end = "until resumed" if until is None else f"until {human(until)}"
+    return f"{end}: {reason}" if reason else end
+
+
 def stats_table(stats: Stats) -> Any:
     """`stats` as a rich table, to print or to redraw live."""
-    return rich_table(_stats_rows(stats), STATS_COLUMNS, caption=estimate_note(stats))
+    return rich_table(_stats_rows(stats), stats_columns(stats), caption=estimate_note(stats))
 
 
 def emit_stats(stats: Stats, fmt: str) -> None:
@@ -386,7 +399,22 @@ def emit_stats(stats: Stats, fmt: str) -> None:
         rows = [*data["queues"], total]
         emit_rows(rows, list(rows[0]), fmt)
     else:
-        emit_rows(_stats_rows(stats), STATS_COLUMNS, fmt)
+        emit_rows(_stats_rows(stats), stats_columns(stats), fmt)
+
+
+# --- pauses ----------------------------------------------------------------------
+
+PAUSE_COLUMNS = ["queue", "until", "reason", "paused_at"]
+
+
+def emit_pauses(pauses: Sequence[Record], fmt: str, fields: Sequence[str]) -> None:
+    """Pauses as a table (an open end shown as `until resumed`), or as records."""
+    records = [p.as_record() for p in pauses]
+    if is_human(fmt):
+        cells = [{**r, "until": r["until"] or "until resumed"} for r in records]
+        emit_rows(cells, PAUSE_COLUMNS, fmt)
+    else:
+        emit_rows(records, fields, fmt)
 
 
 def _json(value: Any) -> str:
@@ -570,6 +598,11 @@ COLUMNS: dict[str, Column] = {
     "failed": Column("whole", 0),
     "cancelled": Column("whole", 10),
     "oldest_pending": Column("whole", 0),
+    # stats and pauses: what a pause says may be cut, when it ends is not.
+    "paused": Column("text", 0, 20),
+    "until": Column("whole", 0),
+    "reason": Column("text", 0, 12),
+    "paused_at": Column("time", 10),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.

@@ -17,9 +17,13 @@ Threads, and who owns what:
   the common case: thread switches per job cost a busy worker more than the
   children themselves (about 10% of its CPU per job of `true`).
 - A listener thread holds a second connection in ``LISTEN pgqctl_jobs`` (the
-  main one stays free for queries) and posts a wake-up for each notification
-  about this schema; and in ``LISTEN pgqctl_cancel``, posting the jobs an
-  operator cancelled (`pgqctl cancel`).
+  main one stays free for queries) and hands each notification to the
+  handler of its channel (`_on_notification`), which posts an event: for
+  ``pgqctl_jobs``, a wake-up when it is about this schema; for
+  ``pgqctl_cancel``, the jobs an operator cancelled (`pgqctl cancel`).
+- Every --reap-every the loop also reclaims expired leases (`admin.reap`,
+  the statement `pgqctl reap` runs), so a fleet without cron still gets a
+  dead worker's jobs back; its own leases are live (renewed first).
 
 Everything reaches the main thread through one queue, `events`, so the loop
 waits in one place (watching the children), until an event or the nearest
@@ -59,7 +63,7 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import claims, db, payload, runner
+from pgqctl import admin, claims, db, payload, runner
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
@@ -154,12 +158,18 @@ class WorkerConfig:
     # A direct (or session-pooled) connection used only to LISTEN, when the
     # DSN goes through a transaction pooler.
     listen_dsn: str | None = None
+    # Reclaim expired leases about this often (+-25%); None: never (cron does).
+    reap_every: float | None = 30.0
 
     def __post_init__(self) -> None:
         if self.lease < 1:
             raise BadInput("--lease must be at least 1s (it is renewed every third of it)")
         if self.poll is not None and self.poll <= 0:
             raise BadInput("--poll must be more than 0s, e.g. --poll 5s")
+        if self.reap_every is not None and self.reap_every <= 0:
+            raise BadInput(
+                "--reap-every must be more than 0s, e.g. --reap-every 30s (or --no-reap)"
+            )
         if self.timeout is not None and self.timeout <= 0:
             raise BadInput("--timeout must be more than 0s; leave it out for no limit")
         kinds = [kind for kind, _ in self.handlers]
@@ -307,6 +317,11 @@ class Worker:
         # Free slot numbers, lowest on top: the logs say which slot runs a job.
         self._free_slots = list(range(config.concurrency - 1, -1, -1))
         self._listener: threading.Thread | None = None
+        # What each channel the listener hears means (see _on_notification).
+        self._channel_handlers: dict[str, Callable[[str], None]] = {
+            CHANNEL: self._on_jobs_notified,
+            CANCEL_CHANNEL: self._on_cancel_notified,
+        }
         self._closing = threading.Event()
         self._closing_r, self._closing_w = os.pipe()
 
@@ -328,6 +343,9 @@ class Worker:
         self.next_poll = now
         self.next_due: float | None = None
         self.next_renew = now
+        self.next_reap = now + jittered(config.reap_every or 0.0)
+        # A --burst worker reaps once more before it decides nothing is due.
+        self.burst_reaped = False
         self.reconnect_delay = RECONNECT_FIRST
         self.reconnect_at = now
         self.lost_since: float | None = None
@@ -379,7 +397,8 @@ class Worker:
             "worker_started",
             f"worker {self.worker_id} started: {c.concurrency} slot(s), "
             f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
-            f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}"
+            f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}, "
+            + (f"reap every {seconds(c.reap_every)}" if c.reap_every else "no reap")
             + (f", database {self.target}" if self.target else ""),
             worker=self.worker_id,
             concurrency=c.concurrency,
@@ -387,6 +406,7 @@ class Worker:
             kinds=list(c.kinds),
             lease=c.lease,
             poll=c.poll or POLL_LISTENING,
+            reap_every=c.reap_every,
             schema=c.schema,
         )
 
@@ -481,6 +501,26 @@ class Worker:
         renew = now >= self.next_renew and any(not r.lost for r in self.running.values())
         if limit or renew or self.done or self.fails or self.handed_back:
             self._exchange(limit, renew)
+        # After the exchange: it renewed our own leases first, had they run late.
+        if self._reap_due(time.monotonic()):
+            self._reap()
+
+    def _reap_due(self, now: float) -> bool:
+        if self.config.reap_every is None or self.stopping or self.conn is None:
+            return False
+        if self._burst_idle():
+            return not self.burst_reaped
+        return now >= self.next_reap
+
+    def _burst_idle(self) -> bool:
+        """A --burst worker with nothing running, nothing to report and nothing due."""
+        return (
+            self.config.burst
+            and not self.running
+            and not (self.done or self.fails or self.handed_back)
+            and self.last_claim_short
+            and not self.claim_wanted
+        )
 
     def _should_exit(self) -> bool:
         if self.running:
@@ -493,7 +533,10 @@ class Worker:
             return False
         if self.config.max_jobs is not None and self.claimed >= self.config.max_jobs:
             return True
-        return self.config.burst and self.last_claim_short and not self.claim_wanted
+        if self._burst_idle():
+            # Not before its last reap: jobs a dead worker held may be due now.
+            return self.burst_reaped or self.config.reap_every is None
+        return False
 
     def _wait(self) -> None:
         """Watch the children until an event arrives or the nearest deadline;
@@ -522,6 +565,8 @@ class Worker:
             deadlines.append(now)
         if any(not r.lost for r in self.running.values()):
             deadlines.append(self.next_renew)
+        if self.config.reap_every is not None and not self.stopping:
+            deadlines.append(self.next_reap)
         if self._claim_limit() > 0:
             if self.claim_wanted:
                 deadlines.append(now)
@@ -615,7 +660,38 @@ class Worker:
         if limit:
             self._find_next_due()
 
+    def _reap(self) -> None:
+        """Reclaim expired leases, as `pgqctl reap` does; log the jobs it took."""
+        assert self.conn is not None and self.config.reap_every is not None
+        self.next_reap = time.monotonic() + jittered(self.config.reap_every)
+        idle = self._burst_idle()
+        try:
+            reaped = admin.reap(self.conn)
+        except (psycopg.Error, PgqctlError) as exc:
+            self._connection_failed(exc)  # a --burst worker reaps again once back
+            return
+        self.burst_reaped = idle
+        if not reaped:
+            return
+        ids = [r.job.id for r in reaped]
+        failed = [r.job.id for r in reaped if r.job.status == "failed"]
+        holders = sorted({r.held_by or "an unnamed worker" for r in reaped})
+        shown = ", ".join(map(str, ids[:20])) + (f" and {len(ids) - 20} more" if ids[20:] else "")
+        self.log.event(
+            "reaped",
+            f"reaped {len(ids)} expired lease(s) (job {shown}) held by "
+            f"{', '.join(holders)}: {len(ids) - len(failed)} back to pending, "
+            f"{len(failed)} failed (out of attempts)",
+            jobs=ids,
+            failed=failed,
+            held_by=holders,
+        )
+        if len(failed) < len(ids):
+            self.claim_wanted = True  # back in the queue and due now
+
     def _start_jobs(self, jobs: list[Job], slots: list[int], now: float) -> None:
+        if jobs:
+            self.burst_reaped = False  # reap again before deciding nothing is due
         if jobs and not self.running:
             self.next_renew = now + self.config.lease / 3
         del self._free_slots[len(self._free_slots) - len(jobs) :]
@@ -1150,12 +1226,24 @@ class Worker:
             if self._closing_r in ready:
                 return
             for note in conn.notifies(timeout=0):
-                if note.channel == CANCEL_CHANNEL:
-                    notice = self._cancel_notice(note.payload)
-                    if notice is not None:
-                        self._post(notice)
-                elif note.payload in ("", self.config.schema):
-                    self._post(_WAKE)
+                self._on_notification(note.channel, note.payload)
+
+    def _on_notification(self, channel: str, payload: str) -> None:
+        """Hand a notification to its channel's handler (on the listener's thread)."""
+        handler = self._channel_handlers.get(channel)
+        if handler is not None:
+            handler(payload)
+
+    def _on_jobs_notified(self, payload: str) -> None:
+        # New jobs, requeued or reaped ones, a resumed queue: look for work,
+        # unless it is about another schema of the same database.
+        if payload in ("", self.config.schema):
+            self._post(_WAKE)
+
+    def _on_cancel_notified(self, payload: str) -> None:
+        notice = self._cancel_notice(payload)
+        if notice is not None:
+            self._post(notice)
 
     def _cancel_notice(self, text: str) -> _CancelNotice | None:
         """The jobs a cancel notification names, if it is about our schema."""

@@ -357,6 +357,43 @@ WHERE id = ANY(ARRAY(
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
 ));
+-- ---------------------------------------------------------------------------
+-- control: pausing and resuming queues (pgqctl/control.py). The claims skip
+-- the queues of paused_queues_now (see the worker section).
+-- ---------------------------------------------------------------------------
+
+-- name: paused_expired_delete
+-- Forget pauses that have ended by themselves (the claims ignore them
+-- already), so that pausing such a queue again starts a new pause. No rows.
+DELETE FROM paused_queues WHERE until <= now();
+
+-- name: paused_upsert
+-- Pause each queue, until `seconds` from now (NULL: until resumed). A queue
+-- paused already keeps its paused_at, and its reason unless one is given.
+-- One row per queue, saying whether it was paused already.
+WITH before AS (
+    SELECT queue FROM paused_queues WHERE queue = ANY(%(queues)s::text[])
+)
+INSERT INTO paused_queues AS p (queue, reason, until)
+SELECT q, %(reason)s, now() + %(seconds)s * interval '1 second'
+FROM unnest(%(queues)s::text[]) AS q
+ON CONFLICT (queue) DO UPDATE
+SET reason = coalesce(EXCLUDED.reason, p.reason),
+    until = EXCLUDED.until
+RETURNING p.queue, p.reason, p.paused_at, p.until,
+          p.queue IN (SELECT queue FROM before) AS updated;
+
+-- name: paused_delete
+-- Resume these queues: the pauses in effect that ended. One row per queue
+-- that was paused.
+DELETE FROM paused_queues
+WHERE queue = ANY(%(queues)s::text[]) AND (until IS NULL OR until > now())
+RETURNING queue, reason, paused_at, until;
+
+-- name: paused_list
+-- The pauses in effect, by queue. One row each.
+SELECT queue, reason, paused_at, until FROM paused_queues_now ORDER BY queue;
+
 -- ---- enqueue (pgqctl/enqueue.py) -------------------------------------------
 -- These blocks write {jobs} for the table: the enqueue API composes it with
 -- psycopg.sql.Identifier, schema-qualified when its caller names a schema and
@@ -549,6 +586,18 @@ UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attem
 -- parameter for a limit it assumes a tenth of the rows, an estimate that
 -- grows with the backlog until it turns on JIT compilation for every run
 -- (from about 10 million pending jobs). It also caps a claim at 10,000 jobs.
+--
+-- Paused queues are skipped: `<> ALL(ARRAY(SELECT queue FROM
+-- paused_queues_now))` reads the pauses in effect once per statement (an
+-- InitPlan over a table of a row per paused queue), and costs each row read
+-- a comparison with an array that is empty while nothing is paused
+-- (bench/pause_bench.py: no measurable cost). The walks compare `queue ||
+-- ''`, not `queue`: from the queue column's statistics, the planner would
+-- take the test of a table with one queue (most tables) to reject nearly
+-- every row, and turn the walk into a scan and sort of every pending job. A
+-- worker of some queues drops the paused ones before walking; the others
+-- pass over a paused queue's due jobs as they walk, which costs more the
+-- longer its backlog.
 
 -- name: worker_claim_all
 -- A worker with no --queue and no --kind: jobs_claim_idx, in order.
@@ -556,6 +605,7 @@ SELECT ARRAY(
     SELECT id FROM (
         SELECT id FROM jobs
         WHERE status = 'pending' AND run_at <= now()
+          AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
         ORDER BY priority DESC, run_at, id
         LIMIT 10000 FOR UPDATE SKIP LOCKED
     ) AS walk LIMIT %(limit)s
@@ -587,6 +637,7 @@ SELECT ARRAY(
         ORDER BY priority DESC, run_at, id
         LIMIT 10000 FOR UPDATE SKIP LOCKED
     ) AS walk LIMIT %(limit)s) AS w
+    WHERE q <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
     ORDER BY w.priority DESC, w.run_at, w.id
     LIMIT %(limit)s
 ) AS ids;
@@ -600,6 +651,7 @@ SELECT ARRAY(
     LATERAL (SELECT * FROM (
         SELECT id, priority, run_at FROM jobs
         WHERE status IS NOT DISTINCT FROM 'pending' AND run_at <= now() AND kind = k
+          AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
         ORDER BY priority DESC, run_at, id
         LIMIT 10000 FOR UPDATE SKIP LOCKED
     ) AS walk LIMIT %(limit)s) AS w
@@ -615,6 +667,9 @@ SELECT ARRAY(
 -- each: a few probes per priority level, however many jobs are pending or
 -- delayed, and an estimate that stays small for the generic plan (a scan's
 -- grows with the table until JIT compilation turns on for every run).
+-- Paused queues are skipped as the claims skip them, and the end of a pause
+-- (of a queue the worker serves) counts as a job coming due: its jobs can
+-- be claimed from then on, and nobody notifies the worker when it comes.
 
 -- name: job_next_due
 -- A worker with no --queue and no --kind: jobs_claim_idx.
@@ -626,10 +681,11 @@ WITH RECURSIVE level (priority) AS (
             ORDER BY priority DESC LIMIT 1)
     FROM level AS l WHERE l.priority IS NOT NULL
 )
-SELECT extract(epoch FROM min((
+SELECT extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status = 'pending' AND priority = l.priority AND run_at > now()
-    ORDER BY run_at LIMIT 1)) - now())::float8
+      AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
+    ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)) - now())::float8
 FROM level AS l;
 
 -- name: job_next_due_queues
@@ -641,6 +697,7 @@ WITH RECURSIVE level (queue, priority) AS (
                WHERE status IS NOT DISTINCT FROM 'pending' AND queue = q
                ORDER BY priority DESC LIMIT 1)
     FROM unnest(%(queues)s::text[]) AS q
+    WHERE q <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
     UNION ALL
     SELECT l.queue, (SELECT priority FROM jobs
                      WHERE status IS NOT DISTINCT FROM 'pending' AND queue = l.queue
@@ -648,12 +705,14 @@ WITH RECURSIVE level (queue, priority) AS (
                      ORDER BY priority DESC LIMIT 1)
     FROM level AS l WHERE l.priority IS NOT NULL
 )
-SELECT extract(epoch FROM min((
+SELECT extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status IS NOT DISTINCT FROM 'pending' AND queue = l.queue
       AND priority = l.priority AND run_at > now()
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-    ORDER BY run_at LIMIT 1)) - now())::float8
+    ORDER BY run_at LIMIT 1)),
+    (SELECT min(until) FROM paused_queues_now WHERE queue = ANY(%(queues)s::text[])))
+    - now())::float8
 FROM level AS l;
 
 -- name: job_next_due_kinds
@@ -671,11 +730,12 @@ WITH RECURSIVE level (kind, priority) AS (
                     ORDER BY priority DESC LIMIT 1)
     FROM level AS l WHERE l.priority IS NOT NULL
 )
-SELECT extract(epoch FROM min((
+SELECT extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status IS NOT DISTINCT FROM 'pending' AND kind = l.kind
       AND priority = l.priority AND run_at > now()
-    ORDER BY run_at LIMIT 1)) - now())::float8
+      AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
+    ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)) - now())::float8
 FROM level AS l;
 
 -- name: worker_listen

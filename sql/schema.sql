@@ -76,3 +76,17 @@ CREATE TRIGGER jobs_notify_insert
     AFTER INSERT ON jobs
     FOR EACH STATEMENT
     EXECUTE FUNCTION jobs_notify_insert();
+
+-- Paused queues (see 0003): claimed from again when `until` passes (NULL:
+-- until resumed); paused_queues_now holds the pauses in effect.
+CREATE TABLE paused_queues (
+    queue     text PRIMARY KEY,
+    reason    text,
+    paused_at timestamptz NOT NULL DEFAULT now(),
+    until     timestamptz
+);
+
+CREATE VIEW paused_queues_now AS
+    SELECT queue, reason, paused_at, until
+    FROM paused_queues
+    WHERE until IS NULL OR until > now();

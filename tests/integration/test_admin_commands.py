@@ -47,6 +47,7 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
         "totals": {"pending": 4, "running": 2, "done": 3, "failed": 1, "cancelled": 1},
         "expired_leases": 1,
         "estimated": False,
+        "paused": [],
     }
     ages = [q.pop("oldest_pending_age_seconds") for q in queues]
     assert 55 < ages[0] < 120 and 3590 < ages[1] < 3700
@@ -60,6 +61,7 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
             "cancelled": 0,
             "expired_leases": 0,
             "estimated": False,
+            "paused": None,
         },
         {
             "queue": "emails",
@@ -70,6 +72,7 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
             "cancelled": 1,
             "expired_leases": 1,
             "estimated": False,
+            "paused": None,
         },
     ]
 
@@ -81,6 +84,7 @@ def test_stats_of_an_empty_queue(dsn: str) -> None:
         "oldest_pending_age_seconds": None,
         "estimated": False,
         "queues": [],
+        "paused": [],
     }
     table = run_cli("stats", "--format", "plain", "--dsn", dsn)
     assert table.exit_code == 0
