@@ -95,6 +95,8 @@ class Job:
     last_error: str | None = None
     created_at: datetime | None = None
     finished_at: datetime | None = None
+    # At most one pending or running job per (queue, unique_key); None: no key.
+    unique_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:

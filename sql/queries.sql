@@ -309,6 +309,25 @@ FROM unnest(%(kind)s::text[], %(payload)s::jsonb[], %(queue)s::text[],
 ORDER BY n
 RETURNING id;
 
+-- name: jobs_insert_arrays_unique
+-- jobs_insert_arrays for jobs some of which have a unique key: a job whose
+-- key a pending or running job of its queue holds (one committed before, one
+-- of this statement's earlier rows, or one whose inserting transaction this
+-- waits for) is not inserted. Only loads with a key pay for ON CONFLICT's
+-- speculative insertion. One row (id, queue, key) per job inserted.
+INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, unique_key)
+SELECT kind, payload, queue, priority, max_attempts,
+       COALESCE(run_at, now() + make_interval(secs => delay)), unique_key
+FROM unnest(%(kind)s::text[], %(payload)s::jsonb[], %(queue)s::text[],
+            %(priority)s::integer[], %(max_attempts)s::integer[],
+            %(run_at)s::timestamptz[], %(delay)s::float8[], %(unique_key)s::text[])
+     WITH ORDINALITY AS t (kind, payload, queue, priority, max_attempts, run_at, delay,
+                           unique_key, n)
+ORDER BY n
+ON CONFLICT (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING
+RETURNING id, queue, unique_key;
+
 -- name: jobs_load_create
 -- The staging table of a COPY load, gone at commit. No rows.
 CREATE TEMPORARY TABLE pgqctl_enqueue_load (
@@ -319,12 +338,14 @@ CREATE TEMPORARY TABLE pgqctl_enqueue_load (
     priority     integer,
     max_attempts integer,
     run_at       timestamptz,
-    delay        float8
+    delay        float8,
+    unique_key   text
 ) ON COMMIT DROP;
 
 -- name: jobs_load_copy
 -- Rows of COPY's text format into the staging table.
-COPY pg_temp.pgqctl_enqueue_load (n, kind, payload, queue, priority, max_attempts, run_at, delay)
+COPY pg_temp.pgqctl_enqueue_load (n, kind, payload, queue, priority, max_attempts, run_at, delay,
+                                  unique_key)
 FROM STDIN;
 
 -- name: jobs_insert_loaded
@@ -335,6 +356,27 @@ SELECT kind, payload, queue, priority, max_attempts,
 FROM pg_temp.pgqctl_enqueue_load
 ORDER BY n
 RETURNING id;
+
+-- name: jobs_insert_loaded_unique
+-- jobs_insert_loaded for a chunk in which some jobs have a unique key, as
+-- jobs_insert_arrays_unique does it. One row (id, queue, key) per job inserted.
+INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, unique_key)
+SELECT kind, payload, queue, priority, max_attempts,
+       COALESCE(run_at, now() + make_interval(secs => delay)), unique_key
+FROM pg_temp.pgqctl_enqueue_load
+ORDER BY n
+ON CONFLICT (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING
+RETURNING id, queue, unique_key;
+
+-- name: jobs_unique_holders
+-- The pending or running job holding each (queue, key) given, through
+-- jobs_unique_key_idx. One row per key held.
+SELECT j.queue, j.unique_key, j.id, j.status
+FROM unnest(%(queue)s::text[], %(unique_key)s::text[]) AS k (queue, unique_key)
+JOIN {jobs} AS j
+  ON j.queue = k.queue AND j.unique_key = k.unique_key
+ AND j.unique_key IS NOT NULL AND j.status IN ('pending', 'running');
 
 -- name: jobs_load_truncate
 -- Empty the staging table for the next chunk. No rows.
