@@ -39,7 +39,10 @@ STATUSES: tuple[Status, ...] = (
         "pending",
         "waiting to run, from run_at on",
         finished=False,
-        moves=(Move("running", "worker", "claims it (due, highest priority first)"),),
+        moves=(
+            Move("running", "worker", "claims it (due, highest priority first)"),
+            Move("pending", "requeue", "an operator makes it due now (never later than it was)"),
+        ),
     ),
     Status(
         "running",
@@ -73,6 +76,10 @@ STATUSES: tuple[Status, ...] = (
 
 STATUS_NAMES: tuple[str, ...] = tuple(s.name for s in STATUSES)
 FINISHED: tuple[str, ...] = tuple(s.name for s in STATUSES if s.finished)
+# What `requeue` takes: the statuses it moves a job out of.
+REQUEUED: tuple[str, ...] = tuple(
+    s.name for s in STATUSES if any(m.by == "requeue" for m in s.moves)
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,30 +236,104 @@ FROM (
 -- name: job_get
 SELECT * FROM jobs WHERE id = %(id)s;
 
--- name: job_failed_select
--- Failed jobs matching a requeue selection (each filter optional; a list of
--- values means any of them).
-SELECT *
-FROM jobs
-WHERE status = 'failed'
-  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-  AND (%(since)s::interval IS NULL OR finished_at >= now() - %(since)s::interval)
-ORDER BY id;
+-- Requeue: job_requeue_preview (--dry-run) and job_requeue share the
+-- selection of job_requeue_pick, put in place of {picked}, so the preview
+-- shows exactly what the change would do; and both compute a job's new
+-- values with the same expressions (tests compare the two).
+
+-- name: job_requeue_pick
+-- The CTEs that pick the jobs of a requeue selection. `statuses` says which
+-- of pending, failed and cancelled it takes (one arm each, so each status is
+-- read through its own partial index); the other filters are optional lists
+-- (any of their values). In order, oldest finished first, pending jobs by
+-- run_at: the first `limit` (NULL: all) are picked. A finished job whose
+-- unique key a pending or running job holds (or an earlier one of the same
+-- selection will) cannot go back to pending: `held` names its holder, and it
+-- is left out of the pick and of the limit. The n-th of the N picked gets
+-- run_at now + spread * n / N: evenly over the window, in order.
+matched AS (
+    SELECT id, status, queue, unique_key, coalesce(finished_at, run_at) AS since
+    FROM jobs
+    WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+           OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
+           OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(since)s::interval IS NULL
+           OR coalesce(finished_at, created_at) >= now() - %(since)s::interval)
+),
+held AS (
+    SELECT m.*,
+           CASE WHEN m.unique_key IS NULL OR m.status = 'pending' THEN NULL
+                ELSE coalesce(
+                    (SELECT live.id FROM jobs AS live
+                     WHERE live.queue = m.queue AND live.unique_key = m.unique_key
+                       AND live.unique_key IS NOT NULL
+                       AND live.status IN ('pending', 'running')),
+                    nullif(first_value(m.id) OVER (PARTITION BY m.queue, m.unique_key
+                                                   ORDER BY m.since, m.id), m.id))
+           END AS held_by
+    FROM matched AS m
+),
+picked AS (
+    SELECT id, status,
+           now() + %(spread)s::interval
+                   * ((row_number() OVER (ORDER BY since, id) - 1)::float8
+                      / count(*) OVER ()) AS run_at
+    FROM (SELECT * FROM held WHERE held_by IS NULL ORDER BY since, id LIMIT %(limit)s) AS first
+)
+
+-- name: job_requeue_preview
+-- What job_requeue would do now, writing nothing: each picked job with the
+-- status, run_at and max_attempts it would get (held_by NULL), then each job
+-- left out for its unique key, unchanged, with its holder. In the order of
+-- the pick.
+WITH {picked}
+SELECT j.*,
+       'pending' AS requeued_status,
+       CASE WHEN j.status = 'pending' THEN least(j.run_at, p.run_at) ELSE p.run_at END
+           AS requeued_run_at,
+       CASE WHEN j.status = 'pending' THEN j.max_attempts ELSE j.attempts + %(more)s END
+           AS requeued_max_attempts,
+       NULL::bigint AS held_by
+FROM picked AS p
+JOIN jobs AS j ON j.id = p.id
+UNION ALL
+SELECT j.*, j.status, j.run_at, j.max_attempts, h.held_by
+FROM held AS h
+JOIN jobs AS j ON j.id = h.id
+WHERE h.held_by IS NOT NULL;
 
 -- name: job_requeue
--- Failed -> pending, due now, with `more` new tries. attempts is the
--- fencing token and never goes down: max_attempts goes up instead. The status
--- guard skips a job someone else requeued or purged since it was selected.
-UPDATE jobs
-SET status = 'pending',
-    run_at = now(),
-    max_attempts = attempts + %(more)s,
-    finished_at = NULL,
-    locked_until = NULL
-WHERE id = ANY(%(ids)s::bigint[]) AND status = 'failed'
-RETURNING *;
+-- The requeue, in one statement: all of it or nothing. Failed and cancelled
+-- jobs go back to pending with `more` new tries: attempts is the fencing
+-- token and never goes down, max_attempts goes up instead. A pending job
+-- keeps its attempts and becomes due at its picked run_at, never later than
+-- it was. The status guard skips a job that moved since it was picked (a
+-- pending job a worker claimed, a failed one purged or requeued by someone
+-- else). Rows: the jobs changed (held_by NULL), then those left out for
+-- their unique key, as job_requeue_preview gives them.
+WITH {picked},
+moved AS (
+    UPDATE jobs
+    SET status = 'pending',
+        run_at = CASE WHEN jobs.status = 'pending' THEN least(jobs.run_at, p.run_at)
+                      ELSE p.run_at END,
+        max_attempts = CASE WHEN jobs.status = 'pending' THEN jobs.max_attempts
+                            ELSE jobs.attempts + %(more)s END,
+        finished_at = NULL,
+        locked_until = NULL
+    FROM picked AS p
+    WHERE jobs.id = p.id AND jobs.status = p.status
+    RETURNING jobs.*
+)
+SELECT *, NULL::bigint AS held_by FROM moved
+UNION ALL
+SELECT j.*, h.held_by
+FROM held AS h
+JOIN jobs AS j ON j.id = h.id
+WHERE h.held_by IS NOT NULL;
 
 -- name: job_purge_cutoff
 -- Purge deletes rows finished before this instant, fixed when it starts, so
