@@ -84,13 +84,18 @@ class NewJob(NamedTuple):
 
 
 class Ids(list[int]):
-    """The ids of the jobs given, in order; `existing` holds those that were
-    not inserted because a pending or running job held their unique key (its
-    id stands in the list in their place)."""
+    """The ids of the jobs given, in order. `existing` holds the positions
+    (from 0) of the jobs that were not inserted because a pending or running
+    job held their unique key: that job's id stands in their place."""
 
-    def __init__(self, ids: Iterable[int] = (), existing: Iterable[int] = ()) -> None:
+    def __init__(self, ids: Iterable[int] = ()) -> None:
         super().__init__(ids)
-        self.existing = set(existing)
+        self.existing: set[int] = set()
+
+    def add(self, ids: Sequence[int], existing: Sequence[bool]) -> None:
+        """Append the ids of more jobs, with whether each was there already."""
+        self.existing.update(len(self) + i for i, held in enumerate(existing) if held)
+        self.extend(ids)
 
 
 class DuplicateJob(PgqctlError):
@@ -162,7 +167,7 @@ def enqueue_many(
     sent; a bad one raises BadInput naming its index. A job whose unique key
     is held (by a job in the queue, or by an earlier one of these) gets the
     holder's id under ``on_conflict="skip"`` (the list's ``existing`` holds
-    those ids); under ``"error"`` nothing is inserted and DuplicateJob (or
+    their positions); under ``"error"`` nothing is inserted and DuplicateJob (or
     BadInput, for a key given twice) is raised.
     """
     _check_on_conflict(on_conflict)
@@ -794,8 +799,9 @@ def insert_jobs(
                 return Ids(_insert_from_arrays(conn, jobs, table))
             with conn.cursor() as cur:
                 unique = _Unique(cur, table, on_conflict, where)
-                ids = unique.insert_rows([_job_row(n, j) for n, j in enumerate(jobs, start=1)])
-                return Ids(ids, unique.existing)
+                ids = Ids()
+                ids.add(*unique.insert_rows([_job_row(n, j) for n, j in enumerate(jobs, start=1)]))
+                return ids
     rows = itertools.starmap(_job_row, enumerate(jobs, start=1))
     return insert_rows(
         conn, rows, schema=schema, on_progress=on_progress, on_conflict=on_conflict, where=where
@@ -925,19 +931,18 @@ def _insert_by_copy(
     with conn.cursor() as cur, ThreadPoolExecutor(1) as loader:
         unique = _Unique(cur, table, on_conflict, where)
         cur.execute(query("jobs_load_create"))
-        loading: Future[list[int]] | None = None
+        loading: Future[tuple[list[int], list[bool]]] | None = None
         sent = 0
         for chunk in _chunks(rows, CHUNK_JOBS):
             if loading is not None:
-                ids += loading.result()
+                ids.add(*loading.result())
             loading = loader.submit(_load_chunk, cur, chunk, insert, unique)
             sent += len(chunk)
             if on_progress is not None:
                 on_progress(sent)
         if loading is not None:
-            ids += loading.result()
+            ids.add(*loading.result())
         cur.execute(query("jobs_load_drop"))
-        ids.existing = unique.existing
     return ids
 
 
@@ -956,14 +961,13 @@ def _insert_by_arrays(
         unique = _Unique(cur, table, on_conflict, where)
         for chunk in _chunks(rows, CHUNK_JOBS):
             if any(map(_has_key, chunk)):
-                ids += unique.insert_rows(chunk)
+                ids.add(*unique.insert_rows(chunk))
             else:
                 cur.execute(insert, _row_columns(chunk))
                 # Ids are drawn in the order of the rows; RETURNING's order is not promised.
-                ids += sorted(row[0] for row in cur.fetchall())
+                ids.extend(sorted(row[0] for row in cur.fetchall()))
             if on_progress is not None:
                 on_progress(len(ids))
-        ids.existing = unique.existing
     return ids
 
 
@@ -1004,18 +1008,19 @@ class _Unique:
     ) -> None:
         self.cur, self.table, self.on_conflict, self.where = cur, table, on_conflict, where
         self.loaded: dict[tuple[str, str], tuple[int, int]] = {}  # key -> (row n, job id)
-        self.existing: set[int] = set()
 
-    def insert_rows(self, rows: list[str]) -> list[int]:
-        """Insert rows (some with keys) from arrays; their ids in order."""
+    def insert_rows(self, rows: list[str]) -> tuple[list[int], list[bool]]:
+        """Insert rows (some with keys) from arrays; their ids in order, and
+        whether each job was there already."""
         self.cur.execute(_statement("jobs_insert_arrays_unique", self.table), _row_columns(rows))
         return self.resolve(rows, self.cur.fetchall())
 
     def resolve(
         self, rows: list[str], inserted: list[tuple[int, str, str | None]], tries: int = 5
-    ) -> list[int]:
-        """The ids of `rows`, given what their INSERT returned."""
-        ids, taken = self._walk(rows, sorted(inserted))
+    ) -> tuple[list[int], list[bool]]:
+        """The ids of `rows`, given what their INSERT returned, and whether
+        each job was there already."""
+        ids, existing, taken = self._walk(rows, sorted(inserted))
         free = self._holders(ids, taken) if taken else []
         if free:
             # Their holders finished since the INSERT: the keys are free, insert these again.
@@ -1025,20 +1030,24 @@ class _Unique:
             self.cur.execute(
                 _statement("jobs_insert_arrays_unique", self.table), _row_columns(retry)
             )
-            again = self.resolve(retry, self.cur.fetchall(), tries - 1)
-            for i, job_id in zip(free, again, strict=True):
-                ids[i] = job_id
-        return [i for i in ids if i is not None]
+            again, held = self.resolve(retry, self.cur.fetchall(), tries - 1)
+            for i, job_id, was in zip(free, again, held, strict=True):
+                ids[i], existing[i] = job_id, was
+        return [i for i in ids if i is not None], existing
 
     def _walk(
         self, rows: list[str], inserted: list[tuple[int, str, str | None]]
-    ) -> tuple[list[int | None], list[tuple[int, str, str]]]:
+    ) -> tuple[list[int | None], list[bool], list[tuple[int, str, str]]]:
+        """Each row's id if known yet, whether it was there already, and the
+        rows held by a job not of this load: (index, queue, key)."""
         ids: list[int | None] = []
-        taken: list[tuple[int, str, str]] = []  # (index in rows, queue, key) held by others
+        existing: list[bool] = []
+        taken: list[tuple[int, str, str]] = []
         p = 0
         for i, row in enumerate(rows):
             if not _has_key(row):
                 ids.append(inserted[p][0])
+                existing.append(False)
                 p += 1
                 continue
             fields = row.rstrip("\n").split("\t")
@@ -1047,20 +1056,22 @@ class _Unique:
             first = self.loaded.get((queue, key))
             if first is None and p < len(inserted) and inserted[p][1:] == (queue, key):
                 ids.append(inserted[p][0])
+                existing.append(False)
                 self.loaded[(queue, key)] = (n, inserted[p][0])
                 p += 1
-            elif first is not None:
-                if self.on_conflict == "error":
-                    raise BadInput(
-                        f"{self.where(n)} repeats the unique key {key!r} (queue {queue!r}) "
-                        f"of {self.where(first[0])}"
-                    )
-                ids.append(first[1])
-                self.existing.add(first[1])
-            else:
+                continue
+            existing.append(True)
+            if first is None:
                 ids.append(None)
                 taken.append((i, queue, key))
-        return ids, taken
+            elif self.on_conflict == "error":
+                raise BadInput(
+                    f"{self.where(n)} repeats the unique key {key!r} (queue {queue!r}) "
+                    f"of {self.where(first[0])}"
+                )
+            else:
+                ids.append(first[1])
+        return ids, existing, taken
 
     def _holders(self, ids: list[int | None], taken: list[tuple[int, str, str]]) -> list[int]:
         """Fill in the holders' ids; the indexes of the rows whose key no job holds now."""
@@ -1074,11 +1085,10 @@ class _Unique:
             held = holders.get((queue, key))
             if held is None:
                 free.append(i)
-                continue
-            if self.on_conflict == "error":
+            elif self.on_conflict == "error":
                 raise DuplicateJob(queue, key, held[0], held[1])
-            ids[i] = held[0]
-            self.existing.add(held[0])
+            else:
+                ids[i] = held[0]
         return free
 
 
@@ -1097,17 +1107,18 @@ def _copy_value(field: str) -> str | None:
 
 def _load_chunk(
     cur: psycopg.Cursor[Any], rows: list[str], insert: sql.Composed, unique: _Unique
-) -> list[int]:
+) -> tuple[list[int], list[bool]]:
     with cur.copy(query("jobs_load_copy")) as copy:
         copy.write("".join(rows))
     if any(map(_has_key, rows)):
         cur.execute(_statement("jobs_insert_loaded_unique", unique.table))
-        ids = unique.resolve(rows, cur.fetchall())
+        found = unique.resolve(rows, cur.fetchall())
     else:
         cur.execute(insert)
         ids = [row[0] for row in cur.fetchall()]
+        found = ids, [False] * len(ids)
     cur.execute(query("jobs_load_truncate"))
-    return ids
+    return found
 
 
 def _chunks(rows: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -194,8 +194,8 @@ def emit_stream(
 
 def emit_new_ids(ids: Sequence[int], fmt: str, *, existing: Set[int] = frozenset()) -> None:
     """Print the ids of jobs just committed: bare, one a line, for people and
-    for `id=$(pgqctl enqueue ...)`; records in machine formats, where the
-    ids in `existing` (jobs that held a unique key) are marked. If they cannot
+    for `id=$(pgqctl enqueue ...)`; records in machine formats, where those
+    at the positions in `existing` (jobs that held a unique key) are marked. If they cannot
     be written, say that the jobs are in the queue all the same (a retry
     would add them twice)."""
     try:
@@ -203,10 +203,14 @@ def emit_new_ids(ids: Sequence[int], fmt: str, *, existing: Set[int] = frozenset
             if ids:
                 sys.stdout.write("\n".join(map(str, ids)) + "\n")
         elif existing and fmt in ("json", "ndjson"):
-            records = [{"id": i, "existing": True} if i in existing else {"id": i} for i in ids]
+            records = [
+                {"id": i, "existing": True} if n in existing else {"id": i}
+                for n, i in enumerate(ids)
+            ]
             emit_rows(records, ["id", "existing"], fmt)
         elif existing:  # a column in every row
-            emit_rows([{"id": i, "existing": i in existing} for i in ids], ["id", "existing"], fmt)
+            records = [{"id": i, "existing": n in existing} for n, i in enumerate(ids)]
+            emit_rows(records, ["id", "existing"], fmt)
         else:
             emit_ids(ids, fmt)
         sys.stdout.flush()

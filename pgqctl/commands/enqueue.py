@@ -212,7 +212,7 @@ def _enqueue_file(
         output.emit_new_ids([], fmt)
         return
     if ids.existing:
-        held = sum(1 for i in ids if i in ids.existing)
+        held = len(ids.existing)
         added = len(ids) - held
         say(
             f"enqueued {output.plural(added, 'job')}; {output.plural(held, 'job')} skipped: "
