@@ -35,7 +35,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pgqctl.durations import parse_duration
@@ -844,10 +844,28 @@ def insert_rows(
         return _insert_by_arrays(conn, rows, table, on_progress, on_conflict, where)
 
 
-def _own_transaction(conn: psycopg.Connection[Any], on_conflict: str) -> Any:
-    if conn.autocommit or on_conflict == "error":
-        return conn.transaction()
-    return nullcontext()
+@contextmanager
+def _own_transaction(conn: psycopg.Connection[Any], on_conflict: str) -> Iterator[None]:
+    """A transaction in autocommit mode; under on_conflict="error" a savepoint
+    in the caller's, so that a conflict leaves none of this call's jobs
+    there; else the caller's transaction as it is."""
+    if conn.autocommit:
+        with conn.transaction():
+            yield
+    elif on_conflict == "error":
+        # On an idle connection a transaction() block would begin a
+        # transaction and commit it at its end: the caller's to commit.
+        # Any statement begins it (psycopg's implicit BEGIN), then the block
+        # is a savepoint.
+        if conn.info.transaction_status == _IDLE:
+            conn.execute(query("transaction_open"))
+        with conn.transaction():
+            yield
+    else:
+        yield
+
+
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg here
 
 
 def _job_row(number: int, job: NewJob) -> str:

@@ -370,6 +370,11 @@ WHERE id = ANY(ARRAY(
 -- in (the TEMP privilege on the database). One row.
 SELECT has_database_privilege(current_database(), 'TEMP');
 
+-- name: transaction_open
+-- Only to begin the caller's transaction on a connection outside autocommit
+-- (psycopg sends BEGIN before it), so a savepoint can be set in it. One row.
+SELECT 1;
+
 -- name: jobs_insert_arrays
 -- Jobs from arrays, one element each, in the order given. One row (the id)
 -- per job.

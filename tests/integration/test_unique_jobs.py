@@ -368,3 +368,14 @@ def test_bad_unique_input_exits_2_and_enqueues_nothing(
     assert result.exit_code == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert job_count(conn) == 0
+
+
+def test_api_error_mode_never_commits_for_the_caller(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    with psycopg.connect(dsn) as app:  # idle, outside autocommit
+        pgqctl.enqueue(app, "k", {}, unique_key="a", on_conflict="error")
+        pgqctl.enqueue_many(app, [{"kind": "k", "unique_key": "b"}], on_conflict="error")
+        assert job_count(conn) == 0  # still the caller's to commit
+        app.rollback()
+    assert job_count(conn) == 0
