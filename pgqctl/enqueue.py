@@ -92,9 +92,11 @@ class Ids(list[int]):
         super().__init__(ids)
         self.existing: set[int] = set()
 
-    def add(self, ids: Sequence[int], existing: Sequence[bool]) -> None:
-        """Append the ids of more jobs, with whether each was there already."""
-        self.existing.update(len(self) + i for i, held in enumerate(existing) if held)
+    def add(self, ids: Sequence[int], existing: Sequence[bool] = ()) -> None:
+        """Append the ids of more jobs, with whether each was there already
+        (none, when `existing` is empty)."""
+        if existing:
+            self.existing.update(len(self) + i for i, held in enumerate(existing) if held)
         self.extend(ids)
 
 
@@ -1133,8 +1135,7 @@ def _load_chunk(
         found = unique.resolve(rows, cur.fetchall())
     else:
         cur.execute(insert)
-        ids = [row[0] for row in cur.fetchall()]
-        found = ids, [False] * len(ids)
+        found = [row[0] for row in cur.fetchall()], []
     cur.execute(query("jobs_load_truncate"))
     return found
 
