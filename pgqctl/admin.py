@@ -509,7 +509,7 @@ def requeue(
     back to pending with `more` new tries, pending ones due now.
 
     `attempts` is kept (it is the fencing token); a finished job's
-    `max_attempts` becomes attempts + more, a pending job's is kept.
+    `max_attempts` becomes the tries used + more, a pending job's is kept.
     `last_error` is kept until the next attempt replaces it. At most `limit`
     jobs, oldest finished (pending: soonest due) first; with `spread`
     seconds, their run_at are spread evenly over that window from now, in

@@ -117,7 +117,8 @@ def exchange(
             conn.execute(query("transaction_commit"))
         rows = cur.fetchall()
     result = Exchanged()
-    for part, job_id, queue, kind, payload, attempts, max_attempts, status, run_at in rows:
+    for row in rows:
+        part, job_id, queue, kind, payload, attempts, max_attempts, handbacks, status, run_at = row
         if part == "claimed":
             result.claimed.append(
                 Job(
@@ -128,6 +129,7 @@ def exchange(
                     status="running",
                     attempts=attempts,
                     max_attempts=max_attempts,
+                    handbacks=handbacks,
                 )
             )
         elif part == "done":

@@ -52,7 +52,7 @@ STATUSES: tuple[Status, ...] = (
             Move("done", "worker", "the job exits 0"),
             Move("pending", "worker", "the job fails with attempts left (due after a backoff)"),
             Move("failed", "worker", "the job fails with no attempts left, or can never run"),
-            Move("pending", "worker", "the worker stops before the job ends (handed back)"),
+            Move("pending", "worker", "it stops before the job ends (handed back: not a try)"),
             Move("pending", "reap", "its lease expired, with attempts left"),
             Move("failed", "reap", "its lease expired, with no attempts left"),
         ),
@@ -102,6 +102,8 @@ class Job:
     last_error: str | None = None
     created_at: datetime | None = None
     finished_at: datetime | None = None
+    # Claims handed back unfinished when a worker stopped: not tries.
+    handbacks: int = 0
     # At most one pending or running job per (queue, unique_key); None: no key.
     unique_key: str | None = None
 
@@ -109,6 +111,12 @@ class Job:
     def from_row(cls, row: Mapping[str, Any]) -> Job:
         """A job from a row of `SELECT *` (more keys than columns are ignored)."""
         return cls(**{name: row[name] for name in FIELDS if name in row})
+
+    @property
+    def tries(self) -> int:
+        """The tries this job has used (the running one included), of
+        max_attempts: its claims less those handed back unfinished."""
+        return self.attempts - self.handbacks
 
     @property
     def held(self) -> Held:

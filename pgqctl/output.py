@@ -272,7 +272,8 @@ def _job_cells(job: Mapping[str, Any]) -> dict[str, Any]:
         left = "no lease"
     return {
         **job,
-        "attempt": f"{job['attempts']}/{job['max_attempts']}",
+        # The tries used, not the claims: a claim handed back is no try.
+        "attempt": f"{job['attempts'] - job.get('handbacks', 0)}/{job['max_attempts']}",
         "left": left or "",
         "error": error_summary(job.get("last_error")),
     }

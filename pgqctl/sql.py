@@ -49,10 +49,12 @@ def queries() -> dict[str, str]:
 
 
 def _without_comment_lines(body: str) -> str:
-    """The block without its whole-line comments: they are for readers, and
-    the shorter text is cheaper to send, and psycopg caches its parse of a
-    query only up to a few kilobytes."""
-    return "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
+    """The block without its whole-line comments and its indentation: they
+    are for readers, the shorter text is cheaper to send, and psycopg caches
+    its parse of a query only up to 4 kB (no block has a string literal that
+    spans lines, whose spaces this would change)."""
+    lines = (line.strip() for line in body.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
 def query(name: str) -> str:

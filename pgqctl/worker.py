@@ -623,10 +623,10 @@ class Worker:
             job = running.job
             self.log.event(
                 "lease_lost",
-                f"job {job.id} lease lost: attempt {job.attempts} is no longer this worker's "
+                f"job {job.id} lease lost: attempt {job.tries} is no longer this worker's "
                 "(reaped or taken over); stopping it, its result will be dropped",
                 job_id=job.id,
-                attempt=job.attempts,
+                attempt=job.tries,
                 reason="renewal",
             )
 
@@ -764,7 +764,7 @@ class Worker:
         elif outcome.stopped:  # only a shutdown stops a child whose lease we hold
             self.handed_back.append(finished)
         else:
-            delay = backoff_delay(job.attempts, self.config.backoff)
+            delay = backoff_delay(job.tries, self.config.backoff)
             self.fails.append(
                 (finished, Failure(job.id, job.attempts, outcome.last_error(), delay))
             )
@@ -794,10 +794,10 @@ class Worker:
             if job.id in changed.handed_back:
                 self.log.event(
                     "handed_back",
-                    f"job {job.id} handed back: attempt {job.attempts} stopped by the "
+                    f"job {job.id} handed back: attempt {job.tries} stopped by the "
                     "shutdown; it runs again without using up an attempt",
                     job_id=job.id,
-                    attempt=job.attempts,
+                    attempt=job.tries,
                 )
             else:
                 fenced_out.append((finished, "handed back"))
@@ -811,7 +811,7 @@ class Worker:
             f"job {job.id} done in {seconds(duration)}",
             job_id=job.id,
             kind=job.kind,
-            attempt=job.attempts,
+            attempt=job.tries,
             duration=round(duration, 3),
         )
 
@@ -824,7 +824,7 @@ class Worker:
         fields: dict[str, Any] = {
             "job_id": job.id,
             "kind": job.kind,
-            "attempt": job.attempts,
+            "attempt": job.tries,
             "max_attempts": job.max_attempts,
             "error": what,
             "exit_code": outcome.exit_code,
@@ -835,14 +835,14 @@ class Worker:
             why = (
                 "it can never run"
                 if failure.permanent
-                else f"attempt {job.attempts} of {job.max_attempts}"
+                else f"attempt {job.tries} of {job.max_attempts}"
             )
             self.log.event("failed", f"job {job.id} failed permanently ({why}): {what}", **fields)
             return
         self.log.event(
             "retry",
             f"job {job.id} failed: {what}; runs again in {seconds(failure.delay)} "
-            f"(attempt {job.attempts + 1} of {job.max_attempts})",
+            f"(attempt {job.tries + 1} of {job.max_attempts})",
             retry_at=timestamp(result.run_at.timestamp()),
             delay=round(failure.delay, 3),
             **fields,
@@ -867,14 +867,14 @@ class Worker:
             elif not status:
                 why = "was deleted"
             elif attempts > job.attempts:
-                why = f"was taken over (now attempt {attempts}, {status})"
+                why = f"was claimed again (now {status})"
             else:
                 why = f"expired and was reaped (now {status})"
             self.log.event(
                 "lease_lost",
-                f"job {job.id} lease lost: attempt {job.attempts} {why}; result ({tried}) dropped",
+                f"job {job.id} lease lost: attempt {job.tries} {why}; result ({tried}) dropped",
                 job_id=job.id,
-                attempt=job.attempts,
+                attempt=job.tries,
                 dropped=tried,
                 status=status or None,
                 attempts=attempts if status else None,
@@ -942,7 +942,7 @@ class Worker:
                 job_id=job.id,
                 kind=job.kind,
                 queue=job.queue,
-                attempt=job.attempts,
+                attempt=job.tries,
                 extra=command.env,
             )
             assert self._children is not None
@@ -960,12 +960,12 @@ class Worker:
         job = key.job
         self.log.event(
             "started",
-            f"job {job.id} started: {job.kind}, attempt {job.attempts} of {job.max_attempts} "
+            f"job {job.id} started: {job.kind}, attempt {job.tries} of {job.max_attempts} "
             f"(queue {job.queue}, slot {key.slot}, pid {pid})",
             job_id=job.id,
             kind=job.kind,
             queue=job.queue,
-            attempt=job.attempts,
+            attempt=job.tries,
             max_attempts=job.max_attempts,
             slot=key.slot,
             pid=pid,

@@ -123,7 +123,8 @@ ORDER BY locked_until NULLS FIRST, id;
 -- expired job with the status and the last_error it would get (the same
 -- expressions as lease_reap's; tests compare the two). One row per job.
 SELECT *,
-       CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END AS reaped_status,
+       CASE WHEN attempts - handbacks >= max_attempts THEN 'failed' ELSE 'pending' END
+           AS reaped_status,
        CASE
            WHEN locked_until IS NULL
            THEN format('running without a lease (held by %%s)',
@@ -143,8 +144,9 @@ ORDER BY locked_until NULLS FIRST, id;
 -- right now (renewal, report) are left for the next run instead of waited on,
 -- and two reaps at once never take the same row.
 UPDATE jobs
-SET status = CASE WHEN jobs.attempts >= jobs.max_attempts THEN 'failed' ELSE 'pending' END,
-    finished_at = CASE WHEN jobs.attempts >= jobs.max_attempts THEN now() END,
+SET status = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts
+                  THEN 'failed' ELSE 'pending' END,
+    finished_at = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts THEN now() END,
     last_error = CASE
         WHEN expired.locked_until IS NULL
         THEN format('running without a lease (held by %%s)',
@@ -294,7 +296,8 @@ SELECT j.*,
        'pending' AS requeued_status,
        CASE WHEN j.status = 'pending' THEN least(j.run_at, p.run_at) ELSE p.run_at END
            AS requeued_run_at,
-       CASE WHEN j.status = 'pending' THEN j.max_attempts ELSE j.attempts + %(more)s END
+       CASE WHEN j.status = 'pending' THEN j.max_attempts
+            ELSE j.attempts - j.handbacks + %(more)s END
            AS requeued_max_attempts,
        NULL::bigint AS held_by
 FROM picked AS p
@@ -308,7 +311,8 @@ WHERE h.held_by IS NOT NULL;
 -- name: job_requeue
 -- The requeue, in one statement: all of it or nothing. Failed and cancelled
 -- jobs go back to pending with `more` new tries: attempts is the fencing
--- token and never goes down, max_attempts goes up instead. A pending job
+-- token and never goes down, max_attempts goes up instead, from the tries
+-- used (attempts - handbacks). A pending job
 -- keeps its attempts and becomes due at its picked run_at, never later than
 -- it was. The status guard skips a job that moved since it was picked (a
 -- pending job a worker claimed, a failed one purged or requeued by someone
@@ -321,7 +325,7 @@ moved AS (
         run_at = CASE WHEN jobs.status = 'pending' THEN least(jobs.run_at, p.run_at)
                       ELSE p.run_at END,
         max_attempts = CASE WHEN jobs.status = 'pending' THEN jobs.max_attempts
-                            ELSE jobs.attempts + %(more)s END,
+                            ELSE jobs.attempts - jobs.handbacks + %(more)s END,
         finished_at = NULL,
         locked_until = NULL
     FROM picked AS p
@@ -513,11 +517,12 @@ WITH done AS (
     RETURNING j.id
 ), failed AS (
     UPDATE jobs AS j
-    SET status = CASE WHEN r.permanent OR j.attempts >= j.max_attempts
+    SET status = CASE WHEN r.permanent OR j.attempts - j.handbacks >= j.max_attempts
                       THEN 'failed' ELSE 'pending' END,
-        run_at = CASE WHEN r.permanent OR j.attempts >= j.max_attempts
+        run_at = CASE WHEN r.permanent OR j.attempts - j.handbacks >= j.max_attempts
                       THEN j.run_at ELSE now() + r.delay * interval '1 second' END,
-        finished_at = CASE WHEN r.permanent OR j.attempts >= j.max_attempts THEN now() END,
+        finished_at = CASE WHEN r.permanent OR j.attempts - j.handbacks >= j.max_attempts
+                           THEN now() END,
         locked_until = NULL,
         last_error = r.error
     FROM jsonb_to_recordset(%(failed)s::jsonb)
@@ -533,7 +538,7 @@ WITH done AS (
     SET status = 'pending',
         run_at = now(),
         locked_until = NULL,
-        max_attempts = j.max_attempts + 1,
+        handbacks = j.handbacks + 1,
         last_error = %(reason)s
     FROM jsonb_to_recordset(%(handed_back)s::jsonb) AS r(id bigint, attempt int)
     WHERE j.id = ANY(ARRAY(SELECT (e ->> 'id')::bigint
@@ -565,7 +570,7 @@ WITH done AS (
             ':' || (%(slots)s::int[])[array_position((SELECT ids FROM picked), j.id)], '')
     WHERE j.id = ANY((SELECT ids FROM picked)::bigint[])
     RETURNING j.id, j.queue, j.kind, j.payload, j.attempts, j.max_attempts,
-              j.priority, j.run_at
+              j.handbacks, j.priority, j.run_at
 )
 -- The arms are read in order, and each part runs when first read: reports and
 -- renewals first, the claim last. A claim's SKIP LOCKED recheck can keep a
@@ -573,14 +578,16 @@ WITH done AS (
 -- worker's report could wait on us while ours waited on it (a deadlock). With
 -- the claim last, a statement holds no claim locks while it waits to report.
 SELECT 'done' AS part, id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
-       NULL::int AS attempts, NULL::int AS max_attempts, NULL::text AS status,
-       NULL::timestamptz AS run_at
+       NULL::int AS attempts, NULL::int AS max_attempts, NULL::int AS handbacks,
+       NULL::text AS status, NULL::timestamptz AS run_at
 FROM done
-UNION ALL SELECT 'failed', id, NULL, NULL, NULL, NULL, NULL, status, run_at FROM failed
-UNION ALL SELECT 'handed_back', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM handed_back
-UNION ALL SELECT 'renewed', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM renewed
+UNION ALL SELECT 'failed', id, NULL, NULL, NULL, NULL, NULL, NULL, status, run_at FROM failed
+UNION ALL SELECT 'handed_back', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+          FROM handed_back
+UNION ALL SELECT 'renewed', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM renewed
 -- Claimed jobs come last, in claim order: the worker starts them in that order.
-UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attempts, NULL, NULL
+UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attempts, handbacks,
+                  NULL, NULL
            FROM claimed
            ORDER BY priority DESC, run_at, id);
 

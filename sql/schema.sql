@@ -21,6 +21,9 @@ CREATE TABLE jobs (
     last_error    text,
     created_at    timestamptz NOT NULL DEFAULT now(),
     finished_at   timestamptz,
+    -- Claims a worker handed back unfinished (it stopped): they do not count
+    -- as tries. The tries used are attempts - handbacks, of max_attempts.
+    handbacks     integer NOT NULL DEFAULT 0,
     -- At most one pending or running job per (queue, unique_key); NULL: no key.
     unique_key    text
 );

@@ -323,7 +323,7 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
     type=click.IntRange(min=1, max=1_000_000),
     default=1,
     show_default=True,
-    help="Tries each failed or cancelled job gets: max_attempts becomes attempts + N.",
+    help="Tries each failed or cancelled job gets: max_attempts becomes the tries used + N.",
 )
 @selection_option(
     "--limit",

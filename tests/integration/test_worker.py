@@ -491,10 +491,50 @@ def test_sigterm_with_a_short_grace_hands_the_job_back(
     assert worker.finish(timeout=10) == 0
     row = job(conn, job_id)
     # Back in the queue, due now, with the interrupted attempt given back.
-    assert (row["status"], row["attempts"], row["max_attempts"]) == ("pending", 1, 4)
-    assert row["locked_until"] is None
+    assert (row["status"], row["attempts"], row["max_attempts"]) == ("pending", 1, 3)
+    assert (row["handbacks"], row["locked_until"]) == (1, None)
     assert f"job {job_id} handed back" in worker.log
     assert job(conn, waiting)["attempts"] == 0
+
+
+def test_a_job_handed_back_twice_keeps_its_budget_and_numbering(
+    conn: psycopg.Connection[Any], dsn: str, start_worker: Any, tmp_path: Path
+) -> None:
+    tries, fail = tmp_path / "tries", tmp_path / "fail"
+    # Each run records the attempt it was told, then waits to be stopped,
+    # or once `fail` exists, fails at once.
+    script = 'echo "$PGQCTL_JOB_ATTEMPT" >> "$1"; [ -e "$2" ] && exit 1; sleep 30'
+    [job_id] = insert_jobs(conn, [sh(script, str(tries), str(fail))], max_attempts=3)
+    for _ in range(2):
+        worker = start_worker(dsn, "--grace", "0.2s", "--concurrency", "1")
+        worker.wait_for_log(f"job {job_id} started: test, attempt 1 of 3")
+        worker.signal(signal.SIGTERM)
+        assert worker.finish(timeout=10) == 0
+        assert f"job {job_id} handed back: attempt 1 stopped by the shutdown" in worker.log
+
+    shown = run_cli("show", str(job_id), "--dsn", dsn, "--json")
+    record = json.loads(shown.stdout)
+    assert (record["status"], record["max_attempts"], record["handbacks"]) == ("pending", 3, 2)
+    listed = run_cli("list", "--dsn", dsn, "--format", "plain")
+    assert " 0/3 " in listed.stdout
+
+    fail.touch()
+    worker = start_worker(dsn, "--backoff", "0.05s", "--poll", "0.2s")
+    wait_until(lambda: job(conn, job_id)["status"] == "failed", 15, "the job to fail")
+    worker.signal(signal.SIGTERM)
+    assert worker.finish() == 0
+    log = worker.log
+    for n in (1, 2, 3):
+        assert f"job {job_id} started: test, attempt {n} of 3" in log
+    assert f"job {job_id} failed permanently (attempt 3 of 3)" in log
+    # Two hand-backs, then exactly three real tries, each told its number.
+    assert tries.read_text().split() == ["1", "1", "1", "2", "3"]
+    row = job(conn, job_id)
+    assert (row["attempts"], row["handbacks"], row["max_attempts"]) == (5, 2, 3)
+
+    # Requeue grants tries from those used: one more means one more run.
+    requeued = run_cli("requeue", "--id", str(job_id), "--dsn", dsn, "--json")
+    assert json.loads(requeued.stdout)[0]["max_attempts"] == 4
 
 
 def test_second_signal_stops_running_jobs_at_once(
