@@ -174,7 +174,6 @@ def enqueue_many(
     """
     _check_on_conflict(on_conflict)
     records = list(jobs)
-    where = _index_name
     if len(records) < COPY_MIN_JOBS:
         valid = []
         for index, record in enumerate(records):
@@ -182,7 +181,7 @@ def enqueue_many(
                 valid.append(job_from_record(record))
             except BadInput as exc:
                 raise BadInput(f"jobs[{index}]: {exc}") from None
-        return insert_jobs(conn, valid, schema=schema, on_conflict=on_conflict, where=where)
+        return insert_jobs(conn, valid, schema=schema, on_conflict=on_conflict)
     # Made into COPY rows now, so that loading them is all the work left.
     fast = _simple_defaults(None)
     rows = []
@@ -192,15 +191,11 @@ def enqueue_many(
             rows.append(row or _job_row(number, job_from_record(record)))
         except BadInput as exc:
             raise BadInput(f"jobs[{number - 1}]: {exc}") from None
-    return insert_rows(conn, rows, schema=schema, on_conflict=on_conflict, where=where)
+    return insert_rows(conn, rows, schema=schema, on_conflict=on_conflict)
 
 
 def _index_name(number: int) -> str:
     return f"jobs[{number - 1}]"
-
-
-def _line_name(number: int) -> str:
-    return f"line {number}"
 
 
 def _check_on_conflict(on_conflict: str) -> None:
