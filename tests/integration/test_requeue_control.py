@@ -195,3 +195,13 @@ def test_bad_requeue_input_exits_2_and_changes_nothing(
     assert result.exit_code == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert snapshot(conn) == before
+
+
+def test_requeue_grants_tries_from_the_tries_used_in_the_preview_too(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    # Five claims, two of them handed back by stopping workers: three tries used.
+    (job_id,) = add_jobs(conn, status="failed", attempts=5, handbacks=2, max_attempts=3)
+    (shown,) = cli_json(dsn, "requeue", "--id", str(job_id), "--attempts", "2", "--dry-run")
+    (moved,) = cli_json(dsn, "requeue", "--id", str(job_id), "--attempts", "2")
+    assert (shown["max_attempts"], moved["max_attempts"], moved["attempts"]) == (5, 5, 5)
