@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 
 from pgqctl.control import Pause, paused
 from pgqctl.db import atomic
-from pgqctl.errors import BadInput
+from pgqctl.errors import BadInput, PgqctlError
 from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, STATUS_NAMES, Job
 from pgqctl.sql import query
 
@@ -35,10 +35,14 @@ def _rows(
     conn: Connection, name: str, params: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """Run a named query; each row as a dict."""
+    return _run(conn, query(name), params)
+
+
+def _run(conn: Connection, text: str, params: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     # Always pass a dict, so `%%` in a query means `%` whether it has
     # placeholders or not.
     with atomic(conn), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query(name), dict(params or {}))
+        cur.execute(text, dict(params or {}))
         return cur.fetchall()
 
 
@@ -477,15 +481,17 @@ def get_job(conn: Connection, job_id: int) -> Job | None:
 
 @dataclass(frozen=True)
 class Selection:
-    """Which failed jobs to requeue: each filter given narrows the set."""
+    """Which jobs to requeue: those in `statuses` that every filter given matches."""
 
+    statuses: tuple[str, ...] = ("failed",)
     ids: tuple[int, ...] = ()
     kinds: tuple[str, ...] = ()  # any of these
     queues: tuple[str, ...] = ()  # any of these
-    since: float | None = None  # seconds: failed within this long
+    since: float | None = None  # seconds: finished (pending: created) within this long
 
     def params(self) -> dict[str, Any]:
         return {
+            "statuses": list(self.statuses),
             "ids": list(self.ids) or None,
             "kinds": list(self.kinds) or None,
             "queues": list(self.queues) or None,
@@ -495,40 +501,73 @@ class Selection:
 
 @dataclass
 class Requeued:
-    jobs: list[Job]
+    jobs: list[Job]  # as the requeue left them (or, dry, would), in run_at order
     # Each --id that was not requeued, with its status (None: no such job).
     left: dict[int, str | None]
+    # Jobs left as they are because a pending or running job holds their
+    # unique key: each with the holder's id.
+    held: list[tuple[Job, int]] = field(default_factory=list)
 
 
-def failed_jobs(conn: Connection, selection: Selection) -> list[Job]:
-    """The failed jobs a selection matches, by id."""
-    return [Job.from_row(row) for row in _rows(conn, "job_failed_select", selection.params())]
+def requeue_statement(name: str) -> str:
+    """job_requeue or job_requeue_preview, with the pick they share in place."""
+    return query(name).replace("{picked}", query("job_requeue_pick"))
 
 
 def requeue(
-    conn: Connection, selection: Selection, *, more: int = 1, dry_run: bool = False
+    conn: Connection,
+    selection: Selection,
+    *,
+    more: int = 1,
+    limit: int | None = None,
+    spread: float = 0.0,
+    dry_run: bool = False,
 ) -> Requeued:
-    """Move the selected failed jobs back to pending, due now, with `more` new tries.
+    """Requeue the selected jobs in one statement: failed and cancelled ones
+    back to pending with `more` new tries, pending ones due now.
 
-    `attempts` is kept (it is the fencing token); `max_attempts` becomes the
-    tries used + more. `last_error` is kept until the next attempt replaces it.
+    `attempts` is kept (it is the fencing token); a finished job's
+    `max_attempts` becomes the tries used + more, a pending job's is kept.
+    `last_error` is kept until the next attempt replaces it. At most `limit`
+    jobs, oldest finished (pending: soonest due) first; with `spread`
+    seconds, their run_at are spread evenly over that window from now, in
+    that order. A pending job is never made due later than it was.
     """
-    with conn.transaction():
-        matched = failed_jobs(conn, selection)
-        if dry_run:
-            jobs = [replace(j, status="pending", max_attempts=j.tries + more) for j in matched]
-        else:
-            params = {"ids": [j.id for j in matched], "more": more}
-            jobs = [Job.from_row(row) for row in _rows(conn, "job_requeue", params)]
-            if jobs:
-                notify_workers(conn)
-    moved = {j.id for j in jobs}
+    params = {
+        **selection.params(),
+        "more": more,
+        "limit": limit,
+        "spread": dt.timedelta(seconds=spread),
+    }
+    try:
+        with conn.transaction():
+            if dry_run:
+                rows = _run(conn, requeue_statement("job_requeue_preview"), params)
+                for row in rows:
+                    row["status"] = row["requeued_status"]
+                    row["run_at"] = row["requeued_run_at"]
+                    row["max_attempts"] = row["requeued_max_attempts"]
+            else:
+                rows = _run(conn, requeue_statement("job_requeue"), params)
+                if any(row["held_by"] is None for row in rows):
+                    notify_workers(conn)
+    except psycopg.errors.UniqueViolation:
+        raise PgqctlError(
+            "a job with the unique key of one of these was enqueued meanwhile: nothing "
+            "was requeued; run the requeue again"
+        ) from None
+    jobs = sorted(
+        (Job.from_row(r) for r in rows if r["held_by"] is None), key=lambda j: (j.run_at, j.id)
+    )
+    held = [(Job.from_row(r), int(r["held_by"])) for r in rows if r["held_by"] is not None]
+    held.sort(key=lambda h: h[0].id)
+    moved = {j.id for j in jobs} | {j.id for j, _ in held}
     left = {}
     for job_id in selection.ids:
         if job_id not in moved:
             job = get_job(conn, job_id)
             left[job_id] = job.status if job else None
-    return Requeued(sorted(jobs, key=lambda j: j.id), left)
+    return Requeued(jobs, left, held)
 
 
 # --- cancel --------------------------------------------------------------------------

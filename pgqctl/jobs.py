@@ -43,6 +43,7 @@ STATUSES: tuple[Status, ...] = (
         moves=(
             Move("running", "worker", "claims it (due, highest priority first)"),
             Move("cancelled", "cancel", "an operator cancels it"),
+            Move("pending", "requeue", "an operator makes it due now (never later than it was)"),
         ),
     ),
     Status(
@@ -91,6 +92,10 @@ FINISHED: tuple[str, ...] = tuple(s.name for s in STATUSES if s.finished)
 CANCELLABLE: tuple[str, ...] = tuple(
     s.name for s in STATUSES if any(m.by == "cancel" for m in s.moves)
 )
+# What `requeue` takes: the statuses it moves a job out of.
+REQUEUED: tuple[str, ...] = tuple(
+    s.name for s in STATUSES if any(m.by == "requeue" for m in s.moves)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,8 @@ class Job:
     finished_at: datetime | None = None
     # Claims handed back unfinished when a worker stopped: not tries.
     handbacks: int = 0
+    # At most one pending or running job per (queue, unique_key); None: no key.
+    unique_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pgqctl.errors import PgqctlError
@@ -192,15 +192,25 @@ def emit_stream(
     return count
 
 
-def emit_new_ids(ids: Sequence[int], fmt: str) -> None:
+def emit_new_ids(ids: Sequence[int], fmt: str, *, existing: Set[int] = frozenset()) -> None:
     """Print the ids of jobs just committed: bare, one a line, for people and
-    for `id=$(pgqctl enqueue ...)`; records in machine formats. If they cannot
+    for `id=$(pgqctl enqueue ...)`; records in machine formats, where those
+    at the positions in `existing` (jobs that held a unique key) are marked. If they cannot
     be written, say that the jobs are in the queue all the same (a retry
     would add them twice)."""
     try:
         if fmt in ("auto", *HUMAN_FORMATS):
             if ids:
                 sys.stdout.write("\n".join(map(str, ids)) + "\n")
+        elif existing and fmt in ("json", "ndjson"):
+            records = [
+                {"id": i, "existing": True} if n in existing else {"id": i}
+                for n, i in enumerate(ids)
+            ]
+            emit_rows(records, ["id", "existing"], fmt)
+        elif existing:  # a column in every row
+            records = [{"id": i, "existing": n in existing} for n, i in enumerate(ids)]
+            emit_rows(records, ["id", "existing"], fmt)
         else:
             emit_ids(ids, fmt)
         sys.stdout.flush()

@@ -243,31 +243,106 @@ FROM (
 -- name: job_get
 SELECT * FROM jobs WHERE id = %(id)s;
 
--- name: job_failed_select
--- Failed jobs matching a requeue selection (each filter optional; a list of
--- values means any of them).
-SELECT *
-FROM jobs
-WHERE status = 'failed'
-  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-  AND (%(since)s::interval IS NULL OR finished_at >= now() - %(since)s::interval)
-ORDER BY id;
+-- Requeue: job_requeue_preview (--dry-run) and job_requeue share the
+-- selection of job_requeue_pick, put in place of {picked}, so the preview
+-- shows exactly what the change would do; and both compute a job's new
+-- values with the same expressions (tests compare the two).
+
+-- name: job_requeue_pick
+-- The CTEs that pick the jobs of a requeue selection. `statuses` says which
+-- of pending, failed and cancelled it takes (one arm each, so each status is
+-- read through its own partial index); the other filters are optional lists
+-- (any of their values). In order, oldest finished first, pending jobs by
+-- run_at: the first `limit` (NULL: all) are picked. A finished job whose
+-- unique key a pending or running job holds (or an earlier one of the same
+-- selection will) cannot go back to pending: `held` names its holder, and it
+-- is left out of the pick and of the limit. The n-th of the N picked gets
+-- run_at now + spread * n / N: evenly over the window, in order.
+matched AS (
+    SELECT id, status, queue, unique_key, coalesce(finished_at, run_at) AS since
+    FROM jobs
+    WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+           OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
+           OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(since)s::interval IS NULL
+           OR coalesce(finished_at, created_at) >= now() - %(since)s::interval)
+),
+held AS (
+    SELECT m.*,
+           CASE WHEN m.unique_key IS NULL OR m.status = 'pending' THEN NULL
+                ELSE coalesce(
+                    (SELECT live.id FROM jobs AS live
+                     WHERE live.queue = m.queue AND live.unique_key = m.unique_key
+                       AND live.unique_key IS NOT NULL
+                       AND live.status IN ('pending', 'running')),
+                    nullif(first_value(m.id) OVER (PARTITION BY m.queue, m.unique_key
+                                                   ORDER BY m.since, m.id), m.id))
+           END AS held_by
+    FROM matched AS m
+),
+picked AS (
+    SELECT id, status,
+           now() + %(spread)s::interval
+                   * ((row_number() OVER (ORDER BY since, id) - 1)::float8
+                      / count(*) OVER ()) AS run_at
+    FROM (SELECT * FROM held WHERE held_by IS NULL ORDER BY since, id LIMIT %(limit)s) AS first
+)
+
+-- name: job_requeue_preview
+-- What job_requeue would do now, writing nothing: each picked job with the
+-- status, run_at and max_attempts it would get (held_by NULL), then each job
+-- left out for its unique key, unchanged, with its holder. In the order of
+-- the pick.
+WITH {picked}
+SELECT j.*,
+       'pending' AS requeued_status,
+       CASE WHEN j.status = 'pending' THEN least(j.run_at, p.run_at) ELSE p.run_at END
+           AS requeued_run_at,
+       CASE WHEN j.status = 'pending' THEN j.max_attempts
+            ELSE j.attempts - j.handbacks + %(more)s END
+           AS requeued_max_attempts,
+       NULL::bigint AS held_by
+FROM picked AS p
+JOIN jobs AS j ON j.id = p.id
+UNION ALL
+SELECT j.*, j.status, j.run_at, j.max_attempts, h.held_by
+FROM held AS h
+JOIN jobs AS j ON j.id = h.id
+WHERE h.held_by IS NOT NULL;
 
 -- name: job_requeue
--- Failed -> pending, due now, with `more` new tries. attempts is the
--- fencing token and never goes down: max_attempts goes up instead, from the
--- tries used (attempts - handbacks). The status guard skips a job someone
--- else requeued or purged since it was selected.
-UPDATE jobs
-SET status = 'pending',
-    run_at = now(),
-    max_attempts = attempts - handbacks + %(more)s,
-    finished_at = NULL,
-    locked_until = NULL
-WHERE id = ANY(%(ids)s::bigint[]) AND status = 'failed'
-RETURNING *;
+-- The requeue, in one statement: all of it or nothing. Failed and cancelled
+-- jobs go back to pending with `more` new tries: attempts is the fencing
+-- token and never goes down, max_attempts goes up instead, from the tries
+-- used (attempts - handbacks). A pending job
+-- keeps its attempts and becomes due at its picked run_at, never later than
+-- it was. The status guard skips a job that moved since it was picked (a
+-- pending job a worker claimed, a failed one purged or requeued by someone
+-- else). Rows: the jobs changed (held_by NULL), then those left out for
+-- their unique key, as job_requeue_preview gives them.
+WITH {picked},
+moved AS (
+    UPDATE jobs
+    SET status = 'pending',
+        run_at = CASE WHEN jobs.status = 'pending' THEN least(jobs.run_at, p.run_at)
+                      ELSE p.run_at END,
+        max_attempts = CASE WHEN jobs.status = 'pending' THEN jobs.max_attempts
+                            ELSE jobs.attempts - jobs.handbacks + %(more)s END,
+        finished_at = NULL,
+        locked_until = NULL
+    FROM picked AS p
+    WHERE jobs.id = p.id AND jobs.status = p.status
+    RETURNING jobs.*
+)
+SELECT *, NULL::bigint AS held_by FROM moved
+UNION ALL
+SELECT j.*, h.held_by
+FROM held AS h
+JOIN jobs AS j ON j.id = h.id
+WHERE h.held_by IS NOT NULL;
 
 -- The selection of `cancel`, the same in job_cancel_select and job_cancel:
 -- pending and running jobs (those of `statuses`, each status through its
@@ -406,6 +481,11 @@ SELECT queue, reason, paused_at, until FROM paused_queues_now ORDER BY queue;
 -- in (the TEMP privilege on the database). One row.
 SELECT has_database_privilege(current_database(), 'TEMP');
 
+-- name: transaction_open
+-- Only to begin the caller's transaction on a connection outside autocommit
+-- (psycopg sends BEGIN before it), so a savepoint can be set in it. One row.
+SELECT 1;
+
 -- name: jobs_insert_arrays
 -- Jobs from arrays, one element each, in the order given. One row (the id)
 -- per job.
@@ -419,6 +499,25 @@ FROM unnest(%(kind)s::text[], %(payload)s::jsonb[], %(queue)s::text[],
 ORDER BY n
 RETURNING id;
 
+-- name: jobs_insert_arrays_unique
+-- jobs_insert_arrays for jobs some of which have a unique key: a job whose
+-- key a pending or running job of its queue holds (one committed before, one
+-- of this statement's earlier rows, or one whose inserting transaction this
+-- waits for) is not inserted. Only loads with a key pay for ON CONFLICT's
+-- speculative insertion. One row (id, queue, key) per job inserted.
+INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, unique_key)
+SELECT kind, payload, queue, priority, max_attempts,
+       COALESCE(run_at, now() + make_interval(secs => delay)), unique_key
+FROM unnest(%(kind)s::text[], %(payload)s::jsonb[], %(queue)s::text[],
+            %(priority)s::integer[], %(max_attempts)s::integer[],
+            %(run_at)s::timestamptz[], %(delay)s::float8[], %(unique_key)s::text[])
+     WITH ORDINALITY AS t (kind, payload, queue, priority, max_attempts, run_at, delay,
+                           unique_key, n)
+ORDER BY n
+ON CONFLICT (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING
+RETURNING id, queue, unique_key;
+
 -- name: jobs_load_create
 -- The staging table of a COPY load, gone at commit. No rows.
 CREATE TEMPORARY TABLE pgqctl_enqueue_load (
@@ -429,12 +528,14 @@ CREATE TEMPORARY TABLE pgqctl_enqueue_load (
     priority     integer,
     max_attempts integer,
     run_at       timestamptz,
-    delay        float8
+    delay        float8,
+    unique_key   text
 ) ON COMMIT DROP;
 
 -- name: jobs_load_copy
 -- Rows of COPY's text format into the staging table.
-COPY pg_temp.pgqctl_enqueue_load (n, kind, payload, queue, priority, max_attempts, run_at, delay)
+COPY pg_temp.pgqctl_enqueue_load (n, kind, payload, queue, priority, max_attempts, run_at, delay,
+                                  unique_key)
 FROM STDIN;
 
 -- name: jobs_insert_loaded
@@ -445,6 +546,27 @@ SELECT kind, payload, queue, priority, max_attempts,
 FROM pg_temp.pgqctl_enqueue_load
 ORDER BY n
 RETURNING id;
+
+-- name: jobs_insert_loaded_unique
+-- jobs_insert_loaded for a chunk in which some jobs have a unique key, as
+-- jobs_insert_arrays_unique does it. One row (id, queue, key) per job inserted.
+INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, unique_key)
+SELECT kind, payload, queue, priority, max_attempts,
+       COALESCE(run_at, now() + make_interval(secs => delay)), unique_key
+FROM pg_temp.pgqctl_enqueue_load
+ORDER BY n
+ON CONFLICT (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING
+RETURNING id, queue, unique_key;
+
+-- name: jobs_unique_holders
+-- The pending or running job holding each (queue, key) given, through
+-- jobs_unique_key_idx. One row per key held.
+SELECT j.queue, j.unique_key, j.id, j.status
+FROM unnest(%(queue)s::text[], %(unique_key)s::text[]) AS k (queue, unique_key)
+JOIN {jobs} AS j
+  ON j.queue = k.queue AND j.unique_key = k.unique_key
+ AND j.unique_key IS NOT NULL AND j.status IN ('pending', 'running');
 
 -- name: jobs_load_truncate
 -- Empty the staging table for the next chunk. No rows.

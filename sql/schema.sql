@@ -23,7 +23,9 @@ CREATE TABLE jobs (
     finished_at   timestamptz,
     -- Claims a worker handed back unfinished (it stopped): they do not count
     -- as tries. The tries used are attempts - handbacks, of max_attempts.
-    handbacks     integer NOT NULL DEFAULT 0
+    handbacks     integer NOT NULL DEFAULT 0,
+    -- At most one pending or running job per (queue, unique_key); NULL: no key.
+    unique_key    text
 );
 
 -- Partial indexes: the hot queries touch only the live part of the table,
@@ -41,6 +43,10 @@ CREATE INDEX jobs_lease_idx ON jobs (locked_until)
     WHERE status = 'running';
 CREATE INDEX jobs_finished_idx ON jobs (status, finished_at)
     WHERE status IN ('done', 'failed', 'cancelled');
+-- Unique jobs: enforced here so that racing producers cannot both insert.
+-- The live statuses are named, so a later finished status stays outside.
+CREATE UNIQUE INDEX jobs_unique_key_idx ON jobs (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');
 
 -- Keep finished_at true to status for writers that do not set it (plain SQL
 -- such as `UPDATE jobs SET status = 'done' WHERE id = 3`), so purge sees

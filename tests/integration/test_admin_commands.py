@@ -407,15 +407,28 @@ def test_requeue_keeps_attempts_and_the_last_error(dsn: str, conn: psycopg.Conne
     assert moved["locked_by"] == "w:1:0"  # who ran it last, until another worker claims it
 
 
-def test_requeue_id_of_a_job_that_is_not_failed_says_so(
+def test_requeue_id_of_a_job_it_does_not_take_says_which_it_takes(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
     (failed,) = add_jobs(conn, status="failed", attempts=3)
+    (running,) = expired(conn)
+    (done,) = add_jobs(conn, status="done", attempts=1)
     (pending,) = add_jobs(conn)
-    result = run_cli("requeue", "--id", str(failed), "--id", str(pending), "--json", "--dsn", dsn)
+    result = run_cli(
+        "requeue", "--id", str(failed), "--id", str(running), "--id", str(done), "--json",
+        "--dsn", dsn,
+    )  # fmt: skip
     assert result.exit_code == 0
     assert [j["id"] for j in json.loads(result.stdout)] == [failed]
-    assert f"job {pending} is pending, not failed: left as it is" in result.stderr
+    for job_id, status in [(running, "running"), (done, "done")]:
+        assert (
+            f"job {job_id} is {status}: requeue takes pending and failed jobs; left as it is"
+            in result.stderr
+        )
+    # A status given narrows what an --id may be.
+    only_failed = run_cli("requeue", "--failed", "--id", str(pending), "--dsn", dsn)
+    assert only_failed.exit_code == 0
+    assert f"job {pending} is pending, not failed: left as it is" in only_failed.stderr
 
     missing = run_cli("requeue", "--id", "999999", "--dsn", dsn)
     assert missing.exit_code == 1
