@@ -1,7 +1,7 @@
 """Operator queries: what is in the queue, and the fixes for what is stuck.
 
-The library behind `stats`, `leases`, `list`, `show`, `reap`, `requeue` and
-`purge`: one function per named query of the `admin` section of
+The library behind `stats`, `leases`, `list`, `show`, `reap`, `requeue`,
+`cancel` and `purge`: one function per named query of the `admin` section of
 sql/queries.sql (`stats` and `purge` put several together). Jobs come back
 as `Job`s; nothing here prints or exits.
 """
@@ -9,6 +9,7 @@ as `Job`s; nothing here prints or exits.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -17,9 +18,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from pgqctl.control import Pause, paused
 from pgqctl.db import atomic
 from pgqctl.errors import BadInput, PgqctlError
-from pgqctl.jobs import FIELDS, FINISHED, STATUS_NAMES, Job
+from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, STATUS_NAMES, Job
 from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
@@ -33,10 +35,14 @@ def _rows(
     conn: Connection, name: str, params: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """Run a named query; each row as a dict."""
+    return _run(conn, query(name), params)
+
+
+def _run(conn: Connection, text: str, params: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     # Always pass a dict, so `%%` in a query means `%` whether it has
     # placeholders or not.
     with atomic(conn), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query(name), dict(params or {}))
+        cur.execute(text, dict(params or {}))
         return cur.fetchall()
 
 
@@ -119,19 +125,32 @@ class Stats:
     totals: Counts
     queues: dict[str, Counts]
     estimated: bool  # the done counts are estimates
+    # The pauses in effect, by queue (each of them also in `queues`).
+    paused: dict[str, Pause] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """The documented JSON shape of `pgqctl stats`: each queue says
         whether its done count is estimated, and gives null for one the
-        statistics cannot tell."""
+        statistics cannot tell, and its pause (null when not paused); the
+        pauses are also listed on their own."""
         t = self.totals
         return {
             "totals": dict(t.by_status),
             "expired_leases": t.expired_leases,
             "oldest_pending_age_seconds": t.oldest_pending_age_seconds,
             "estimated": self.estimated,
-            "queues": [{"queue": name, **c.as_record()} for name, c in self.queues.items()],
+            "queues": [
+                {"queue": name, **c.as_record(), "paused": self._pause_record(name)}
+                for name, c in self.queues.items()
+            ],
+            "paused": [p.as_record() for p in self.paused.values()],
         }
+
+    def _pause_record(self, queue: str) -> dict[str, Any] | None:
+        pause = self.paused.get(queue)
+        if pause is None:
+            return None
+        return {"reason": pause.reason, "paused_at": pause.paused_at, "until": pause.until}
 
 
 @dataclass(frozen=True)
@@ -173,7 +192,10 @@ def stats(conn: Connection, *, exact: bool = False) -> Stats:
         totals.add(c)
     if total_done is not None:
         totals.done, totals.done_figure = total_done, "estimated"
-    return Stats(totals, dict(sorted(queues.items())), estimated)
+    pauses = {p.queue: p for p in paused(conn)}
+    for name in pauses:
+        queues.setdefault(name, Counts())  # paused before it has any job
+    return Stats(totals, dict(sorted(queues.items())), estimated, pauses)
 
 
 def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:
@@ -481,15 +503,17 @@ def get_job(conn: Connection, job_id: int) -> Job | None:
 
 @dataclass(frozen=True)
 class Selection:
-    """Which failed jobs to requeue: each filter given narrows the set."""
+    """Which jobs to requeue: those in `statuses` that every filter given matches."""
 
+    statuses: tuple[str, ...] = ("failed",)
     ids: tuple[int, ...] = ()
     kinds: tuple[str, ...] = ()  # any of these
     queues: tuple[str, ...] = ()  # any of these
-    since: float | None = None  # seconds: failed within this long
+    since: float | None = None  # seconds: finished (pending: created) within this long
 
     def params(self) -> dict[str, Any]:
         return {
+            "statuses": list(self.statuses),
             "ids": list(self.ids) or None,
             "kinds": list(self.kinds) or None,
             "queues": list(self.queues) or None,
@@ -499,40 +523,195 @@ class Selection:
 
 @dataclass
 class Requeued:
-    jobs: list[Job]
+    jobs: list[Job]  # as the requeue left them (or, dry, would), in run_at order
     # Each --id that was not requeued, with its status (None: no such job).
     left: dict[int, str | None]
+    # Jobs left as they are because a pending or running job holds their
+    # unique key: each with the holder's id.
+    held: list[tuple[Job, int]] = field(default_factory=list)
 
 
-def failed_jobs(conn: Connection, selection: Selection) -> list[Job]:
-    """The failed jobs a selection matches, by id."""
-    return [Job.from_row(row) for row in _rows(conn, "job_failed_select", selection.params())]
+def requeue_statement(name: str) -> str:
+    """job_requeue or job_requeue_preview, with the pick they share in place."""
+    return query(name).replace("{picked}", query("job_requeue_pick"))
 
 
 def requeue(
-    conn: Connection, selection: Selection, *, more: int = 1, dry_run: bool = False
+    conn: Connection,
+    selection: Selection,
+    *,
+    more: int = 1,
+    limit: int | None = None,
+    spread: float = 0.0,
+    dry_run: bool = False,
 ) -> Requeued:
-    """Move the selected failed jobs back to pending, due now, with `more` new tries.
+    """Requeue the selected jobs in one statement: failed and cancelled ones
+    back to pending with `more` new tries, pending ones due now.
 
-    `attempts` is kept (it is the fencing token); `max_attempts` becomes the
-    tries used + more. `last_error` is kept until the next attempt replaces it.
+    `attempts` is kept (it is the fencing token); a finished job's
+    `max_attempts` becomes the tries used + more, a pending job's is kept.
+    `last_error` is kept until the next attempt replaces it. At most `limit`
+    jobs, oldest finished (pending: soonest due) first; with `spread`
+    seconds, their run_at are spread evenly over that window from now, in
+    that order. A pending job is never made due later than it was.
     """
-    with conn.transaction():
-        matched = failed_jobs(conn, selection)
-        if dry_run:
-            jobs = [replace(j, status="pending", max_attempts=j.tries + more) for j in matched]
-        else:
-            params = {"ids": [j.id for j in matched], "more": more}
-            jobs = [Job.from_row(row) for row in _rows(conn, "job_requeue", params)]
-            if jobs:
-                notify_workers(conn)
-    moved = {j.id for j in jobs}
+    params = {
+        **selection.params(),
+        "more": more,
+        "limit": limit,
+        "spread": dt.timedelta(seconds=spread),
+    }
+    try:
+        with conn.transaction():
+            if dry_run:
+                rows = _run(conn, requeue_statement("job_requeue_preview"), params)
+                for row in rows:
+                    row["status"] = row["requeued_status"]
+                    row["run_at"] = row["requeued_run_at"]
+                    row["max_attempts"] = row["requeued_max_attempts"]
+            else:
+                rows = _run(conn, requeue_statement("job_requeue"), params)
+                if any(row["held_by"] is None for row in rows):
+                    notify_workers(conn)
+    except psycopg.errors.UniqueViolation:
+        raise PgqctlError(
+            "a job with the unique key of one of these was enqueued meanwhile: nothing "
+            "was requeued; run the requeue again"
+        ) from None
+    jobs = sorted(
+        (Job.from_row(r) for r in rows if r["held_by"] is None), key=lambda j: (j.run_at, j.id)
+    )
+    held = [(Job.from_row(r), int(r["held_by"])) for r in rows if r["held_by"] is not None]
+    held.sort(key=lambda h: h[0].id)
+    moved = {j.id for j in jobs} | {j.id for j, _ in held}
     left = {}
     for job_id in selection.ids:
         if job_id not in moved:
             job = get_job(conn, job_id)
             left[job_id] = job.status if job else None
-    return Requeued(sorted(jobs, key=lambda j: j.id), left)
+    return Requeued(jobs, left, held)
+
+
+# --- cancel --------------------------------------------------------------------------
+
+# Running jobs named per notification: (id, attempt) pairs stay well under
+# PostgreSQL's 8000-byte limit for a payload.
+NOTIFY_CANCEL_BATCH = 300
+# A cancel that deadlocks with workers reporting on the same jobs (it locks
+# many rows) is rolled back as a whole; it tries again this many times.
+CANCEL_TRIES = 5
+
+
+@dataclass(frozen=True)
+class CancelSelection:
+    """Which jobs to cancel: pending or running ones (those of `statuses`),
+    narrowed by each filter given, each holding any of its values."""
+
+    ids: tuple[int, ...] = ()
+    queues: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    statuses: tuple[str, ...] = CANCELLABLE
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "ids": list(self.ids) or None,
+            "queues": list(self.queues) or None,
+            "kinds": list(self.kinds) or None,
+            "statuses": list(self.statuses or CANCELLABLE),
+        }
+
+
+@dataclass(frozen=True)
+class CancelledJob:
+    """A job as cancel left it (or would leave it): from which status, and
+    for a running one whether its worker was already gone (lease expired)."""
+
+    job: Job
+    cancelled_from: str
+    lease_expired: bool | None
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            **self.job.as_record(),
+            "cancelled_from": self.cancelled_from,
+            "lease_expired": self.lease_expired,
+        }
+
+
+CANCEL_FIELDS = (*FIELDS, "cancelled_from", "lease_expired")
+
+
+@dataclass
+class Cancelled:
+    jobs: list[CancelledJob]
+    # Each --id that was not cancelled, with its status (None: no such job).
+    left: dict[int, str | None]
+
+
+def cancel_error(reason: str | None) -> str:
+    """The last_error of a cancelled job."""
+    reason = (reason or "").strip()
+    return f"cancelled: {reason}" if reason else "cancelled by an operator"
+
+
+def cancel(
+    conn: Connection,
+    selection: CancelSelection,
+    *,
+    reason: str | None = None,
+    dry_run: bool = False,
+) -> Cancelled:
+    """Cancel the selected pending and running jobs, finished now, with a
+    last_error naming `reason`; attempts is kept.
+
+    The workers holding the running ones are told in the same transaction
+    (they stop the job when it commits); a worker that cannot hear finds out
+    at its next lease renewal. With `dry_run`, the jobs that would be
+    cancelled as they would be left, and nothing changed or locked.
+    """
+    error = cancel_error(reason)
+    params = {**selection.params(), "error": error}
+    if dry_run:
+        rows = _rows(conn, "job_cancel_select", params)
+        jobs = [
+            CancelledJob(
+                replace(Job.from_row(row), status="cancelled", last_error=error, locked_until=None),
+                row["status"],
+                row["lease_expired"],
+            )
+            for row in rows
+        ]
+    else:
+        jobs = _cancel_retrying(conn, params)
+    changed = {c.job.id for c in jobs}
+    left = {}
+    for job_id in selection.ids:
+        if job_id not in changed:
+            job = get_job(conn, job_id)
+            left[job_id] = job.status if job else None
+    return Cancelled(sorted(jobs, key=lambda c: c.job.id), left)
+
+
+def _cancel_retrying(conn: Connection, params: Mapping[str, Any]) -> list[CancelledJob]:
+    for tries_left in range(CANCEL_TRIES - 1, -1, -1):
+        try:
+            with conn.transaction():
+                jobs = [
+                    CancelledJob(Job.from_row(row), row["cancelled_from"], row["lease_expired"])
+                    for row in _rows(conn, "job_cancel", params)
+                ]
+                running = [c.job.held for c in jobs if c.cancelled_from == "running"]
+                for start in range(0, len(running), NOTIFY_CANCEL_BATCH):
+                    batch = running[start : start + NOTIFY_CANCEL_BATCH]
+                    conn.execute(
+                        query("workers_notify_cancel"),
+                        {"jobs": json.dumps([list(held) for held in batch])},
+                    )
+            return jobs
+        except psycopg.errors.DeadlockDetected:
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")
 
 
 # --- purge ---------------------------------------------------------------------------

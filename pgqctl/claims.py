@@ -160,6 +160,15 @@ def fence_state(conn: Conn, ids: Sequence[int]) -> dict[int, tuple[str, int]]:
     return {row[0]: (row[1], row[2]) for row in rows}
 
 
+def cancelled(conn: Conn, held: Sequence[Held]) -> dict[int, str | None]:
+    """Those of `held` an operator cancelled at the attempt held, with their
+    last_error (the reason)."""
+    wanted = dict(held)
+    with conn.transaction():
+        rows = conn.execute(query("job_cancelled_state"), {"ids": list(wanted)}).fetchall()
+    return {row[0]: row[2] for row in rows if wanted.get(row[0]) == row[1]}
+
+
 def _failed_json(failed: Sequence[Failure]) -> str:
     if not failed:
         return "[]"

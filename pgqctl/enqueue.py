@@ -35,11 +35,11 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pgqctl.durations import parse_duration
-from pgqctl.errors import BadInput
+from pgqctl.errors import BadInput, PgqctlError
 from pgqctl.sql import query
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from psycopg import sql
 
 # The keys a job record may have (a JSON line, or a mapping given to enqueue_many).
-FIELDS = ("kind", "payload", "queue", "priority", "run_at", "delay", "max_attempts")
+FIELDS = ("kind", "payload", "queue", "priority", "run_at", "delay", "max_attempts", "unique_key")
 _FIELD_SET = frozenset(FIELDS)
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
 # Longer delays are typos, and would overflow timestamps.
@@ -64,6 +64,9 @@ FIRST_CHUNK_JOBS = 500
 SPOOL_MEMORY = 16 * 1024 * 1024
 
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# What a job whose unique key is taken does: skip it (the holder's id is
+# given back instead) or fail the whole call.
+ON_CONFLICT = ("skip", "error")
 
 
 class NewJob(NamedTuple):
@@ -76,6 +79,40 @@ class NewJob(NamedTuple):
     max_attempts: int = 3
     run_at: dt.datetime | None = None  # timezone-aware; None means now() + delay
     delay: float = 0.0  # seconds after the inserting transaction's now()
+    # At most one pending or running job per (queue, unique_key); None: no key.
+    unique_key: str | None = None
+
+
+class Ids(list[int]):
+    """The ids of the jobs given, in order. `existing` holds the positions
+    (from 0) of the jobs that were not inserted because a pending or running
+    job held their unique key: that job's id stands in their place."""
+
+    def __init__(self, ids: Iterable[int] = ()) -> None:
+        super().__init__(ids)
+        self.existing: set[int] = set()
+
+    def add(self, ids: Sequence[int], existing: Sequence[bool] = ()) -> None:
+        """Append the ids of more jobs, with whether each was there already
+        (none, when `existing` is empty)."""
+        if existing:
+            self.existing.update(len(self) + i for i, held in enumerate(existing) if held)
+        self.extend(ids)
+
+
+class DuplicateJob(PgqctlError):
+    """A job's unique key is held by a pending or running job (on_conflict="error").
+
+    Nothing the call was given is inserted.
+    """
+
+    def __init__(self, queue: str, unique_key: str, holder: int, status: str) -> None:
+        self.queue, self.unique_key, self.holder, self.status = queue, unique_key, holder, status
+        super().__init__(
+            f"job {holder} ({status}) already has unique key {unique_key!r} in queue "
+            f'{queue!r}: nothing was enqueued; --on-conflict skip (on_conflict="skip") '
+            "gives its id instead"
+        )
 
 
 # ---------------------------------------------------------------- public API
@@ -91,13 +128,18 @@ def enqueue(
     run_at: dt.datetime | str | None = None,
     delay: float | dt.timedelta | None = None,
     max_attempts: int = 3,
+    unique_key: str | None = None,
+    on_conflict: str = "skip",
     schema: str | None = None,
 ) -> int:
     """Insert one job in the connection's current transaction; return its id.
 
     ``run_at`` (a datetime or ISO 8601 text; naive means local time) or
     ``delay`` (seconds or a timedelta) set when it becomes due; default now.
-    ``schema=None`` uses the connection's search_path.
+    ``unique_key``: while a pending or running job of the queue has this key,
+    no other is inserted; ``on_conflict="skip"`` returns that job's id,
+    ``"error"`` raises DuplicateJob. ``schema=None`` uses the connection's
+    search_path.
     """
     job = make_job(
         kind,
@@ -107,23 +149,30 @@ def enqueue(
         run_at=run_at,
         delay=delay,
         max_attempts=max_attempts,
+        unique_key=unique_key,
     )
-    return insert_jobs(conn, [job], schema=schema)[0]
+    return insert_jobs(conn, [job], schema=schema, on_conflict=on_conflict)[0]
 
 
 def enqueue_many(
     conn: psycopg.Connection[Any],
     jobs: Iterable[Mapping[str, Any]],
     *,
+    on_conflict: str = "skip",
     schema: str | None = None,
 ) -> list[int]:
     """Insert many jobs (through COPY from COPY_MIN_JOBS on); return their ids in order.
 
     Each job is a mapping with the keys of `enqueue`'s arguments: ``kind``
     (required), ``payload``, ``queue``, ``priority``, ``run_at``, ``delay``,
-    ``max_attempts``. All are validated before anything is sent; a bad one
-    raises BadInput naming its index.
+    ``max_attempts``, ``unique_key``. All are validated before anything is
+    sent; a bad one raises BadInput naming its index. A job whose unique key
+    is held (by a job in the queue, or by an earlier one of these) gets the
+    holder's id under ``on_conflict="skip"`` (the list's ``existing`` holds
+    their positions); under ``"error"`` nothing is inserted and DuplicateJob (or
+    BadInput, for a key given twice) is raised.
     """
+    _check_on_conflict(on_conflict)
     records = list(jobs)
     if len(records) < COPY_MIN_JOBS:
         valid = []
@@ -132,7 +181,7 @@ def enqueue_many(
                 valid.append(job_from_record(record))
             except BadInput as exc:
                 raise BadInput(f"jobs[{index}]: {exc}") from None
-        return insert_jobs(conn, valid, schema=schema)
+        return insert_jobs(conn, valid, schema=schema, on_conflict=on_conflict)
     # Made into COPY rows now, so that loading them is all the work left.
     fast = _simple_defaults(None)
     rows = []
@@ -142,7 +191,16 @@ def enqueue_many(
             rows.append(row or _job_row(number, job_from_record(record)))
         except BadInput as exc:
             raise BadInput(f"jobs[{number - 1}]: {exc}") from None
-    return insert_rows(conn, rows, schema=schema)
+    return insert_rows(conn, rows, schema=schema, on_conflict=on_conflict)
+
+
+def _index_name(number: int) -> str:
+    return f"jobs[{number - 1}]"
+
+
+def _check_on_conflict(on_conflict: str) -> None:
+    if on_conflict not in ON_CONFLICT:
+        raise BadInput(f"on_conflict must be 'skip' or 'error', not {on_conflict!r}")
 
 
 # ---------------------------------------------------------------- validation
@@ -157,6 +215,7 @@ def make_job(
     run_at: object = None,
     delay: object = None,
     max_attempts: object = 3,
+    unique_key: object = None,
 ) -> NewJob:
     """Validate one job's fields; BadInput names the field and what is wrong."""
     if run_at is not None and delay is not None:
@@ -173,6 +232,7 @@ def make_job(
         _int4("max_attempts", max_attempts, 1),
         None if run_at is None else parse_run_at(run_at),
         0.0 if delay is None else _delay_seconds(delay),
+        None if unique_key is None else _text("unique_key", unique_key),
     )
 
 
@@ -406,7 +466,7 @@ class _Defaults(NamedTuple):
     priority: int
     max_attempts: int
     timing: str  # the run_at and delay columns
-    tail: str  # the columns from queue on, for a job that sets none of them
+    tail: str  # the columns from queue on, for a job that sets none of them (and no key)
 
 
 def _simple_defaults(defaults: Mapping[str, Any] | None) -> _Defaults | None:
@@ -419,7 +479,7 @@ def _simple_defaults(defaults: Mapping[str, Any] | None) -> _Defaults | None:
     except BadInput:
         return None  # each job then reports it, or overrides it, as job_from_record does
     timing = _timing_columns(base)
-    tail = f"{_copy_text(base.queue)}\t{base.priority}\t{base.max_attempts}\t{timing}\n"
+    tail = f"{_copy_text(base.queue)}\t{base.priority}\t{base.max_attempts}\t{timing}\t\\N\n"
     return _Defaults(base.queue, base.priority, base.max_attempts, timing, tail)
 
 
@@ -513,7 +573,7 @@ def _simple_tail(record: dict[str, Any], defaults: _Defaults) -> str | None:
         and type(max_attempts) is int
         and 1 <= max_attempts <= INT4_MAX
     ):
-        return f"{_copy_text(queue)}\t{priority}\t{max_attempts}\t{defaults.timing}\n"
+        return f"{_copy_text(queue)}\t{priority}\t{max_attempts}\t{defaults.timing}\t\\N\n"
     return None
 
 
@@ -646,10 +706,12 @@ def load(
     defaults: Mapping[str, Any] | None = None,
     on_progress: Callable[[int], None] | None = None,
     read_first: bool = True,
-) -> list[int]:
+    on_conflict: str = "skip",
+) -> Ids:
     """Check every job of a JSON-lines input and insert them all in one
     transaction; their ids in input order. An input with no job never
-    connects; a bad line raises BadInput and nothing is inserted.
+    connects; a bad line raises BadInput and nothing is inserted. Unique
+    keys are handled as `enqueue_many` says (the first line with a key wins).
 
     `read_first`: read and check the whole input before the transaction
     starts, keeping the rows in a file once they outgrow SPOOL_MEMORY, so that
@@ -667,9 +729,15 @@ def load(
             # wrong input never touches the database.
             first = next(rows, None)
             if first is None:
-                return []
+                return Ids()
             with connect() as conn:
-                return insert_rows(conn, itertools.chain([first], rows), on_progress=on_progress)
+                return insert_rows(
+                    conn,
+                    itertools.chain([first], rows),
+                    on_progress=on_progress,
+                    on_conflict=on_conflict,
+                    where=lambda n: f"{source}, line {n}",
+                )
     except BadInput as exc:
         raise BadInput(f"{exc}; nothing was enqueued") from None
 
@@ -709,20 +777,32 @@ def insert_jobs(
     *,
     schema: str | None = None,
     on_progress: Callable[[int], None] | None = None,
-) -> list[int]:
+    on_conflict: str = "skip",
+    where: Callable[[int], str] = _index_name,
+) -> Ids:
     """Insert jobs in the connection's transaction; return their ids in order.
 
     A list of fewer than COPY_MIN_JOBS goes in one INSERT from arrays. Other
     jobs go through `insert_rows`, so ``jobs`` may be a lazy iterator that
-    validates as it goes.
+    validates as it goes. Unique keys: see `enqueue_many`.
     """
+    _check_on_conflict(on_conflict)
     if isinstance(jobs, Sequence) and len(jobs) < COPY_MIN_JOBS:
         if not jobs:
-            return []
-        with conn.transaction() if conn.autocommit else nullcontext():
-            return _insert_from_arrays(conn, jobs, _jobs_table(schema))
+            return Ids()
+        with _own_transaction(conn, on_conflict):
+            table = _jobs_table(schema)
+            if all(j.unique_key is None for j in jobs):
+                return Ids(_insert_from_arrays(conn, jobs, table))
+            with conn.cursor() as cur:
+                unique = _Unique(cur, table, on_conflict, where)
+                ids = Ids()
+                ids.add(*unique.insert_rows([_job_row(n, j) for n, j in enumerate(jobs, start=1)]))
+                return ids
     rows = itertools.starmap(_job_row, enumerate(jobs, start=1))
-    return insert_rows(conn, rows, schema=schema, on_progress=on_progress)
+    return insert_rows(
+        conn, rows, schema=schema, on_progress=on_progress, on_conflict=on_conflict, where=where
+    )
 
 
 def insert_rows(
@@ -731,7 +811,9 @@ def insert_rows(
     *,
     schema: str | None = None,
     on_progress: Callable[[int], None] | None = None,
-) -> list[int]:
+    on_conflict: str = "skip",
+    where: Callable[[int], str] = _index_name,
+) -> Ids:
     """Insert jobs given as COPY rows (`read_rows`, `_job_row`); return their ids in order.
 
     Rows stream through COPY in chunks, so ``rows`` may be a lazy iterator
@@ -739,19 +821,48 @@ def insert_rows(
     ``on_progress`` gets the number of jobs sent so far, now and then.
 
     Never commits an open transaction; in autocommit mode it wraps its
-    statements in a transaction of its own. Workers get one notification
-    however many jobs and statements: the table's statement trigger sends the
-    same one each time, and PostgreSQL delivers a transaction's duplicates once.
+    statements in a transaction of its own (and, under on_conflict="error",
+    in a savepoint inside the caller's, so that a conflict leaves none of
+    these jobs behind). Workers get one notification however many jobs and
+    statements: the table's statement trigger sends the same one each time,
+    and PostgreSQL delivers a transaction's duplicates once.
 
     COPY stages rows in a temporary table; a role without the TEMP privilege
     inserts them from arrays instead, chunk by chunk (slower, same result).
+    A chunk in which no job has a unique key takes the plain INSERT; one with
+    keys, the INSERT ... ON CONFLICT DO NOTHING of `_Unique`.
     """
+    _check_on_conflict(on_conflict)
     table = _jobs_table(schema)
-    with conn.transaction() if conn.autocommit else nullcontext():
+    with _own_transaction(conn, on_conflict):
         (may_stage,) = conn.execute(query("role_may_create_temp")).fetchone() or (False,)
         if may_stage:
-            return _insert_by_copy(conn, rows, table, on_progress)
-        return _insert_by_arrays(conn, rows, table, on_progress)
+            return _insert_by_copy(conn, rows, table, on_progress, on_conflict, where)
+        return _insert_by_arrays(conn, rows, table, on_progress, on_conflict, where)
+
+
+@contextmanager
+def _own_transaction(conn: psycopg.Connection[Any], on_conflict: str) -> Iterator[None]:
+    """A transaction in autocommit mode; under on_conflict="error" a savepoint
+    in the caller's, so that a conflict leaves none of this call's jobs
+    there; else the caller's transaction as it is."""
+    if conn.autocommit:
+        with conn.transaction():
+            yield
+    elif on_conflict == "error":
+        # On an idle connection a transaction() block would begin a
+        # transaction and commit it at its end: the caller's to commit.
+        # Any statement begins it (psycopg's implicit BEGIN), then the block
+        # is a savepoint.
+        if conn.info.transaction_status == _IDLE:
+            conn.execute(query("transaction_open"))
+        with conn.transaction():
+            yield
+    else:
+        yield
+
+
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg here
 
 
 def _job_row(number: int, job: NewJob) -> str:
@@ -761,8 +872,19 @@ def _job_row(number: int, job: NewJob) -> str:
     """
     return (
         f"{number}\t{_copy_text(job.kind)}\t{_copy_text(job.payload)}\t{_copy_text(job.queue)}"
-        f"\t{job.priority}\t{job.max_attempts}\t{_timing_columns(job)}\n"
+        f"\t{job.priority}\t{job.max_attempts}\t{_timing_columns(job)}"
+        f"\t{_NO_KEY if job.unique_key is None else _copy_text(job.unique_key)}\n"
     )
+
+
+_NO_KEY = "\\N"
+# How a COPY row without a unique key ends: a load none of whose rows has a
+# key takes the plain INSERT, with no ON CONFLICT to pay for.
+_KEYLESS_END = "\t\\N\n"
+
+
+def _has_key(row: str) -> bool:
+    return not row.endswith(_KEYLESS_END)
 
 
 def _timing_columns(job: NewJob) -> str:
@@ -810,7 +932,9 @@ def _insert_by_copy(
     rows: Iterable[str],
     table: sql.Identifier,
     on_progress: Callable[[int], None] | None,
-) -> list[int]:
+    on_conflict: str,
+    where: Callable[[int], str],
+) -> Ids:
     # COPY has no RETURNING: each chunk is staged in a temporary table and
     # moved with INSERT ... SELECT ... RETURNING id. A thread loads one chunk
     # while this one reads and validates the next, so that the client's and
@@ -818,20 +942,21 @@ def _insert_by_copy(
     from concurrent.futures import ThreadPoolExecutor
 
     insert = _statement("jobs_insert_loaded", table)
-    ids: list[int] = []
+    ids = Ids()
     with conn.cursor() as cur, ThreadPoolExecutor(1) as loader:
+        unique = _Unique(cur, table, on_conflict, where)
         cur.execute(query("jobs_load_create"))
-        loading: Future[list[int]] | None = None
+        loading: Future[tuple[list[int], list[bool]]] | None = None
         sent = 0
         for chunk in _chunks(rows, CHUNK_JOBS):
             if loading is not None:
-                ids += loading.result()
-            loading = loader.submit(_load_chunk, cur, chunk, insert)
+                ids.add(*loading.result())
+            loading = loader.submit(_load_chunk, cur, chunk, insert, unique)
             sent += len(chunk)
             if on_progress is not None:
                 on_progress(sent)
         if loading is not None:
-            ids += loading.result()
+            ids.add(*loading.result())
         cur.execute(query("jobs_load_drop"))
     return ids
 
@@ -841,27 +966,145 @@ def _insert_by_arrays(
     rows: Iterable[str],
     table: sql.Identifier,
     on_progress: Callable[[int], None] | None,
-) -> list[int]:
+    on_conflict: str,
+    where: Callable[[int], str],
+) -> Ids:
     """COPY rows inserted from arrays, a chunk a statement: no temporary table."""
     insert = _statement("jobs_insert_arrays", table)
-    ids: list[int] = []
+    ids = Ids()
     with conn.cursor() as cur:
+        unique = _Unique(cur, table, on_conflict, where)
         for chunk in _chunks(rows, CHUNK_JOBS):
-            columns: dict[str, list[Any]] = {name: [] for name in NewJob._fields}
-            for row in chunk:
-                # n, then the job's fields in NewJob's order (see _job_row).
-                fields = [_copy_value(f) for f in row.rstrip("\n").split("\t")][1:]
-                for name, value in zip(NewJob._fields, fields, strict=True):
-                    columns[name].append(value)
-            columns["priority"] = [int(v) for v in columns["priority"]]
-            columns["max_attempts"] = [int(v) for v in columns["max_attempts"]]
-            columns["delay"] = [float(v) for v in columns["delay"]]
-            cur.execute(insert, columns)
-            # Ids are drawn in the order of the rows; RETURNING's order is not promised.
-            ids += sorted(row[0] for row in cur.fetchall())
+            if any(map(_has_key, chunk)):
+                ids.add(*unique.insert_rows(chunk))
+            else:
+                cur.execute(insert, _row_columns(chunk))
+                # Ids are drawn in the order of the rows; RETURNING's order is not promised.
+                ids.extend(sorted(row[0] for row in cur.fetchall()))
             if on_progress is not None:
                 on_progress(len(ids))
     return ids
+
+
+def _row_columns(rows: Iterable[str]) -> dict[str, list[Any]]:
+    """COPY rows as the arrays of jobs_insert_arrays, one per NewJob field."""
+    columns: dict[str, list[Any]] = {name: [] for name in NewJob._fields}
+    for row in rows:
+        # n, then the job's fields in NewJob's order (see _job_row).
+        fields = [_copy_value(f) for f in row.rstrip("\n").split("\t")][1:]
+        for name, value in zip(NewJob._fields, fields, strict=True):
+            columns[name].append(value)
+    columns["priority"] = [int(v) for v in columns["priority"]]
+    columns["max_attempts"] = [int(v) for v in columns["max_attempts"]]
+    columns["delay"] = [float(v) for v in columns["delay"]]
+    return columns
+
+
+class _Unique:
+    """Inserts chunks in which some jobs have a unique key, and finds the
+    holder of each key that was taken.
+
+    INSERT ... ON CONFLICT DO NOTHING returns only the rows it inserted:
+    sorted by id they are the inserted rows in input order, so walking the
+    input alongside tells, for each keyed job, whether it went in. A job that
+    did not is held by a job of this load (a key given twice: the first
+    wins), or by one already in the queue, which a second statement finds:
+    it sees the holder even when it was committed by a concurrent producer
+    that the INSERT waited for. Should the holder finish in between (the key
+    is free again), those jobs are inserted again.
+    """
+
+    def __init__(
+        self,
+        cur: psycopg.Cursor[Any],
+        table: sql.Identifier,
+        on_conflict: str,
+        where: Callable[[int], str],
+    ) -> None:
+        self.cur, self.table, self.on_conflict, self.where = cur, table, on_conflict, where
+        self.loaded: dict[tuple[str, str], tuple[int, int]] = {}  # key -> (row n, job id)
+
+    def insert_rows(self, rows: list[str]) -> tuple[list[int], list[bool]]:
+        """Insert rows (some with keys) from arrays; their ids in order, and
+        whether each job was there already."""
+        self.cur.execute(_statement("jobs_insert_arrays_unique", self.table), _row_columns(rows))
+        return self.resolve(rows, self.cur.fetchall())
+
+    def resolve(
+        self, rows: list[str], inserted: list[tuple[int, str, str | None]], tries: int = 5
+    ) -> tuple[list[int], list[bool]]:
+        """The ids of `rows`, given what their INSERT returned, and whether
+        each job was there already."""
+        ids, existing, taken = self._walk(rows, sorted(inserted))
+        free = self._holders(ids, taken) if taken else []
+        if free:
+            # Their holders finished since the INSERT: the keys are free, insert these again.
+            if tries == 1:
+                raise PgqctlError("unique keys kept changing hands while enqueueing: try again")
+            retry = [rows[i] for i in free]
+            self.cur.execute(
+                _statement("jobs_insert_arrays_unique", self.table), _row_columns(retry)
+            )
+            again, held = self.resolve(retry, self.cur.fetchall(), tries - 1)
+            for i, job_id, was in zip(free, again, held, strict=True):
+                ids[i], existing[i] = job_id, was
+        return [i for i in ids if i is not None], existing
+
+    def _walk(
+        self, rows: list[str], inserted: list[tuple[int, str, str | None]]
+    ) -> tuple[list[int | None], list[bool], list[tuple[int, str, str]]]:
+        """Each row's id if known yet, whether it was there already, and the
+        rows held by a job not of this load: (index, queue, key)."""
+        ids: list[int | None] = []
+        existing: list[bool] = []
+        taken: list[tuple[int, str, str]] = []
+        p = 0
+        for i, row in enumerate(rows):
+            if not _has_key(row):
+                ids.append(inserted[p][0])
+                existing.append(False)
+                p += 1
+                continue
+            fields = row.rstrip("\n").split("\t")
+            n, queue, key = int(fields[0]), _copy_value(fields[3]), _copy_value(fields[-1])
+            assert queue is not None and key is not None
+            first = self.loaded.get((queue, key))
+            if first is None and p < len(inserted) and inserted[p][1:] == (queue, key):
+                ids.append(inserted[p][0])
+                existing.append(False)
+                self.loaded[(queue, key)] = (n, inserted[p][0])
+                p += 1
+                continue
+            existing.append(True)
+            if first is None:
+                ids.append(None)
+                taken.append((i, queue, key))
+            elif self.on_conflict == "error":
+                raise BadInput(
+                    f"{self.where(n)} repeats the unique key {key!r} (queue {queue!r}) "
+                    f"of {self.where(first[0])}"
+                )
+            else:
+                ids.append(first[1])
+        return ids, existing, taken
+
+    def _holders(self, ids: list[int | None], taken: list[tuple[int, str, str]]) -> list[int]:
+        """Fill in the holders' ids; the indexes of the rows whose key no job holds now."""
+        self.cur.execute(
+            _statement("jobs_unique_holders", self.table),
+            {"queue": [t[1] for t in taken], "unique_key": [t[2] for t in taken]},
+        )
+        holders = {(q, k): (job_id, status) for q, k, job_id, status in self.cur.fetchall()}
+        free = []
+        for i, queue, key in taken:
+            held = holders.get((queue, key))
+            if held is None:
+                free.append(i)
+            elif self.on_conflict == "error":
+                raise DuplicateJob(queue, key, held[0], held[1])
+            else:
+                ids[i] = held[0]
+        return free
 
 
 _COPY_UNESCAPES = {"\\\\": "\\", "\\t": "\t", "\\n": "\n", "\\r": "\r"}
@@ -877,13 +1120,19 @@ def _copy_value(field: str) -> str | None:
     return _COPY_ESCAPE.sub(lambda m: _COPY_UNESCAPES[m.group(0)], field)
 
 
-def _load_chunk(cur: psycopg.Cursor[Any], rows: list[str], insert: sql.Composed) -> list[int]:
+def _load_chunk(
+    cur: psycopg.Cursor[Any], rows: list[str], insert: sql.Composed, unique: _Unique
+) -> tuple[list[int], list[bool]]:
     with cur.copy(query("jobs_load_copy")) as copy:
         copy.write("".join(rows))
-    cur.execute(insert)
-    ids = [row[0] for row in cur.fetchall()]
+    if any(map(_has_key, rows)):
+        cur.execute(_statement("jobs_insert_loaded_unique", unique.table))
+        found = unique.resolve(rows, cur.fetchall())
+    else:
+        cur.execute(insert)
+        found = [row[0] for row in cur.fetchall()], []
     cur.execute(query("jobs_load_truncate"))
-    return ids
+    return found
 
 
 def _chunks(rows: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -1,7 +1,8 @@
 """What a job is: one row of `jobs`, and the statuses it moves through.
 
-The state machine lives here and nowhere else: the `--status` choices,
-`stats`, `purge` and the README's table of statuses all read `STATUSES`, and
+The state machine lives here and nowhere else: the `--status` choices
+(those of `cancel` too), `stats`, `purge` and the README's table of
+statuses all read `STATUSES`, and
 a test checks it against the table's CHECK constraint. A new status is one
 more entry here, plus the migration that lets the table hold it.
 """
@@ -39,7 +40,11 @@ STATUSES: tuple[Status, ...] = (
         "pending",
         "waiting to run, from run_at on",
         finished=False,
-        moves=(Move("running", "worker", "claims it (due, highest priority first)"),),
+        moves=(
+            Move("running", "worker", "claims it (due, highest priority first)"),
+            Move("cancelled", "cancel", "an operator cancels it"),
+            Move("pending", "requeue", "an operator makes it due now (never later than it was)"),
+        ),
     ),
     Status(
         "running",
@@ -52,6 +57,7 @@ STATUSES: tuple[Status, ...] = (
             Move("pending", "worker", "it stops before the job ends (handed back: not a try)"),
             Move("pending", "reap", "its lease expired, with attempts left"),
             Move("failed", "reap", "its lease expired, with no attempts left"),
+            Move("cancelled", "cancel", "an operator cancels it (its worker stops the job)"),
         ),
     ),
     Status(
@@ -69,10 +75,27 @@ STATUSES: tuple[Status, ...] = (
             Move("deleted", "purge", "--status failed, finished before --older-than"),
         ),
     ),
+    Status(
+        "cancelled",
+        "finished: an operator cancelled it (last_error says why); no worker claims it",
+        finished=True,
+        moves=(
+            Move("pending", "requeue", "an operator brings it back"),
+            Move("deleted", "purge", "--status cancelled, finished before --older-than"),
+        ),
+    ),
 )
 
 STATUS_NAMES: tuple[str, ...] = tuple(s.name for s in STATUSES)
 FINISHED: tuple[str, ...] = tuple(s.name for s in STATUSES if s.finished)
+# What `cancel` takes: the statuses an operator's cancel moves a job out of.
+CANCELLABLE: tuple[str, ...] = tuple(
+    s.name for s in STATUSES if any(m.by == "cancel" for m in s.moves)
+)
+# What `requeue` takes: the statuses it moves a job out of.
+REQUEUED: tuple[str, ...] = tuple(
+    s.name for s in STATUSES if any(m.by == "requeue" for m in s.moves)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +120,8 @@ class Job:
     finished_at: datetime | None = None
     # Claims handed back unfinished when a worker stopped: not tries.
     handbacks: int = 0
+    # At most one pending or running job per (queue, unique_key); None: no key.
+    unique_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgqctl import admin
+from pgqctl import admin, control
 from pgqctl.db import atomic, reason
 from pgqctl.errors import PgqctlError
 from pgqctl.jobs import FINISHED, STATUS_NAMES
@@ -327,9 +327,10 @@ class MetricsSnapshot:
 
     counts: dict[str, admin.Counts]
     finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs
+    paused: frozenset[str] = frozenset()  # queues paused now
 
     def queues(self) -> list[str]:
-        return sorted(set(self.counts) | set(self.finished))
+        return sorted(set(self.counts) | set(self.finished) | self.paused)
 
 
 def metrics_snapshot(conn: Connection, *, exact: bool = False) -> MetricsSnapshot:
@@ -343,12 +344,13 @@ def metrics_snapshot(conn: Connection, *, exact: bool = False) -> MetricsSnapsho
     with atomic(conn):
         counts = admin.stats(conn, exact=True).queues if exact else admin.counts(conn, done_bound=0)
         finished = finished_since(conn, THROUGHPUT_WINDOW_SECONDS)
+        pauses = frozenset(p.queue for p in control.paused(conn))
     for name in finished:
         counts.setdefault(name, admin.Counts())  # a queue with no live jobs
     if not exact:
         for c in counts.values():
             c.done_figure = "unknown"  # not counted: by_status holds 0
-    return MetricsSnapshot(counts, finished)
+    return MetricsSnapshot(counts, finished, pauses)
 
 
 def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
@@ -376,6 +378,11 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
         "Jobs of the queue that finished in the last 60 seconds, by outcome (throughput).",
         labels=["queue", "outcome"],
     )
+    paused = GaugeMetricFamily(
+        "pgqctl_queue_paused",
+        "1 while the queue is paused (pgqctl pause): workers claim none of its jobs.",
+        labels=["queue"],
+    )
     for name in snapshot.queues():
         counts = snapshot.counts.get(name, admin.Counts())
         record = counts.as_record()
@@ -387,7 +394,8 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
         done = snapshot.finished.get(name, {})
         for status in FINISHED:
             finished.add_metric([name, status], done.get(status, 0))
-    return (jobs, age, expired, finished)
+        paused.add_metric([name], 1.0 if name in snapshot.paused else 0.0)
+    return (jobs, age, expired, finished, paused)
 
 
 class _Families:

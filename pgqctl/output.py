@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pgqctl.errors import PgqctlError
@@ -193,15 +193,25 @@ def emit_stream(
     return count
 
 
-def emit_new_ids(ids: Sequence[int], fmt: str) -> None:
+def emit_new_ids(ids: Sequence[int], fmt: str, *, existing: Set[int] = frozenset()) -> None:
     """Print the ids of jobs just committed: bare, one a line, for people and
-    for `id=$(pgqctl enqueue ...)`; records in machine formats. If they cannot
+    for `id=$(pgqctl enqueue ...)`; records in machine formats, where those
+    at the positions in `existing` (jobs that held a unique key) are marked. If they cannot
     be written, say that the jobs are in the queue all the same (a retry
     would add them twice)."""
     try:
         if fmt in ("auto", *HUMAN_FORMATS):
             if ids:
                 sys.stdout.write("\n".join(map(str, ids)) + "\n")
+        elif existing and fmt in ("json", "ndjson"):
+            records = [
+                {"id": i, "existing": True} if n in existing else {"id": i}
+                for n, i in enumerate(ids)
+            ]
+            emit_rows(records, ["id", "existing"], fmt)
+        elif existing:  # a column in every row
+            records = [{"id": i, "existing": n in existing} for n, i in enumerate(ids)]
+            emit_rows(records, ["id", "existing"], fmt)
         else:
             emit_ids(ids, fmt)
         sys.stdout.flush()
@@ -328,7 +338,16 @@ def emit_result(result: Mapping[str, Any], fmt: str) -> None:
 
 # --- stats ---------------------------------------------------------------------
 
-STATS_COLUMNS = ["queue", "pending", "running", "expired", "done", "failed", "oldest_pending"]
+STATS_COLUMNS = [
+    "queue",
+    "pending",
+    "running",
+    "expired",
+    "done",
+    "failed",
+    "cancelled",
+    "oldest_pending",
+]
 ESTIMATE_NOTE = "~ marks estimated done counts; --exact counts them"
 UNKNOWN_NOTE = (
     "~ marks estimated done counts, ? those the statistics cannot tell "
@@ -351,6 +370,7 @@ def _stats_rows(stats: Stats) -> list[dict[str, Any]]:
     for name, c in scopes:
         age = c.oldest_pending_age_seconds
         done = {"exact": f"{c.done}", "estimated": f"~{c.done}", "unknown": "?"}
+        pause = stats.paused.get(name) if name != "(total)" else None
         rows.append(
             {
                 **c.by_status,
@@ -358,16 +378,30 @@ def _stats_rows(stats: Stats) -> list[dict[str, Any]]:
                 "expired": c.expired_leases,
                 "done": done[c.done_figure],
                 "oldest_pending": "" if age is None else format_seconds(age),
+                "paused": "" if pause is None else pause_summary(pause.until, pause.reason),
             }
         )
     return rows
+
+
+def stats_columns(stats: Stats) -> list[str]:
+    """The columns of the `stats` table: `paused` only while a queue is."""
+    return [*STATS_COLUMNS, "paused"] if stats.paused else list(STATS_COLUMNS)
+
+
+def pause_summary(until: dt.datetime | None, reason: str | None) -> str:
+    """A pause on one line: `until 2026-12-02 10:30:00+00:00: smtp down`."""
+    end = "until resumed" if until is None else f"until {human(until)}"
+    return f"{end}: {reason}" if reason else end
 
 
 def stats_table(stats: Stats, ts: dt.datetime | None = None) -> Any:
     """`stats` as a rich table, to print or to redraw live (titled with the
     time of the snapshot, `ts`, when given)."""
     title = None if ts is None else human(ts)
-    return rich_table(_stats_rows(stats), STATS_COLUMNS, title=title, caption=estimate_note(stats))
+    return rich_table(
+        _stats_rows(stats), stats_columns(stats), title=title, caption=estimate_note(stats)
+    )
 
 
 def emit_stats(stats: Stats, fmt: str, ts: dt.datetime | None = None) -> None:
@@ -385,7 +419,22 @@ def emit_stats(stats: Stats, fmt: str, ts: dt.datetime | None = None) -> None:
     else:
         if ts is not None:
             sys.stdout.write(human(ts) + "\n")
-        emit_rows(_stats_rows(stats), STATS_COLUMNS, fmt)
+        emit_rows(_stats_rows(stats), stats_columns(stats), fmt)
+
+
+# --- pauses ----------------------------------------------------------------------
+
+PAUSE_COLUMNS = ["queue", "until", "reason", "paused_at"]
+
+
+def emit_pauses(pauses: Sequence[Record], fmt: str, fields: Sequence[str]) -> None:
+    """Pauses as a table (an open end shown as `until resumed`), or as records."""
+    records = [p.as_record() for p in pauses]
+    if is_human(fmt):
+        cells = [{**r, "until": r["until"] or "until resumed"} for r in records]
+        emit_rows(cells, PAUSE_COLUMNS, fmt)
+    else:
+        emit_rows(records, fields, fmt)
 
 
 def _json(value: Any) -> str:
@@ -559,13 +608,21 @@ COLUMNS: dict[str, Column] = {
     "locked_by": Column("whole", 60),
     "left": Column("whole", 70),
     "error": Column("error", 60, 24),
-    # stats: every count stays; a long queue name is cut.
+    # stats: every count stays whole; a long queue name is cut. Cancelled
+    # jobs, the least urgent count, are left out when the table cannot fit
+    # them (a terminal of 80 columns and counts in the millions).
     "pending": Column("whole", 0),
     "running": Column("whole", 0),
     "expired": Column("whole", 0),
     "done": Column("whole", 0),
     "failed": Column("whole", 0),
+    "cancelled": Column("whole", 10),
     "oldest_pending": Column("whole", 0),
+    # stats and pauses: what a pause says may be cut, when it ends is not.
+    "paused": Column("text", 0, 20),
+    "until": Column("whole", 0),
+    "reason": Column("text", 0, 12),
+    "paused_at": Column("time", 10),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.

@@ -17,8 +17,13 @@ Threads, and who owns what:
   the common case: thread switches per job cost a busy worker more than the
   children themselves (about 10% of its CPU per job of `true`).
 - A listener thread holds a second connection in ``LISTEN pgqctl_jobs`` (the
-  main one stays free for queries) and posts a wake-up for each notification
-  about this schema.
+  main one stays free for queries) and hands each notification to the
+  handler of its channel (`_on_notification`), which posts an event: for
+  ``pgqctl_jobs``, a wake-up when it is about this schema; for
+  ``pgqctl_cancel``, the jobs an operator cancelled (`pgqctl cancel`).
+- Every --reap-every the loop also reclaims expired leases (`admin.reap`,
+  the statement `pgqctl reap` runs), so a fleet without cron still gets a
+  dead worker's jobs back; its own leases are live (renewed first).
 
 Everything reaches the main thread through one queue, `events`, so the loop
 waits in one place (watching the children), until an event or the nearest
@@ -29,13 +34,19 @@ to that queue and wake the wait (`_post`); the loop decides what to do.
 State of a job held by this worker: claimed and running in a slot (in
 `running`), then finished and waiting to be reported (in the report lists),
 then reported. A lease found lost (renewal or fenced report matched nothing)
-stops the child if it still runs and drops its result.
+stops the child if it still runs and drops its result. So does a cancel: the
+operator's cancel has already ended the job in the database (status
+cancelled, fenced like a report); a notification names it at once, and the
+renewal finds it otherwise. Either way the worker reads the job's row before
+it stops anything (anyone connected may send a notification), and logs
+`cancelled`, not a lost lease.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import queue
@@ -52,7 +63,7 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import claims, db, payload, runner
+from pgqctl import admin, claims, db, payload, runner
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
@@ -63,6 +74,7 @@ from pgqctl.sql import query
 from pgqctl.worklog import WorkLog, seconds, timestamp
 
 CHANNEL = "pgqctl_jobs"
+CANCEL_CHANNEL = "pgqctl_cancel"
 APPLICATION_NAME = "pgqctl worker"
 # Looking for jobs without a notification: every POLL_LISTENING seconds as a
 # safety net, or every POLL_DEAF when notifications cannot be heard.
@@ -117,6 +129,13 @@ _HEARING = "hearing"  # the listener hears them
 
 
 @dataclass(frozen=True)
+class _CancelNotice:
+    """A notification that an operator cancelled these (job id, attempt)s."""
+
+    held: frozenset[Held]
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     """What a worker does, as its options say; checks itself (BadInput)."""
 
@@ -139,12 +158,18 @@ class WorkerConfig:
     # A direct (or session-pooled) connection used only to LISTEN, when the
     # DSN goes through a transaction pooler.
     listen_dsn: str | None = None
+    # Reclaim expired leases about this often (+-25%); None: never (cron does).
+    reap_every: float | None = 30.0
 
     def __post_init__(self) -> None:
         if self.lease < 1:
             raise BadInput("--lease must be at least 1s (it is renewed every third of it)")
         if self.poll is not None and self.poll <= 0:
             raise BadInput("--poll must be more than 0s, e.g. --poll 5s")
+        if self.reap_every is not None and self.reap_every <= 0:
+            raise BadInput(
+                "--reap-every must be more than 0s, e.g. --reap-every 30s (or --no-reap)"
+            )
         if self.timeout is not None and self.timeout <= 0:
             raise BadInput("--timeout must be more than 0s; leave it out for no limit")
         kinds = [kind for kind, _ in self.handlers]
@@ -292,6 +317,11 @@ class Worker:
         # Free slot numbers, lowest on top: the logs say which slot runs a job.
         self._free_slots = list(range(config.concurrency - 1, -1, -1))
         self._listener: threading.Thread | None = None
+        # What each channel the listener hears means (see _on_notification).
+        self._channel_handlers: dict[str, Callable[[str], None]] = {
+            CHANNEL: self._on_jobs_notified,
+            CANCEL_CHANNEL: self._on_cancel_notified,
+        }
         self._closing = threading.Event()
         self._closing_r, self._closing_w = os.pipe()
 
@@ -303,6 +333,8 @@ class Worker:
         self.done: list[_Finished] = []
         self.fails: list[tuple[_Finished, Failure]] = []
         self.handed_back: list[_Finished] = []
+        # Held jobs a notification says were cancelled: checked, then stopped.
+        self.cancel_notices: set[Held] = set()
         self.claimed = 0
 
         now = time.monotonic()
@@ -311,6 +343,9 @@ class Worker:
         self.next_poll = now
         self.next_due: float | None = None
         self.next_renew = now
+        self.next_reap = now + jittered(config.reap_every or 0.0)
+        # A --burst worker reaps once more before it decides nothing is due.
+        self.burst_reaped = False
         self.reconnect_delay = RECONNECT_FIRST
         self.reconnect_at = now
         self.lost_since: float | None = None
@@ -362,7 +397,8 @@ class Worker:
             "worker_started",
             f"worker {self.worker_id} started: {c.concurrency} slot(s), "
             f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
-            f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}"
+            f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}, "
+            + (f"reap every {seconds(c.reap_every)}" if c.reap_every else "no reap")
             + (f", database {self.target}" if self.target else ""),
             worker=self.worker_id,
             concurrency=c.concurrency,
@@ -370,6 +406,7 @@ class Worker:
             kinds=list(c.kinds),
             lease=c.lease,
             poll=c.poll or POLL_LISTENING,
+            reap_every=c.reap_every,
             schema=c.schema,
         )
 
@@ -456,10 +493,34 @@ class Worker:
             self.read_only or now < self.reconnect_at or not self._reconnect()
         ):
             return
+        if self.cancel_notices:
+            self._check_cancel_notices()
+            if self.conn is None:
+                return
         limit = self._claim_limit() if self._claim_due(now) else 0
         renew = now >= self.next_renew and any(not r.lost for r in self.running.values())
         if limit or renew or self.done or self.fails or self.handed_back:
             self._exchange(limit, renew)
+        # After the exchange: it renewed our own leases first, had they run late.
+        if self._reap_due(time.monotonic()):
+            self._reap()
+
+    def _reap_due(self, now: float) -> bool:
+        if self.config.reap_every is None or self.stopping or self.conn is None:
+            return False
+        if self._burst_idle():
+            return not self.burst_reaped
+        return now >= self.next_reap
+
+    def _burst_idle(self) -> bool:
+        """A --burst worker with nothing running, nothing to report and nothing due."""
+        return (
+            self.config.burst
+            and not self.running
+            and not (self.done or self.fails or self.handed_back)
+            and self.last_claim_short
+            and not self.claim_wanted
+        )
 
     def _should_exit(self) -> bool:
         if self.running:
@@ -472,7 +533,10 @@ class Worker:
             return False
         if self.config.max_jobs is not None and self.claimed >= self.config.max_jobs:
             return True
-        return self.config.burst and self.last_claim_short and not self.claim_wanted
+        if self._burst_idle():
+            # Not before its last reap: jobs a dead worker held may be due now.
+            return self.burst_reaped or self.config.reap_every is None
+        return False
 
     def _wait(self) -> None:
         """Watch the children until an event arrives or the nearest deadline;
@@ -497,10 +561,12 @@ class Worker:
         if self.conn is None:
             deadlines.append(self.reconnect_at)
             return min(deadlines)
-        if self.done or self.fails or self.handed_back:
+        if self.done or self.fails or self.handed_back or self.cancel_notices:
             deadlines.append(now)
         if any(not r.lost for r in self.running.values()):
             deadlines.append(self.next_renew)
+        if self.config.reap_every is not None and not self.stopping:
+            deadlines.append(self.next_reap)
         if self._claim_limit() > 0:
             if self.claim_wanted:
                 deadlines.append(now)
@@ -514,6 +580,10 @@ class Worker:
             self._finished(event)
         elif event == _WAKE:
             self.claim_wanted = True
+        elif isinstance(event, _CancelNotice):
+            self.cancel_notices.update(
+                held for held in event.held if held in self.running and not self.running[held].lost
+            )
         elif event in (_DEAF, _HEARING) and self.config.poll is None:
             # Until a notification can wake it, the loop looks for jobs often.
             self.poll = POLL_LISTENING if event == _HEARING else POLL_DEAF
@@ -590,7 +660,38 @@ class Worker:
         if limit:
             self._find_next_due()
 
+    def _reap(self) -> None:
+        """Reclaim expired leases, as `pgqctl reap` does; log the jobs it took."""
+        assert self.conn is not None and self.config.reap_every is not None
+        self.next_reap = time.monotonic() + jittered(self.config.reap_every)
+        idle = self._burst_idle()
+        try:
+            reaped = admin.reap(self.conn)
+        except (psycopg.Error, PgqctlError) as exc:
+            self._connection_failed(exc)  # a --burst worker reaps again once back
+            return
+        self.burst_reaped = idle
+        if not reaped:
+            return
+        ids = [r.job.id for r in reaped]
+        failed = [r.job.id for r in reaped if r.job.status == "failed"]
+        holders = sorted({r.held_by or "an unnamed worker" for r in reaped})
+        shown = ", ".join(map(str, ids[:20])) + (f" and {len(ids) - 20} more" if ids[20:] else "")
+        self.log.event(
+            "reaped",
+            f"reaped {len(ids)} expired lease(s) (job {shown}) held by "
+            f"{', '.join(holders)}: {len(ids) - len(failed)} back to pending, "
+            f"{len(failed)} failed (out of attempts)",
+            jobs=ids,
+            failed=failed,
+            held_by=holders,
+        )
+        if len(failed) < len(ids):
+            self.claim_wanted = True  # back in the queue and due now
+
     def _start_jobs(self, jobs: list[Job], slots: list[int], now: float) -> None:
+        if jobs:
+            self.burst_reaped = False  # reap again before deciding nothing is due
         if jobs and not self.running:
             self.next_renew = now + self.config.lease / 3
         del self._free_slots[len(self._free_slots) - len(jobs) :]
@@ -613,10 +714,61 @@ class Worker:
             if due is not None:
                 self.next_due = time.monotonic() + max(due, 0.0)
 
-    def _check_renewal(self, held: list[Held], kept: set[int]) -> None:
+    def _check_cancel_notices(self) -> None:
+        """Stop the held jobs a notification said were cancelled, once their
+        rows confirm it."""
+        assert self.conn is not None
+        held = [k for k in self.cancel_notices if k in self.running and not self.running[k].lost]
+        self.cancel_notices.clear()
+        if not held:
+            return
+        try:
+            found = claims.cancelled(self.conn, held)
+        except (psycopg.Error, PgqctlError) as exc:
+            self.cancel_notices.update(held)  # asked again once reconnected
+            self._connection_failed(exc)
+            return
         for key in held:
-            running = self.running.get(key)
-            if running is None or running.lost or key[0] in kept:
+            if key[0] in found:
+                self._stop_cancelled(self.running[key], found[key[0]], "notification")
+
+    def _stop_cancelled(self, running: _Running, error: str | None, noticed: str) -> None:
+        """An operator cancelled a job this worker runs: stop its process
+        group (SIGTERM, then SIGKILL) and drop its result; the database
+        already says cancelled."""
+        running.lost = True
+        running.stop.request("cancelled")
+        job = running.job
+        self.log.event(
+            "cancelled",
+            f"job {job.id} cancelled ({error or 'by an operator'}): stopping attempt "
+            f"{job.tries}; it is not retried",
+            job_id=job.id,
+            kind=job.kind,
+            attempt=job.tries,
+            reason=error,
+            noticed=noticed,
+        )
+
+    def _check_renewal(self, held: list[Held], kept: set[int]) -> None:
+        gone = [
+            key
+            for key in held
+            if key in self.running and not self.running[key].lost and key[0] not in kept
+        ]
+        if not gone:
+            return
+        # Lost, or cancelled by an operator (also without a notification,
+        # through a transaction pooler): the job's row tells which.
+        assert self.conn is not None
+        try:
+            cancelled = claims.cancelled(self.conn, gone)
+        except (psycopg.Error, PgqctlError):
+            cancelled = {}  # said as a lost lease; either way the job is stopped
+        for key in gone:
+            running = self.running[key]
+            if key[0] in cancelled:
+                self._stop_cancelled(running, cancelled[key[0]], "renewal")
                 continue
             running.lost = True
             running.stop.request("lease lost")
@@ -862,6 +1014,19 @@ class Worker:
                 # Our own earlier report, whose answer the connection lost.
                 self._log_done(finished)
                 continue
+            if status == "cancelled" and attempts == job.attempts:
+                # An operator cancelled it before the report came in.
+                self.log.event(
+                    "cancelled",
+                    f"job {job.id} cancelled while attempt {job.tries} ran; "
+                    f"its result ({tried}) dropped",
+                    job_id=job.id,
+                    kind=job.kind,
+                    attempt=job.tries,
+                    dropped=tried,
+                    noticed="report",
+                )
+                continue
             if not state:
                 why = "is no longer held by this worker"
             elif not status:
@@ -1008,6 +1173,9 @@ class Worker:
                     self._post(_DEAF)
                     self._say_deaf()
                     return
+                # Cancels first: hearing about new jobs is then the sign
+                # that both are heard (`pg_stat_activity` shows the last).
+                conn.execute(query("worker_listen_cancel"))
                 conn.execute(query("worker_listen"))
                 delay = RECONNECT_FIRST
                 self._post(_HEARING)
@@ -1058,8 +1226,34 @@ class Worker:
             if self._closing_r in ready:
                 return
             for note in conn.notifies(timeout=0):
-                if note.payload in ("", self.config.schema):
-                    self._post(_WAKE)
+                self._on_notification(note.channel, note.payload)
+
+    def _on_notification(self, channel: str, payload: str) -> None:
+        """Hand a notification to its channel's handler (on the listener's thread)."""
+        handler = self._channel_handlers.get(channel)
+        if handler is not None:
+            handler(payload)
+
+    def _on_jobs_notified(self, payload: str) -> None:
+        # New jobs, requeued or reaped ones, a resumed queue: look for work,
+        # unless it is about another schema of the same database.
+        if payload in ("", self.config.schema):
+            self._post(_WAKE)
+
+    def _on_cancel_notified(self, payload: str) -> None:
+        notice = self._cancel_notice(payload)
+        if notice is not None:
+            self._post(notice)
+
+    def _cancel_notice(self, text: str) -> _CancelNotice | None:
+        """The jobs a cancel notification names, if it is about our schema."""
+        try:
+            found = json.loads(text)
+            if found["schema"] != self.config.schema:
+                return None
+            return _CancelNotice(frozenset((int(i), int(a)) for i, a in found["jobs"]))
+        except (ValueError, KeyError, TypeError):
+            return None  # not one of ours
 
 
 def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:

@@ -53,8 +53,8 @@ SELECT count(*) FROM pgqctl_migrations;
 -- ---------------------------------------------------------------------------
 
 -- name: stats_counts
--- Per queue: exact pending, running, failed, expired leases and oldest due
--- pending job, one arm per status so each reads its own partial index. Done
+-- Per queue: exact pending, running, failed and cancelled counts, expired
+-- leases and the oldest due pending job, one arm per status so each reads its own partial index. Done
 -- jobs are counted among at most `bound` of them (NULL: all of them, exact),
 -- so a long history is never read unless asked for: the most recently
 -- finished (jobs_finished_idx, backwards), which find the queues that worked
@@ -65,6 +65,7 @@ SELECT queue,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'done') AS done,
        count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
        count(*) FILTER (WHERE status = 'running'
                           AND (locked_until < now() OR locked_until IS NULL)) AS expired_leases,
        extract(epoch FROM now() - min(run_at) FILTER (
@@ -75,6 +76,8 @@ FROM (
     SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'running'
     UNION ALL
     SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'failed'
+    UNION ALL
+    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'cancelled'
     UNION ALL
     (SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'done'
      ORDER BY CASE WHEN %(bound)s::bigint IS NOT NULL THEN finished_at END DESC
@@ -187,7 +190,8 @@ WHERE (%(statuses)s::text[] IS NULL
        OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
        OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[]))
        OR (status = 'done' AND 'done' = ANY(%(statuses)s::text[]))
-       OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[])))
+       OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
+       OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
@@ -227,7 +231,8 @@ FROM (
            OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
            OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[]))
            OR (status = 'done' AND 'done' = ANY(%(statuses)s::text[]))
-           OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[])))
+           OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
+           OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
@@ -238,31 +243,171 @@ FROM (
 -- name: job_get
 SELECT * FROM jobs WHERE id = %(id)s;
 
--- name: job_failed_select
--- Failed jobs matching a requeue selection (each filter optional; a list of
--- values means any of them).
-SELECT *
-FROM jobs
-WHERE status = 'failed'
-  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-  AND (%(since)s::interval IS NULL OR finished_at >= now() - %(since)s::interval)
-ORDER BY id;
+-- Requeue: job_requeue_preview (--dry-run) and job_requeue share the
+-- selection of job_requeue_pick, put in place of {picked}, so the preview
+-- shows exactly what the change would do; and both compute a job's new
+-- values with the same expressions (tests compare the two).
+
+-- name: job_requeue_pick
+-- The CTEs that pick the jobs of a requeue selection. `statuses` says which
+-- of pending, failed and cancelled it takes (one arm each, so each status is
+-- read through its own partial index); the other filters are optional lists
+-- (any of their values). In order, oldest finished first, pending jobs by
+-- run_at: the first `limit` (NULL: all) are picked. A finished job whose
+-- unique key a pending or running job holds (or an earlier one of the same
+-- selection will) cannot go back to pending: `held` names its holder, and it
+-- is left out of the pick and of the limit. The n-th of the N picked gets
+-- run_at now + spread * n / N: evenly over the window, in order.
+matched AS (
+    SELECT id, status, queue, unique_key, coalesce(finished_at, run_at) AS since
+    FROM jobs
+    WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+           OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
+           OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(since)s::interval IS NULL
+           OR coalesce(finished_at, created_at) >= now() - %(since)s::interval)
+),
+held AS (
+    SELECT m.*,
+           CASE WHEN m.unique_key IS NULL OR m.status = 'pending' THEN NULL
+                ELSE coalesce(
+                    (SELECT live.id FROM jobs AS live
+                     WHERE live.queue = m.queue AND live.unique_key = m.unique_key
+                       AND live.unique_key IS NOT NULL
+                       AND live.status IN ('pending', 'running')),
+                    nullif(first_value(m.id) OVER (PARTITION BY m.queue, m.unique_key
+                                                   ORDER BY m.since, m.id), m.id))
+           END AS held_by
+    FROM matched AS m
+),
+picked AS (
+    SELECT id, status,
+           now() + %(spread)s::interval
+                   * ((row_number() OVER (ORDER BY since, id) - 1)::float8
+                      / count(*) OVER ()) AS run_at
+    FROM (SELECT * FROM held WHERE held_by IS NULL ORDER BY since, id LIMIT %(limit)s) AS first
+)
+
+-- name: job_requeue_preview
+-- What job_requeue would do now, writing nothing: each picked job with the
+-- status, run_at and max_attempts it would get (held_by NULL), then each job
+-- left out for its unique key, unchanged, with its holder. In the order of
+-- the pick.
+WITH {picked}
+SELECT j.*,
+       'pending' AS requeued_status,
+       CASE WHEN j.status = 'pending' THEN least(j.run_at, p.run_at) ELSE p.run_at END
+           AS requeued_run_at,
+       CASE WHEN j.status = 'pending' THEN j.max_attempts
+            ELSE j.attempts - j.handbacks + %(more)s END
+           AS requeued_max_attempts,
+       NULL::bigint AS held_by
+FROM picked AS p
+JOIN jobs AS j ON j.id = p.id
+UNION ALL
+SELECT j.*, j.status, j.run_at, j.max_attempts, h.held_by
+FROM held AS h
+JOIN jobs AS j ON j.id = h.id
+WHERE h.held_by IS NOT NULL;
 
 -- name: job_requeue
--- Failed -> pending, due now, with `more` new tries. attempts is the
--- fencing token and never goes down: max_attempts goes up instead, from the
--- tries used (attempts - handbacks). The status guard skips a job someone
--- else requeued or purged since it was selected.
+-- The requeue, in one statement: all of it or nothing. Failed and cancelled
+-- jobs go back to pending with `more` new tries: attempts is the fencing
+-- token and never goes down, max_attempts goes up instead, from the tries
+-- used (attempts - handbacks). A pending job
+-- keeps its attempts and becomes due at its picked run_at, never later than
+-- it was. The status guard skips a job that moved since it was picked (a
+-- pending job a worker claimed, a failed one purged or requeued by someone
+-- else). Rows: the jobs changed (held_by NULL), then those left out for
+-- their unique key, as job_requeue_preview gives them.
+WITH {picked},
+moved AS (
+    UPDATE jobs
+    SET status = 'pending',
+        run_at = CASE WHEN jobs.status = 'pending' THEN least(jobs.run_at, p.run_at)
+                      ELSE p.run_at END,
+        max_attempts = CASE WHEN jobs.status = 'pending' THEN jobs.max_attempts
+                            ELSE jobs.attempts - jobs.handbacks + %(more)s END,
+        finished_at = NULL,
+        locked_until = NULL
+    FROM picked AS p
+    WHERE jobs.id = p.id AND jobs.status = p.status
+    RETURNING jobs.*
+)
+SELECT *, NULL::bigint AS held_by FROM moved
+UNION ALL
+SELECT j.*, h.held_by
+FROM held AS h
+JOIN jobs AS j ON j.id = h.id
+WHERE h.held_by IS NOT NULL;
+
+-- The selection of `cancel`, the same in job_cancel_select and job_cancel:
+-- pending and running jobs (those of `statuses`, each status through its
+-- own partial index), narrowed by each filter given (NULL: any).
+
+-- name: job_cancel_select
+-- The jobs job_cancel would take now, by id, without locking anything;
+-- lease_expired says whether a running one's worker is gone (NULL for a
+-- pending one).
+SELECT *,
+       CASE WHEN status = 'running'
+            THEN locked_until < now() OR locked_until IS NULL END AS lease_expired
+FROM jobs
+WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+       OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[])))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+ORDER BY id;
+
+-- name: job_cancel
+-- Pending or running -> cancelled, finished now, in one statement. Each row
+-- is locked first (in id order), waiting for a worker that is reporting on
+-- it at this instant, and the selection is checked again on the row as that
+-- report left it: a job that has just ended (done, failed) is not taken, one
+-- sent back to pending for a retry is. Then the change is fenced on the
+-- status and attempt that were locked, like every move out of running: a
+-- race with the job's own end has exactly one winner, and a worker's later
+-- report, fenced on status running, matches nothing. attempts is kept.
+-- cancelled_from is the status the job had; lease_expired as in
+-- job_cancel_select.
 UPDATE jobs
-SET status = 'pending',
-    run_at = now(),
-    max_attempts = attempts - handbacks + %(more)s,
-    finished_at = NULL,
-    locked_until = NULL
-WHERE id = ANY(%(ids)s::bigint[]) AND status = 'failed'
-RETURNING *;
+SET status = 'cancelled',
+    finished_at = now(),
+    locked_until = NULL,  -- locked_by stays: the worker that last held it
+    last_error = %(error)s
+FROM (
+    SELECT id, status, attempts, locked_until
+    FROM jobs
+    WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+           OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[])))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+    ORDER BY id
+    FOR UPDATE
+) AS picked
+WHERE jobs.id = picked.id
+  AND jobs.status = picked.status
+  AND jobs.attempts = picked.attempts
+RETURNING jobs.*,
+          picked.status AS cancelled_from,
+          CASE WHEN picked.status = 'running'
+               THEN picked.locked_until < now() OR picked.locked_until IS NULL
+          END AS lease_expired;
+
+-- name: workers_notify_cancel
+-- Tell the workers which running jobs were cancelled, as (id, attempt)
+-- pairs, with the schema so that workers of another schema ignore it; the
+-- worker holding one stops it. Delivered when the cancel commits, and only
+-- then. A payload must stay under 8000 bytes: callers send a few hundred
+-- jobs per notification.
+SELECT pg_notify('pgqctl_cancel',
+                 json_build_object('schema', current_schema(),
+                                   'jobs', %(jobs)s::jsonb)::text);
 
 -- name: job_purge_cutoff
 -- Purge deletes rows finished before this instant, fixed when it starts, so
@@ -317,6 +462,43 @@ WHERE status = %(status)s
   AND finished_at > now() - %(window)s::interval
 GROUP BY queue;
 
+-- ---------------------------------------------------------------------------
+-- control: pausing and resuming queues (pgqctl/control.py). The claims skip
+-- the queues of paused_queues_now (see the worker section).
+-- ---------------------------------------------------------------------------
+
+-- name: paused_expired_delete
+-- Forget pauses that have ended by themselves (the claims ignore them
+-- already), so that pausing such a queue again starts a new pause. No rows.
+DELETE FROM paused_queues WHERE until <= now();
+
+-- name: paused_upsert
+-- Pause each queue, until `seconds` from now (NULL: until resumed). A queue
+-- paused already keeps its paused_at, and its reason unless one is given.
+-- One row per queue, saying whether it was paused already.
+WITH before AS (
+    SELECT queue FROM paused_queues WHERE queue = ANY(%(queues)s::text[])
+)
+INSERT INTO paused_queues AS p (queue, reason, until)
+SELECT q, %(reason)s, now() + %(seconds)s * interval '1 second'
+FROM unnest(%(queues)s::text[]) AS q
+ON CONFLICT (queue) DO UPDATE
+SET reason = coalesce(EXCLUDED.reason, p.reason),
+    until = EXCLUDED.until
+RETURNING p.queue, p.reason, p.paused_at, p.until,
+          p.queue IN (SELECT queue FROM before) AS updated;
+
+-- name: paused_delete
+-- Resume these queues: the pauses in effect that ended. One row per queue
+-- that was paused.
+DELETE FROM paused_queues
+WHERE queue = ANY(%(queues)s::text[]) AND (until IS NULL OR until > now())
+RETURNING queue, reason, paused_at, until;
+
+-- name: paused_list
+-- The pauses in effect, by queue. One row each.
+SELECT queue, reason, paused_at, until FROM paused_queues_now ORDER BY queue;
+
 -- ---- enqueue (pgqctl/enqueue.py) -------------------------------------------
 -- These blocks write {jobs} for the table: the enqueue API composes it with
 -- psycopg.sql.Identifier, schema-qualified when its caller names a schema and
@@ -328,6 +510,11 @@ GROUP BY queue;
 -- Whether this role may create the temporary table a COPY load stages rows
 -- in (the TEMP privilege on the database). One row.
 SELECT has_database_privilege(current_database(), 'TEMP');
+
+-- name: transaction_open
+-- Only to begin the caller's transaction on a connection outside autocommit
+-- (psycopg sends BEGIN before it), so a savepoint can be set in it. One row.
+SELECT 1;
 
 -- name: jobs_insert_arrays
 -- Jobs from arrays, one element each, in the order given. One row (the id)
@@ -342,6 +529,25 @@ FROM unnest(%(kind)s::text[], %(payload)s::jsonb[], %(queue)s::text[],
 ORDER BY n
 RETURNING id;
 
+-- name: jobs_insert_arrays_unique
+-- jobs_insert_arrays for jobs some of which have a unique key: a job whose
+-- key a pending or running job of its queue holds (one committed before, one
+-- of this statement's earlier rows, or one whose inserting transaction this
+-- waits for) is not inserted. Only loads with a key pay for ON CONFLICT's
+-- speculative insertion. One row (id, queue, key) per job inserted.
+INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, unique_key)
+SELECT kind, payload, queue, priority, max_attempts,
+       COALESCE(run_at, now() + make_interval(secs => delay)), unique_key
+FROM unnest(%(kind)s::text[], %(payload)s::jsonb[], %(queue)s::text[],
+            %(priority)s::integer[], %(max_attempts)s::integer[],
+            %(run_at)s::timestamptz[], %(delay)s::float8[], %(unique_key)s::text[])
+     WITH ORDINALITY AS t (kind, payload, queue, priority, max_attempts, run_at, delay,
+                           unique_key, n)
+ORDER BY n
+ON CONFLICT (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING
+RETURNING id, queue, unique_key;
+
 -- name: jobs_load_create
 -- The staging table of a COPY load, gone at commit. No rows.
 CREATE TEMPORARY TABLE pgqctl_enqueue_load (
@@ -352,12 +558,14 @@ CREATE TEMPORARY TABLE pgqctl_enqueue_load (
     priority     integer,
     max_attempts integer,
     run_at       timestamptz,
-    delay        float8
+    delay        float8,
+    unique_key   text
 ) ON COMMIT DROP;
 
 -- name: jobs_load_copy
 -- Rows of COPY's text format into the staging table.
-COPY pg_temp.pgqctl_enqueue_load (n, kind, payload, queue, priority, max_attempts, run_at, delay)
+COPY pg_temp.pgqctl_enqueue_load (n, kind, payload, queue, priority, max_attempts, run_at, delay,
+                                  unique_key)
 FROM STDIN;
 
 -- name: jobs_insert_loaded
@@ -368,6 +576,27 @@ SELECT kind, payload, queue, priority, max_attempts,
 FROM pg_temp.pgqctl_enqueue_load
 ORDER BY n
 RETURNING id;
+
+-- name: jobs_insert_loaded_unique
+-- jobs_insert_loaded for a chunk in which some jobs have a unique key, as
+-- jobs_insert_arrays_unique does it. One row (id, queue, key) per job inserted.
+INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, unique_key)
+SELECT kind, payload, queue, priority, max_attempts,
+       COALESCE(run_at, now() + make_interval(secs => delay)), unique_key
+FROM pg_temp.pgqctl_enqueue_load
+ORDER BY n
+ON CONFLICT (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING
+RETURNING id, queue, unique_key;
+
+-- name: jobs_unique_holders
+-- The pending or running job holding each (queue, key) given, through
+-- jobs_unique_key_idx. One row per key held.
+SELECT j.queue, j.unique_key, j.id, j.status
+FROM unnest(%(queue)s::text[], %(unique_key)s::text[]) AS k (queue, unique_key)
+JOIN {jobs} AS j
+  ON j.queue = k.queue AND j.unique_key = k.unique_key
+ AND j.unique_key IS NOT NULL AND j.status IN ('pending', 'running');
 
 -- name: jobs_load_truncate
 -- Empty the staging table for the next chunk. No rows.
@@ -509,6 +738,18 @@ UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attem
 -- parameter for a limit it assumes a tenth of the rows, an estimate that
 -- grows with the backlog until it turns on JIT compilation for every run
 -- (from about 10 million pending jobs). It also caps a claim at 10,000 jobs.
+--
+-- Paused queues are skipped: `<> ALL(ARRAY(SELECT queue FROM
+-- paused_queues_now))` reads the pauses in effect once per statement (an
+-- InitPlan over a table of a row per paused queue), and costs each row read
+-- a comparison with an array that is empty while nothing is paused
+-- (bench/pause_bench.py: no measurable cost). The walks compare `queue ||
+-- ''`, not `queue`: from the queue column's statistics, the planner would
+-- take the test of a table with one queue (most tables) to reject nearly
+-- every row, and turn the walk into a scan and sort of every pending job. A
+-- worker of some queues drops the paused ones before walking; the others
+-- pass over a paused queue's due jobs as they walk, which costs more the
+-- longer its backlog.
 
 -- name: worker_claim_all
 -- A worker with no --queue and no --kind: jobs_claim_idx, in order.
@@ -516,6 +757,7 @@ SELECT ARRAY(
     SELECT id FROM (
         SELECT id FROM jobs
         WHERE status = 'pending' AND run_at <= now()
+          AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
         ORDER BY priority DESC, run_at, id
         LIMIT 10000 FOR UPDATE SKIP LOCKED
     ) AS walk LIMIT %(limit)s
@@ -547,6 +789,7 @@ SELECT ARRAY(
         ORDER BY priority DESC, run_at, id
         LIMIT 10000 FOR UPDATE SKIP LOCKED
     ) AS walk LIMIT %(limit)s) AS w
+    WHERE q <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
     ORDER BY w.priority DESC, w.run_at, w.id
     LIMIT %(limit)s
 ) AS ids;
@@ -560,6 +803,7 @@ SELECT ARRAY(
     LATERAL (SELECT * FROM (
         SELECT id, priority, run_at FROM jobs
         WHERE status IS NOT DISTINCT FROM 'pending' AND run_at <= now() AND kind = k
+          AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
         ORDER BY priority DESC, run_at, id
         LIMIT 10000 FOR UPDATE SKIP LOCKED
     ) AS walk LIMIT %(limit)s) AS w
@@ -575,6 +819,9 @@ SELECT ARRAY(
 -- each: a few probes per priority level, however many jobs are pending or
 -- delayed, and an estimate that stays small for the generic plan (a scan's
 -- grows with the table until JIT compilation turns on for every run).
+-- Paused queues are skipped as the claims skip them, and the end of a pause
+-- (of a queue the worker serves) counts as a job coming due: its jobs can
+-- be claimed from then on, and nobody notifies the worker when it comes.
 
 -- name: job_next_due
 -- A worker with no --queue and no --kind: jobs_claim_idx.
@@ -586,10 +833,11 @@ WITH RECURSIVE level (priority) AS (
             ORDER BY priority DESC LIMIT 1)
     FROM level AS l WHERE l.priority IS NOT NULL
 )
-SELECT extract(epoch FROM min((
+SELECT extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status = 'pending' AND priority = l.priority AND run_at > now()
-    ORDER BY run_at LIMIT 1)) - now())::float8
+      AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
+    ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)) - now())::float8
 FROM level AS l;
 
 -- name: job_next_due_queues
@@ -601,6 +849,7 @@ WITH RECURSIVE level (queue, priority) AS (
                WHERE status IS NOT DISTINCT FROM 'pending' AND queue = q
                ORDER BY priority DESC LIMIT 1)
     FROM unnest(%(queues)s::text[]) AS q
+    WHERE q <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
     UNION ALL
     SELECT l.queue, (SELECT priority FROM jobs
                      WHERE status IS NOT DISTINCT FROM 'pending' AND queue = l.queue
@@ -608,12 +857,14 @@ WITH RECURSIVE level (queue, priority) AS (
                      ORDER BY priority DESC LIMIT 1)
     FROM level AS l WHERE l.priority IS NOT NULL
 )
-SELECT extract(epoch FROM min((
+SELECT extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status IS NOT DISTINCT FROM 'pending' AND queue = l.queue
       AND priority = l.priority AND run_at > now()
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-    ORDER BY run_at LIMIT 1)) - now())::float8
+    ORDER BY run_at LIMIT 1)),
+    (SELECT min(until) FROM paused_queues_now WHERE queue = ANY(%(queues)s::text[])))
+    - now())::float8
 FROM level AS l;
 
 -- name: job_next_due_kinds
@@ -631,16 +882,22 @@ WITH RECURSIVE level (kind, priority) AS (
                     ORDER BY priority DESC LIMIT 1)
     FROM level AS l WHERE l.priority IS NOT NULL
 )
-SELECT extract(epoch FROM min((
+SELECT extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status IS NOT DISTINCT FROM 'pending' AND kind = l.kind
       AND priority = l.priority AND run_at > now()
-    ORDER BY run_at LIMIT 1)) - now())::float8
+      AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
+    ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)) - now())::float8
 FROM level AS l;
 
 -- name: worker_listen
 -- Hear about new jobs (the jobs table's insert trigger notifies). No rows.
 LISTEN pgqctl_jobs;
+
+-- name: worker_listen_cancel
+-- Hear about running jobs an operator cancelled (`pgqctl cancel` notifies).
+-- No rows.
+LISTEN pgqctl_cancel;
 
 -- name: transaction_begin
 -- The start of a worker's transaction, sent in one round trip with what it
@@ -657,6 +914,14 @@ COMMIT;
 SELECT id, status, attempts
 FROM jobs
 WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: job_cancelled_state
+-- Which of these jobs an operator cancelled, with their attempt and why: a
+-- worker checks before it stops a job it was told about (anyone may send a
+-- notification). One row per cancelled job.
+SELECT id, attempts, last_error
+FROM jobs
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled';
 
 -- ---------------------------------------------------------------------------
 -- migrate: applying sql/migrations/ (pgqctl/migrate.py).

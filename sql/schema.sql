@@ -10,7 +10,7 @@ CREATE TABLE jobs (
     kind          text NOT NULL,
     payload       jsonb NOT NULL,
     status        text NOT NULL DEFAULT 'pending'
-                  CHECK (status IN ('pending', 'running', 'done', 'failed')),
+                  CHECK (status IN ('pending', 'running', 'done', 'failed', 'cancelled')),
     priority      integer NOT NULL DEFAULT 0,
     -- The fencing token: incremented by every claim and never decreased.
     attempts      integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
@@ -23,7 +23,9 @@ CREATE TABLE jobs (
     finished_at   timestamptz,
     -- Claims a worker handed back unfinished (it stopped): they do not count
     -- as tries. The tries used are attempts - handbacks, of max_attempts.
-    handbacks     integer NOT NULL DEFAULT 0
+    handbacks     integer NOT NULL DEFAULT 0,
+    -- At most one pending or running job per (queue, unique_key); NULL: no key.
+    unique_key    text
 );
 
 -- Partial indexes: the hot queries touch only the live part of the table,
@@ -40,7 +42,11 @@ CREATE INDEX jobs_claim_kind_idx ON jobs (kind, priority DESC, run_at, id)
 CREATE INDEX jobs_lease_idx ON jobs (locked_until)
     WHERE status = 'running';
 CREATE INDEX jobs_finished_idx ON jobs (status, finished_at)
-    WHERE status IN ('done', 'failed');
+    WHERE status IN ('done', 'failed', 'cancelled');
+-- Unique jobs: enforced here so that racing producers cannot both insert.
+-- The live statuses are named, so a later finished status stays outside.
+CREATE UNIQUE INDEX jobs_unique_key_idx ON jobs (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');
 
 -- Keep finished_at true to status for writers that do not set it (plain SQL
 -- such as `UPDATE jobs SET status = 'done' WHERE id = 3`), so purge sees
@@ -49,7 +55,7 @@ CREATE INDEX jobs_finished_idx ON jobs (status, finished_at)
 CREATE FUNCTION jobs_sync_finished_at() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    NEW.finished_at := CASE WHEN NEW.status IN ('done', 'failed') THEN now() END;
+    NEW.finished_at := CASE WHEN NEW.status IN ('done', 'failed', 'cancelled') THEN now() END;
     RETURN NEW;
 END;
 $$;
@@ -57,7 +63,7 @@ $$;
 CREATE TRIGGER jobs_sync_finished_at
     BEFORE INSERT OR UPDATE OF status, finished_at ON jobs
     FOR EACH ROW
-    WHEN ((NEW.status IN ('done', 'failed')) <> (NEW.finished_at IS NOT NULL))
+    WHEN ((NEW.status IN ('done', 'failed', 'cancelled')) <> (NEW.finished_at IS NOT NULL))
     EXECUTE FUNCTION jobs_sync_finished_at();
 
 -- Wake listening workers once per INSERT statement (a bulk load of 100,000
@@ -76,3 +82,17 @@ CREATE TRIGGER jobs_notify_insert
     AFTER INSERT ON jobs
     FOR EACH STATEMENT
     EXECUTE FUNCTION jobs_notify_insert();
+
+-- Paused queues (see 0003): claimed from again when `until` passes (NULL:
+-- until resumed); paused_queues_now holds the pauses in effect.
+CREATE TABLE paused_queues (
+    queue     text PRIMARY KEY,
+    reason    text,
+    paused_at timestamptz NOT NULL DEFAULT now(),
+    until     timestamptz
+);
+
+CREATE VIEW paused_queues_now AS
+    SELECT queue, reason, paused_at, until
+    FROM paused_queues
+    WHERE until IS NULL OR until > now();

@@ -1,11 +1,12 @@
-"""The operator's commands: stats, leases, list, show, reap, requeue, purge
-(library: pgqctl/admin.py)."""
+"""The operator's commands: stats, leases, list, show, reap, requeue, cancel,
+purge (library: pgqctl/admin.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import sys
 import time
+from collections.abc import Sequence
 
 import click
 
@@ -23,11 +24,12 @@ from pgqctl.commands.options import (
     selection_option,
 )
 from pgqctl.errors import BadInput, NotFound
-from pgqctl.jobs import FIELDS, FINISHED, STATUS_NAMES
+from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, REQUEUED, STATUS_NAMES
 
 LIST_COLUMNS = ["id", "queue", "kind", "status", "attempt", "run_at", "finished_at", "error"]
 LEASE_COLUMNS = ["id", "queue", "kind", "attempt", "locked_by", "locked_until", "left"]
 CHANGE_COLUMNS = ["id", "queue", "kind", "status", "attempt", "error"]
+REQUEUE_COLUMNS = ["id", "queue", "kind", "status", "attempt", "run_at", "error"]
 
 
 @command("stats")
@@ -69,7 +71,7 @@ def stats_command(
     """Jobs per status, in total and per queue, with expired leases and the
     age of the oldest due pending job.
 
-    Pending, running and failed counts are exact. Done counts are exact up to
+    Pending, running, failed and cancelled counts are exact. Done counts are exact up to
     1,000 done jobs; beyond that they are estimated from PostgreSQL's table
     statistics (marked ~, and "estimated": true in JSON), so stats stays cheap
     on a long history. A queue's estimate is shown only when the statistics
@@ -77,7 +79,8 @@ def stats_command(
     counts them.
 
     On a terminal the table fits its width: a long queue name is cut with …;
-    no count is.
+    no count is, but the cancelled column is left out when it cannot fit
+    (--json has every count).
 
     --metric prints one figure as a whole number: the count of a status,
     expired_leases, or oldest_pending_age_seconds (0 when no job is due), of
@@ -319,27 +322,40 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
 
 @command("requeue")
 @database_options
-@selection_option("--failed", "all_failed", is_flag=True, help="Every failed job.")
+@selection_option("--failed", "all_failed", is_flag=True, help="Failed jobs (all, or as narrowed).")
+@selection_option(
+    "--cancelled",
+    "all_cancelled",
+    is_flag=True,
+    help="Cancelled jobs (all, or as narrowed), as failed ones.",
+)
+@selection_option(
+    "--pending",
+    "all_pending",
+    is_flag=True,
+    help="Pending jobs (all, or as narrowed): due now, attempts untouched.",
+)
 @selection_option("--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable).")
 @selection_option(
     "--kind",
     "kinds",
     metavar="KIND",
     multiple=True,
-    help="Only failed jobs of this kind (repeatable: any of them).",
+    help="Only jobs of this kind (repeatable: any of them).",
 )
 @selection_option(
     "--queue",
     "queues",
     metavar="QUEUE",
     multiple=True,
-    help="Only failed jobs of this queue (repeatable: any of them).",
+    help="Only jobs of this queue (repeatable: any of them).",
 )
 @selection_option(
     "--since",
     type=AGE,
     metavar="DURATION",
-    help="Only jobs failed within this long, with a unit (ms, s, m, h, d, w), e.g. 1h.",
+    help="Only jobs finished (pending ones: created) within this long, with a unit "
+    "(ms, s, m, h, d, w), e.g. 1h.",
 )
 @selection_option(
     "--attempts",
@@ -347,28 +363,55 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
     type=click.IntRange(min=1, max=1_000_000),
     default=1,
     show_default=True,
-    help="Tries each job gets: max_attempts becomes the tries used + N.",
+    help="Tries each failed or cancelled job gets: max_attempts becomes the tries used + N.",
+)
+@selection_option(
+    "--limit",
+    type=COUNT,
+    help="At most this many jobs: the oldest finished first (pending ones: soonest due).",
+)
+@selection_option(
+    "--spread",
+    type=AGE,
+    metavar="DURATION",
+    help="Spread their run_at evenly over this window from now, in --limit's order, e.g. 10m.",
 )
 @selection_option("--dry-run", is_flag=True, help="Show what would move; change nothing.")
 @format_options
 def requeue_command(
     database: Database,
     all_failed: bool,
+    all_cancelled: bool,
+    all_pending: bool,
     ids: tuple[int, ...],
     kinds: tuple[str, ...],
     queues: tuple[str, ...],
     since: float | None,
     more: int,
+    limit: int | None,
+    spread: float | None,
     dry_run: bool,
     fmt: str,
 ) -> None:
-    """Move failed jobs back to pending, due now.
+    """Move failed or cancelled jobs back to pending, or make pending jobs due
+    now, all in one statement.
 
-    Select every failed job with --failed, or narrow with --id, --kind,
-    --queue and --since (each given narrows further; one given several times
-    matches any of its values). Each job gets --attempts
-    more tries: attempts is kept (it fences stale workers) and max_attempts is
-    raised. last_error is kept until a later failure replaces it.
+    Select by status with --failed, --cancelled and --pending (any of them),
+    and narrow with --id, --kind, --queue and --since (each given narrows
+    further; one given several times matches any of its values). Without a
+    status: failed jobs, or, with --id, the job in whichever of these
+    statuses it is.
+
+    A failed or cancelled job gets --attempts more tries: attempts is kept
+    (it fences stale workers) and max_attempts is raised; last_error is kept
+    until a later failure replaces it. A pending job (delayed, or waiting
+    for a retry) becomes due now, never later than it was, its attempts
+    untouched. A job whose unique key a pending or running job holds is left
+    as it is.
+
+    To replay many jobs without a stampede, --limit takes the oldest
+    finished first and --spread sets their run_at evenly over a window, in
+    that order; --dry-run shows the run_at each would get.
 
     On a terminal the table fits its width: text is cut with …, times are
     shown shorter (in UTC) and the least important columns left out when
@@ -380,30 +423,184 @@ def requeue_command(
         pgqctl requeue --id 5
         pgqctl requeue --failed --kind send_receipt --since 1h --dry-run
         pgqctl requeue --queue emails --queue sms --attempts 3
+        pgqctl requeue --pending --kind report
+        pgqctl requeue --failed --kind webhook --limit 50000 --spread 10m
     """
-    selection = admin.Selection(ids=ids, kinds=kinds, queues=queues, since=since)
-    if not all_failed and selection == admin.Selection():
-        raise BadInput(
-            "nothing selected: give --failed to requeue every failed job, "
-            "or narrow with --id, --kind, --queue or --since"
+    chosen = [
+        status
+        for status, given in (
+            ("failed", all_failed),
+            ("cancelled", all_cancelled),
+            ("pending", all_pending),
         )
+        if given
+    ]
+    if spread is not None and spread <= 0:
+        raise BadInput("--spread needs a window longer than 0, such as --spread 10m")
+    if not chosen and not (ids or kinds or queues or since is not None):
+        raise BadInput(
+            "nothing selected: give --failed, --cancelled or --pending to requeue every "
+            "job in that status, or narrow with --id, --kind, --queue or --since"
+        )
+    if not chosen:
+        # An --id names its job whatever it is; a filter alone, failed jobs.
+        chosen = list(REQUEUED) if ids else ["failed"]
+    selection = admin.Selection(
+        statuses=tuple(chosen), ids=ids, kinds=kinds, queues=queues, since=since
+    )
     with database.connect(writes=not dry_run) as conn:
-        result = admin.requeue(conn, selection, more=more, dry_run=dry_run)
-    output.emit_jobs(result.jobs, CHANGE_COLUMNS, fmt, FIELDS)
+        result = admin.requeue(
+            conn, selection, more=more, limit=limit, spread=spread or 0.0, dry_run=dry_run
+        )
+    output.emit_jobs(result.jobs, REQUEUE_COLUMNS, fmt, FIELDS)
+    held_ids = {job.id for job, _ in result.held}
     for job_id, status in result.left.items():
+        if job_id in held_ids:
+            continue
         if status is None:
             say(f"job {job_id} not found")
-        elif status == "failed":
-            say(f"job {job_id} is failed but does not match the other filters: left as it is")
+        elif status not in REQUEUED:
+            say(
+                f"job {job_id} is {status}: requeue takes {_statuses(REQUEUED)} jobs; left as it is"
+            )
+        elif status not in chosen:
+            say(f"job {job_id} is {status}, not {_statuses(chosen, 'or')}: left as it is")
         else:
-            say(f"job {job_id} is {status}, not failed: left as it is")
+            beyond = " or is beyond --limit" if limit is not None else ""
+            say(
+                f"job {job_id} is {status} but does not match the other filters{beyond}: "
+                "left as it is"
+            )
+    for job, holder in result.held[:_HELD_SHOWN]:
+        say(
+            f"job {job.id} left as it is: job {holder} holds its unique key "
+            f"{job.unique_key!r} in queue {job.queue!r}"
+        )
+    if len(result.held) > _HELD_SHOWN:
+        say(f"and {len(result.held) - _HELD_SHOWN:,} more left for their unique key")
     verb = "would requeue" if dry_run else "requeued"
     jobs = result.jobs
-    say(f"{verb} {output.plural(len(jobs), 'job')}" if jobs else "no failed jobs match")
+    if jobs:
+        window = f", run_at spread over {output.format_seconds(spread)}" if spread else ""
+        say(f"{verb} {output.plural(len(jobs), 'job')}{window}")
+    else:
+        say(f"no {_statuses(chosen, 'or')} jobs match")
     if None in result.left.values():
         raise NotFound(
             "some --id jobs do not exist: `pgqctl list --status failed` lists the failed ones"
         )
+
+
+@command("cancel")
+@database_options
+@selection_option("--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable).")
+@selection_option(
+    "--queue",
+    "queues",
+    metavar="QUEUE",
+    multiple=True,
+    help="Only jobs of this queue (repeatable: any of them).",
+)
+@selection_option(
+    "--kind",
+    "kinds",
+    metavar="KIND",
+    multiple=True,
+    help="Only jobs of this kind (repeatable: any of them).",
+)
+@selection_option(
+    "--status",
+    "statuses",
+    type=click.Choice(CANCELLABLE),
+    multiple=True,
+    help="Only jobs in this status (repeatable; default: " + " and ".join(CANCELLABLE) + ").",
+)
+@selection_option(
+    "--reason", metavar="TEXT", help="Why, kept in each job's last_error (cancelled: TEXT)."
+)
+@selection_option("--dry-run", is_flag=True, help="Show what would be cancelled; change nothing.")
+@format_options
+def cancel_command(
+    database: Database,
+    ids: tuple[int, ...],
+    queues: tuple[str, ...],
+    kinds: tuple[str, ...],
+    statuses: tuple[str, ...],
+    reason: str | None,
+    dry_run: bool,
+    fmt: str,
+) -> None:
+    """Cancel pending or running jobs: each ends cancelled, finished now, and
+    is never claimed again (`requeue` brings it back).
+
+    Select with --id, --queue, --kind and --status (at least one; each given
+    narrows further, one given several times matches any of its values).
+    last_error says `cancelled: REASON` (`cancelled by an operator` without
+    --reason); attempts is kept.
+
+    A running job's worker, on whichever host, is told at once and stops the
+    job's whole process group (SIGTERM, then SIGKILL), without retrying it; a
+    worker that cannot hear notifications finds out at its next lease renewal
+    (within a third of the lease). A job whose worker is gone (lease expired)
+    is simply cancelled. A job that ends while it is being cancelled ends one
+    way or the other, never both.
+
+    On a terminal the table fits its width: text is cut with …, times are
+    shown shorter (in UTC) and the least important columns left out when
+    needed, and no value is broken across lines. Piped, the plain table is
+    never narrowed; --json has every field.
+
+    \b
+    Example:
+        pgqctl cancel --id 42 --reason "sent to the wrong customer"
+        pgqctl cancel --queue emails --status pending --dry-run
+        pgqctl cancel --kind resize --json | jq '.[].id'
+    """
+    selection = admin.CancelSelection(ids=ids, queues=queues, kinds=kinds, statuses=statuses)
+    if not (ids or queues or kinds or statuses):
+        raise BadInput(
+            "nothing selected: give --id, --queue, --kind or --status "
+            f"({' or '.join(CANCELLABLE)}) to say which jobs to cancel"
+        )
+    with database.connect(writes=not dry_run) as conn:
+        result = admin.cancel(conn, selection, reason=reason, dry_run=dry_run)
+    output.emit_jobs(result.jobs, CHANGE_COLUMNS, fmt, admin.CANCEL_FIELDS)
+    takes = " or ".join(selection.statuses or CANCELLABLE)
+    for job_id, status in result.left.items():
+        if status is None:
+            say(f"job {job_id} not found")
+        elif status in (selection.statuses or CANCELLABLE):
+            say(f"job {job_id} is {status} but does not match the other filters: left as it is")
+        else:
+            say(f"job {job_id} is {status}: cancel takes {takes} jobs; left as it is")
+    jobs = result.jobs
+    if not jobs:
+        say(f"no {takes} jobs match")
+    else:
+        pending = sum(1 for c in jobs if c.cancelled_from == "pending")
+        gone = sum(1 for c in jobs if c.lease_expired)
+        told = len(jobs) - pending - gone
+        parts = [f"{pending} pending"] if pending else []
+        if told:
+            told_to = "would be told" if dry_run else "are told"
+            parts.append(f"{told} running (their workers {told_to} to stop them)")
+        if gone:
+            parts.append(f"{gone} running whose worker is gone (lease expired)")
+        verb = "would cancel" if dry_run else "cancelled"
+        say(f"{verb} {output.plural(len(jobs), 'job')}: {', '.join(parts)}")
+    if None in result.left.values():
+        raise NotFound(
+            "some --id jobs do not exist: `pgqctl list --status pending --status running` "
+            "lists the jobs cancel takes"
+        )
+
+
+# Jobs left for their unique key named one by one; the rest counted.
+_HELD_SHOWN = 10
+
+
+def _statuses(names: Sequence[str], last: str = "and") -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
 @command("purge")
@@ -415,7 +612,7 @@ def requeue_command(
     multiple=True,
     default=["done"],
     show_default=True,
-    help="Finished status to delete (repeatable; all = done and failed).",
+    help="Finished status to delete (repeatable; all = " + ", ".join(FINISHED) + ").",
 )
 @selection_option(
     "--older-than",

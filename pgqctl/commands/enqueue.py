@@ -21,7 +21,7 @@ from pgqctl.commands.options import (
     format_options,
     say,
 )
-from pgqctl.enqueue import check_defaults, insert_jobs, load, make_job, parse_payload
+from pgqctl.enqueue import ON_CONFLICT, check_defaults, insert_jobs, load, make_job, parse_payload
 
 
 def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -83,6 +83,22 @@ def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
     help="Attempts before the job fails for good.",
 )
 @click.option(
+    "--unique-key",
+    cls=OnceOption,
+    metavar="KEY",
+    allow_from_autoenv=False,  # one key in the environment would make every job the same one
+    help="At most one pending or running job per queue with this key (with --file: "
+    '"unique_key" in a line).',
+)
+@click.option(
+    "--on-conflict",
+    cls=OnceOption,
+    type=click.Choice(ON_CONFLICT),
+    default="skip",
+    show_default=True,
+    help="When the key is taken: skip (print the holder's id) or error (exit 1, nothing enqueued).",
+)
+@click.option(
     "--file",
     "path",
     cls=OnceOption,
@@ -100,6 +116,8 @@ def enqueue_command(
     delay: float | None,
     run_at: dt.datetime | None,
     max_attempts: int,
+    unique_key: str | None,
+    on_conflict: str,
     path: str | None,
     fmt: str,
 ) -> None:
@@ -107,14 +125,22 @@ def enqueue_command(
 
     With --file, add one job per line of a JSON-lines file instead, each an
     object with "kind" and optionally "payload", "queue", "priority",
-    "run_at", "delay", "max_attempts"; the options above fill what a line
-    leaves out. The whole file goes in one transaction: one bad line and
-    nothing is added.
+    "run_at", "delay", "max_attempts", "unique_key"; the options above fill
+    what a line leaves out. The whole file goes in one transaction: one bad
+    line and nothing is added.
+
+    A unique key allows one pending or running job per queue and key (the
+    database enforces it, also against producers racing each other). When a
+    job holds it, --on-conflict skip prints that job's id instead (JSON:
+    "existing": true) and error exits 1 naming it; in a file, the first line
+    with a key wins, and under error nothing is added. The key is free again
+    once its job is done or failed.
 
     \b
     Example:
         pgqctl enqueue hello '{"argv": ["echo", "hello"]}'
         pgqctl enqueue report '{"argv": ["./report.sh"]}' --delay 5m --queue slow
+        pgqctl enqueue sync '{"argv": ["./sync.sh", "7"]}' --unique-key user:7
         pgqctl enqueue --file jobs.jsonl
         printf '%s\\n' '{"kind": "ping", "payload": {"argv": ["true"]}}' | pgqctl enqueue --file -
     """
@@ -130,18 +156,32 @@ def enqueue_command(
     if path is not None:
         if kind is not None:
             raise click.UsageError("give KIND [PAYLOAD] or --file, not both")
+        if unique_key is not None:
+            raise click.UsageError(
+                'give each line of --file its own "unique_key"; --unique-key is for one job'
+            )
         # Options given (on the command line or as PGQCTL_*) fill what lines leave out.
         source = click.get_current_context().get_parameter_source
         given = {k: v for k, v in options.items() if source(k) is not ParameterSource.DEFAULT}
         check_defaults(given)
-        _enqueue_file(database, path, given, fmt)
+        _enqueue_file(database, path, given, on_conflict, fmt)
         return
     if kind is None:
         raise click.UsageError("missing KIND (or --file F to load many jobs)")
-    job = make_job(kind, parse_payload(payload) if payload is not None else None, **options)
+    job = make_job(
+        kind,
+        parse_payload(payload) if payload is not None else None,
+        unique_key=unique_key,
+        **options,
+    )
     with database.connect(writes=True) as conn:
-        ids = insert_jobs(conn, [job])
-    output.emit_new_ids(ids, fmt)
+        ids = insert_jobs(conn, [job], on_conflict=on_conflict)
+    if ids.existing:
+        say(
+            f"job {ids[0]} already has unique key {unique_key!r} in queue {queue!r} "
+            "(pending or running): nothing enqueued"
+        )
+    output.emit_new_ids(ids, fmt, existing=ids.existing)
 
 
 def _regular_file(f: object) -> bool:
@@ -151,7 +191,9 @@ def _regular_file(f: object) -> bool:
         return False
 
 
-def _enqueue_file(database: Database, path: str, defaults: dict[str, object], fmt: str) -> None:
+def _enqueue_file(
+    database: Database, path: str, defaults: dict[str, object], on_conflict: str, fmt: str
+) -> None:
     source = "stdin" if path == "-" else path
     with click.open_file(path, "rb") as f, output.file_progress(f) as progress:
         ids = load(
@@ -163,12 +205,21 @@ def _enqueue_file(database: Database, path: str, defaults: dict[str, object], fm
             # A pipe may pause for as long as its writer likes: read it all
             # before the transaction. A regular file streams.
             read_first=not _regular_file(f),
+            on_conflict=on_conflict,
         )
     if not ids:
         say(f"nothing to enqueue: {source} has no jobs")
         output.emit_new_ids([], fmt)
         return
-    say(f"enqueued {output.plural(len(ids), 'job')} {output.id_span(ids)}")
+    if ids.existing:
+        held = len(ids.existing)
+        added = len(ids) - held
+        say(
+            f"enqueued {output.plural(added, 'job')}; {output.plural(held, 'job')} skipped: "
+            f"their unique key is held by a pending or running job (its id printed instead)"
+        )
+    else:
+        say(f"enqueued {output.plural(len(ids), 'job')} {output.id_span(ids)}")
     # Thousands of ids on a terminal are noise: there, the line above says it all.
     if not (sys.stdout.isatty() and fmt in ("auto", *output.HUMAN_FORMATS)):
-        output.emit_new_ids(ids, fmt)
+        output.emit_new_ids(ids, fmt, existing=ids.existing)

@@ -109,6 +109,19 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     show_default=True,
     help="Retry delay after a first failure; doubles with each attempt (±25%, at most 1h).",
 )
+@click.option(
+    "--reap-every",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="Reclaim expired leases (as `pgqctl reap` does) about this often (±25%), "
+    "and once before --burst exits.",
+)
+@click.option(
+    "--no-reap",
+    is_flag=True,
+    help="Reclaim no expired leases; leave it to `pgqctl reap` from cron.",
+)
 @click.option("--burst", is_flag=True, help="Exit once no job is due and none is running.")
 @click.option(
     "--max-jobs",
@@ -144,6 +157,8 @@ def worker_command(
     timeout: float | None,
     grace: float,
     backoff: float,
+    reap_every: float,
+    no_reap: bool,
     burst: bool,
     max_jobs: int | None,
     allow_shell: bool,
@@ -158,6 +173,11 @@ def worker_command(
     else: retried with exponential backoff until max_attempts, then failed.
     The child gets PGQCTL_JOB_ID (an idempotency key), PGQCTL_JOB_KIND,
     PGQCTL_JOB_QUEUE and PGQCTL_JOB_ATTEMPT, and no database credentials.
+
+    Every --reap-every, the worker also returns jobs whose lease expired (a
+    worker that died holding them) to the queue, as `pgqctl reap` does, so a
+    fleet needs no cron for it; many workers reaping at once take each job
+    once, and never one of a live worker (its lease is renewed).
 
     SIGTERM, SIGINT or SIGHUP: claim nothing more, let running jobs finish for
     --grace, then stop them and hand them back; a second signal stops them
@@ -190,6 +210,7 @@ def worker_command(
         handlers=handlers,
         backoff=backoff,
         listen_dsn=listen_dsn,
+        reap_every=None if no_reap else reap_every,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     return worker.serve(config, database.dsn, log)

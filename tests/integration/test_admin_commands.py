@@ -37,15 +37,17 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
     add_jobs(conn, 1, status="running", attempts=1, locked_until=ago("-5 minutes"))
     add_jobs(conn, 3, status="done", attempts=1)
     add_jobs(conn, 1, queue="emails", status="failed", attempts=3)
+    add_jobs(conn, 1, queue="emails", status="cancelled", attempts=1)
 
     stats = cli_json(dsn, "stats")
 
     assert 3590 < stats.pop("oldest_pending_age_seconds") < 3700
     queues = stats.pop("queues")
     assert stats == {
-        "totals": {"pending": 4, "running": 2, "done": 3, "failed": 1},
+        "totals": {"pending": 4, "running": 2, "done": 3, "failed": 1, "cancelled": 1},
         "expired_leases": 1,
         "estimated": False,
+        "paused": [],
     }
     ages = [q.pop("oldest_pending_age_seconds") for q in queues]
     assert 55 < ages[0] < 120 and 3590 < ages[1] < 3700
@@ -56,8 +58,10 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
             "running": 1,
             "done": 3,
             "failed": 0,
+            "cancelled": 0,
             "expired_leases": 0,
             "estimated": False,
+            "paused": None,
         },
         {
             "queue": "emails",
@@ -65,23 +69,26 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
             "running": 1,
             "done": 0,
             "failed": 1,
+            "cancelled": 1,
             "expired_leases": 1,
             "estimated": False,
+            "paused": None,
         },
     ]
 
 
 def test_stats_of_an_empty_queue(dsn: str) -> None:
     assert cli_json(dsn, "stats") == {
-        "totals": {"pending": 0, "running": 0, "done": 0, "failed": 0},
+        "totals": {"pending": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0},
         "expired_leases": 0,
         "oldest_pending_age_seconds": None,
         "estimated": False,
         "queues": [],
+        "paused": [],
     }
     table = run_cli("stats", "--format", "plain", "--dsn", dsn)
     assert table.exit_code == 0
-    assert table.stdout.splitlines()[-1].split() == ["(total)", "0", "0", "0", "0", "0"]
+    assert table.stdout.splitlines()[-1].split() == ["(total)", "0", "0", "0", "0", "0", "0"]
 
 
 def test_stats_on_an_unmigrated_database_says_to_migrate(empty_dsn: str) -> None:
@@ -116,11 +123,18 @@ def test_stats_estimates_done_on_a_long_history_and_exact_counts_it(
         "pending": 50,
         "running": 0,
         "failed": 10,
+        "cancelled": 0,
     }
 
     exact = cli_json(dsn, "stats", "--exact")
     assert exact["estimated"] is False
-    assert exact["totals"] == {"pending": 50, "running": 0, "done": 1800, "failed": 10}
+    assert exact["totals"] == {
+        "pending": 50,
+        "running": 0,
+        "done": 1800,
+        "failed": 10,
+        "cancelled": 0,
+    }
     assert [q["done"] for q in exact["queues"]] == [1200, 600]
 
     table = run_cli("stats", "--format", "plain", "--dsn", dsn)
@@ -393,15 +407,28 @@ def test_requeue_keeps_attempts_and_the_last_error(dsn: str, conn: psycopg.Conne
     assert moved["locked_by"] == "w:1:0"  # who ran it last, until another worker claims it
 
 
-def test_requeue_id_of_a_job_that_is_not_failed_says_so(
+def test_requeue_id_of_a_job_it_does_not_take_says_which_it_takes(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
     (failed,) = add_jobs(conn, status="failed", attempts=3)
+    (running,) = expired(conn)
+    (done,) = add_jobs(conn, status="done", attempts=1)
     (pending,) = add_jobs(conn)
-    result = run_cli("requeue", "--id", str(failed), "--id", str(pending), "--json", "--dsn", dsn)
+    result = run_cli(
+        "requeue", "--id", str(failed), "--id", str(running), "--id", str(done), "--json",
+        "--dsn", dsn,
+    )  # fmt: skip
     assert result.exit_code == 0
     assert [j["id"] for j in json.loads(result.stdout)] == [failed]
-    assert f"job {pending} is pending, not failed: left as it is" in result.stderr
+    for job_id, status in [(running, "running"), (done, "done")]:
+        assert (
+            f"job {job_id} is {status}: requeue takes pending and failed jobs; left as it is"
+            in result.stderr
+        )
+    # A status given narrows what an --id may be.
+    only_failed = run_cli("requeue", "--failed", "--id", str(pending), "--dsn", dsn)
+    assert only_failed.exit_code == 0
+    assert f"job {pending} is pending, not failed: left as it is" in only_failed.stderr
 
     missing = run_cli("requeue", "--id", "999999", "--dsn", dsn)
     assert missing.exit_code == 1

@@ -70,5 +70,5 @@ def test_the_seed_walkthrough(dsn: str, conn: psycopg.Connection[Any]) -> None:
     assert conn.execute(claim_crm).fetchone() == (5, "sync_crm", {"customer": "carol"}, 4)
 
     stats = cli_json(dsn, "stats")
-    assert stats["totals"] == {"pending": 2, "running": 2, "done": 1, "failed": 0}
+    assert stats["totals"] == {"pending": 2, "running": 2, "done": 1, "failed": 0, "cancelled": 0}
     assert stats["expired_leases"] == 0

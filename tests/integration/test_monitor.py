@@ -310,12 +310,22 @@ def test_metrics_parse_and_equal_stats_exact(dsn: str, conn: psycopg.Connection[
         for k, v in got.items()
         if k[0] == "pgqctl_jobs_finished_last_minute"
     }
-    assert finished == {
-        ("emails", "done"): 2,
-        ("emails", "failed"): 0,
-        ("sms", "done"): 0,
-        ("sms", "failed"): 1,
-    }
+    expected = {(q, outcome): 0 for q in ("emails", "sms") for outcome in FINISHED}
+    assert finished == {**expected, ("emails", "done"): 2, ("sms", "failed"): 1}
+
+
+def test_metrics_show_paused_queues_even_without_jobs(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    mixed_queues(conn)
+    for queue in ("sms", "idle"):
+        assert run_cli("pause", queue, "--reason", "provider down", "--dsn", dsn).exit_code == 0
+    got = samples(run_cli("metrics", "--dsn", dsn).stdout)
+    paused = {dict(k[1])["queue"]: v for k, v in got.items() if k[0] == "pgqctl_queue_paused"}
+    assert paused == {"emails": 0, "sms": 1, "idle": 1}
+    assert run_cli("resume", "sms", "--dsn", dsn).exit_code == 0
+    got = samples(run_cli("metrics", "--dsn", dsn).stdout)
+    assert got[("pgqctl_queue_paused", (("queue", "sms"),))] == 0
 
 
 def test_metrics_textfile_is_replaced_whole_and_kept_on_failure(

@@ -43,6 +43,10 @@ CATALOG_QUERIES = {
         WHERE n.nspname = %(schema)s
         ORDER BY p.proname
     """,
+    "views": """
+        SELECT viewname, definition FROM pg_views WHERE schemaname = %(schema)s
+        ORDER BY viewname
+    """,
 }
 
 

@@ -42,6 +42,7 @@ GENERAL = [
     '{"kind": "a", "run_at": "2030-01-01T00:00:00Z"}',
     '{"kind": "a", "payload": {"x": 1e-400, "y": 1.5e-310}}',
     ' {"kind": "a", "payload": {"x": 1}}  ',
+    '{"kind": "a", "unique_key": "user:7\\t\\\\N", "payload": {"x": 1}}',
 ]
 DEFAULTS: list[dict[str, Any] | None] = [
     None,
@@ -75,15 +76,16 @@ def expected_fields(number: int, line: str, defaults: dict[str, Any] | None) -> 
         str(job.max_attempts),
         run_at,
         job.delay,
+        job.unique_key,
     ]
 
 
 def read_back(row: str) -> list[Any]:
     fields = copy_fields(row)
-    assert len(fields) == 8
+    assert len(fields) == 9
     payload, delay = fields[2], fields[7]
     assert payload is not None and delay is not None
-    return [*fields[:2], json.loads(payload), *fields[3:7], float(delay)]
+    return [*fields[:2], json.loads(payload), *fields[3:7], float(delay), fields[8]]
 
 
 @pytest.mark.parametrize("defaults", DEFAULTS)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pgqctl import admin, output
-from pgqctl.commands.admin import CHANGE_COLUMNS, LEASE_COLUMNS, LIST_COLUMNS
+from pgqctl.commands.admin import CHANGE_COLUMNS, LEASE_COLUMNS, LIST_COLUMNS, REQUEUE_COLUMNS
 from pgqctl.jobs import Job
 from pgqctl.runner import Outcome
 
@@ -39,6 +39,8 @@ def jobs() -> list[Job]:
             run_at=WHEN,
             finished_at=None if i % 3 == 1 else WHEN,
             last_error=ERROR if i % 3 == 0 else None,
+            # A long key: a listing does not show it (show and --json do).
+            unique_key=f"webhook:customer-{i}:invoice-2026-12-01-a-rather-long-reference",
         )
         for i in range(6)
     ]
@@ -72,6 +74,10 @@ def listings() -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
         "list": ([output._job_cells(j.as_record()) for j in jobs()], LIST_COLUMNS),
         "leases": ([output._job_cells(r.as_record()) for r in leases], LEASE_COLUMNS),
         "reap": ([output._job_cells(r.as_record()) for r in reaped], CHANGE_COLUMNS),
+        "requeue": (
+            [output._job_cells(replace_status(j, "pending", HOLDER).as_record()) for j in jobs()],
+            REQUEUE_COLUMNS,
+        ),
         "stats": (output._stats_rows(stats), output.STATS_COLUMNS),
     }
 
@@ -102,7 +108,7 @@ def table_cells(lines: list[str]) -> list[dict[str, str]]:
 
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("fmt", ["table", "plain"])
-@pytest.mark.parametrize("name", ["list", "leases", "reap", "stats"])
+@pytest.mark.parametrize("name", ["list", "leases", "reap", "requeue", "stats"])
 def test_a_listing_fits_the_width_and_breaks_no_value(width: int, fmt: str, name: str) -> None:
     rows, columns = listings()[name]
     out = io.StringIO()
