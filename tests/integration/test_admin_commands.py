@@ -421,10 +421,8 @@ def test_requeue_id_of_a_job_it_does_not_take_says_which_it_takes(
     assert result.exit_code == 0
     assert [j["id"] for j in json.loads(result.stdout)] == [failed]
     for job_id, status in [(running, "running"), (done, "done")]:
-        assert (
-            f"job {job_id} is {status}: requeue takes pending and failed jobs; left as it is"
-            in result.stderr
-        )
+        takes = "requeue takes pending, failed and cancelled jobs"
+        assert f"job {job_id} is {status}: {takes}; left as it is" in result.stderr
     # A status given narrows what an --id may be.
     only_failed = run_cli("requeue", "--failed", "--id", str(pending), "--dsn", dsn)
     assert only_failed.exit_code == 0
