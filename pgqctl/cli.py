@@ -21,7 +21,16 @@ from click.core import ParameterSource
 # server) are imported inside those commands: every command pays for what is
 # imported here, and in a short command that is a good part of its run.
 from pgqctl import __version__, db
-from pgqctl.commands import admin, control, embedded, enqueue, migrate, monitor, worker
+from pgqctl.commands import (
+    admin,
+    control,
+    doctor,
+    embedded,
+    enqueue,
+    migrate,
+    monitor,
+    worker,
+)
 from pgqctl.commands.options import CONTEXT, DEBUG_HELP, OnceGroup, global_options, say
 from pgqctl.errors import EXIT_FAILURE, EXIT_USAGE, DatabaseUnavailable, PgqctlError
 
@@ -60,6 +69,8 @@ for _command in (
     admin.purge_command,
     monitor.check_command,
     monitor.metrics_command,
+    doctor.doctor_command,
+    monitor.top_command,
     control.pause_command,
     control.resume_command,
     worker.worker_command,

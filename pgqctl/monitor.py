@@ -24,7 +24,7 @@ from psycopg.rows import dict_row
 from pgqctl import admin, control
 from pgqctl.db import atomic, reason
 from pgqctl.errors import PgqctlError
-from pgqctl.jobs import FINISHED, STATUS_NAMES
+from pgqctl.jobs import FINISHED, STATUS_NAMES, Job
 from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
@@ -462,3 +462,99 @@ def metrics_server(
 
     server_class = Server6 if ":" in host else WSGIServer
     return make_server(host, port, app, server_class=server_class, handler_class=QuietHandler)
+
+
+# --- top ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerSeen:
+    """A worker as `top` shows it: what it holds now."""
+
+    name: str  # host:pid
+    running: int  # jobs it holds
+    expired: int  # of which the lease is over: it is gone, or cannot renew
+    queues: tuple[str, ...]
+    seconds_left: float | None  # its soonest lease end
+
+    @property
+    def state(self) -> str:
+        if self.expired == self.running:
+            return "gone (every lease over)"
+        if self.expired:
+            return f"running, {self.expired} lease(s) over"
+        return "running"
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "worker": self.name,
+            "state": self.state,
+            "running": self.running,
+            "expired": self.expired,
+            "queues": list(self.queues),
+            "seconds_left": self.seconds_left,
+        }
+
+
+def workers_seen(conn: Connection) -> list[WorkerSeen]:
+    """The workers `top` shows.
+
+    For now these are the workers seen holding running jobs (locked_by, from
+    the leases): a worker that waits for work holds none and is not seen. The
+    workers registry (each worker's own row, with its heartbeat) is being
+    added; this is the one function to read it from then.
+    """
+    return [
+        WorkerSeen(
+            r["worker"] or "an unnamed worker",
+            int(r["running"]),
+            int(r["expired"]),
+            tuple(r["queues"]),
+            None if r["seconds_left"] is None else float(r["seconds_left"]),
+        )
+        for r in _rows(conn, "monitor_workers_seen", {})
+    ]
+
+
+@dataclass(frozen=True)
+class TopView:
+    """One frame of `top`: each queue's counts, pause and finishing rates, the
+    leases ending soonest and the workers."""
+
+    ts: dt.datetime
+    window: float  # the seconds the rates are measured over
+    counts: dict[str, admin.Counts]
+    finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs in the window
+    paused: dict[str, control.Pause]
+    leases: list[admin.Lease]
+    workers: list[WorkerSeen]
+
+    def queues(self) -> list[str]:
+        return sorted(set(self.counts) | set(self.finished) | set(self.paused))
+
+    def rate(self, queue: str, status: str) -> float:
+        """Jobs of `queue` that reached `status` per second over the window."""
+        return self.finished.get(queue, {}).get(status, 0) / self.window
+
+
+def top_view(conn: Connection, *, window: float, leases: int = 10) -> TopView:
+    """A frame of `top`, in one transaction; the rates count the jobs that
+    finished within the last `window` seconds (the time since the previous
+    frame). Every read is bounded by the live jobs and that window's finished
+    ones, as `metrics`' are, never by the history."""
+    with atomic(conn):
+        counts = admin.counts(conn, done_bound=0)
+        finished = finished_since(conn, window)
+        pauses = {p.queue: p for p in control.paused(conn)}
+        soonest = [
+            admin.Lease(
+                Job.from_row(r),
+                r["expired"],
+                None if r["seconds_left"] is None else float(r["seconds_left"]),
+            )
+            for r in _rows(conn, "monitor_leases_soonest", {"limit": leases})
+        ]
+        workers = workers_seen(conn)
+    return TopView(
+        dt.datetime.now(dt.timezone.utc), window, counts, finished, pauses, soonest, workers
+    )

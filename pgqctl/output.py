@@ -23,7 +23,8 @@ from pgqctl.errors import PgqctlError
 
 if TYPE_CHECKING:
     from pgqctl.admin import Stats
-    from pgqctl.monitor import CheckResult
+    from pgqctl.doctor import Report
+    from pgqctl.monitor import CheckResult, TopView
 
 FORMATS = ("auto", "table", "plain", "json", "ndjson", "csv", "tsv")
 HUMAN_FORMATS = ("table", "plain")
@@ -874,3 +875,216 @@ def write_metrics_textfile(path: str, registry: Any) -> None:
     except OSError as exc:
         # Named as given: the temporary file's name would only puzzle.
         raise PgqctlError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+# --- doctor ------------------------------------------------------------------------
+
+
+def size(n: int | None) -> str:
+    """Bytes as a person reads them: 8.0 kB, 3.9 MB."""
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1024 or unit == "TB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # not reached
+
+
+def _when(stamp: dt.datetime | None, count: int | None) -> str:
+    at = "never" if stamp is None else stamp.isoformat(sep=" ", timespec="seconds")
+    return f"{at} ({count or 0} in all)"
+
+
+def _bloat_text(bloat: Any) -> str:
+    if bloat.bytes is None:
+        return f"bloat ? ({bloat.method}: not analyzed yet)"
+    exact = "exact, pgstattuple" if bloat.method == "pgstattuple" else "estimate"
+    return f"bloat {size(bloat.bytes)} ({bloat.percent:g}%, {exact})"
+
+
+def doctor_lines(report: Report) -> list[str]:
+    """The report as text: each table, the horizon, autovacuum, then the findings."""
+    lines = []
+    for t in report.tables:
+        c = t.counters
+        lines.append(
+            f"{t.name}: {t.live:,} live, {t.dead:,} dead tuples; table {size(t.table_bytes)}, "
+            f"indexes {size(t.index_bytes)}; {_bloat_text(t.bloat)}"
+        )
+        lines.append(
+            f"  vacuum {_when(c['last_vacuum'], c['vacuum_count'])}, "
+            f"autovacuum {_when(c['last_autovacuum'], c['autovacuum_count'])}"
+        )
+        lines.append(
+            f"  analyze {_when(c['last_analyze'], c['analyze_count'])}, "
+            f"autoanalyze {_when(c['last_autoanalyze'], c['autoanalyze_count'])}"
+        )
+        lines.append(
+            f"  changed since: {int(c['n_mod_since_analyze'] or 0):,} rows since analyze, "
+            f"{int(c['n_ins_since_vacuum'] or 0):,} inserted since vacuum; in all "
+            f"{int(c['n_tup_ins'] or 0):,} inserted, {int(c['n_tup_upd'] or 0):,} updated, "
+            f"{int(c['n_tup_del'] or 0):,} deleted"
+        )
+        if t.options:
+            lines.append("  settings: " + ", ".join(f"{k}={v}" for k, v in t.options.items()))
+        for i in t.indexes:
+            density = "" if i.leaf_density is None else f", leaf density {i.leaf_density:g}%"
+            lines.append(f"  index {i.name}: {size(i.bytes)}, {_bloat_text(i.bloat)}{density}")
+    lines.append("horizon:")
+    if not report.holders:
+        lines.append("  nothing holds it back")
+    for h in report.holders:
+        lines.append(f"  {printable(_holder_text(h), LINE_ESCAPES)}")
+    av = report.autovacuum
+    lines.append(
+        f"autovacuum: {'on' if av['enabled'] else 'OFF'}, {av['busy_workers']} of "
+        f"{av['max_workers']} workers busy, naptime {format_seconds(av['naptime_seconds'])}"
+    )
+    for f in report.findings:
+        lines.append("")
+        lines.append(printable(f"FINDING {f.kind} ({f.subject}): {f.summary}", LINE_ESCAPES))
+        lines.append(f"  do: {f.recommendation}")
+        for statement in f.sql:
+            lines.append(f"  {printable(statement, LINE_ESCAPES)}")
+    return lines
+
+
+def _holder_text(h: Any) -> str:
+    f = h.figures
+    kept = ""
+    if h.holds_queue:
+        verb = "keeps" if h.kept_is == "counted" else "keeps up to"
+        kept = f": {verb} {h.kept:,} dead tuples of the queue's tables"
+    elif h.kind == "slot":
+        kept = ": catalog_xmin only (system catalogs), not the queue's tables"
+    age = "" if h.age_seconds is None else f", {format_seconds(h.age_seconds)} old"
+    xids = f"{h.xid_age:,} transactions behind" if h.xid_age is not None else "age unknown"
+    if h.kind == "transaction":
+        parts = [
+            f"user {f['user']}",
+            f"application {f['application']!r}",
+            f"client {f['client_addr'] or 'local'}",
+            f"{f['state']}",
+            f"transaction started {human(f['xact_start'])}{age}",
+            f"query started {human(f['query_start'])}",
+        ]
+        return f"pid {f['pid']} (" + ", ".join(parts) + f"; {xids}){kept}"
+    if h.kind == "prepared":
+        return (
+            f"prepared transaction {f['gid']!r} (owner {f['owner']}, database "
+            f"{f['database']}, prepared {human(f['prepared'])}{age}; {xids}){kept}"
+        )
+    if h.kind == "slot":
+        state = "active" if f["active"] else "inactive"
+        return (
+            f"slot {f['slot_name']!r} ({f['slot_type']}, {state}, xmin {f['xmin'] or '-'}, "
+            f"catalog_xmin {f['catalog_xmin'] or '-'}; {xids}){kept}"
+        )
+    return (
+        f"standby pid {f['pid']} (application {f['application']!r}, client "
+        f"{f['client_addr']}, hot_standby_feedback xmin {f['xmin']}; {xids}){kept}"
+    )
+
+
+def emit_doctor(report: Report, fmt: str) -> None:
+    """JSON: every figure and finding; else the report as text."""
+    if resolve_format(fmt) in ("json", "ndjson"):
+        emit_object(report.as_json())
+        return
+    sys.stdout.write("\n".join(doctor_lines(report)) + "\n")
+
+
+# --- top --------------------------------------------------------------------------
+
+
+def top_render(view: TopView, where: str, interval: float) -> Any:
+    """One frame of `top` as a rich renderable."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    header = Text(
+        f"pgqctl top  {where}  {view.ts.isoformat(sep=' ', timespec='seconds')}  "
+        f"every {format_seconds(interval)}  (q quits)",
+        style="bold",
+    )
+    queues = Table(title="queues", title_justify="left", header_style="bold", expand=False)
+    for name in ("queue", "pending", "running", "done/s", "failed/s", "oldest due", "paused"):
+        queues.add_column(name, justify="left" if name in ("queue", "paused") else "right")
+    for name in view.queues():
+        c = view.counts.get(name)
+        pending = c.by_status["pending"] if c else 0
+        running = c.by_status["running"] if c else 0
+        age = c.oldest_pending_age_seconds if c else None
+        pause = view.paused.get(name)
+        queues.add_row(
+            Text(printable(name)),
+            f"{pending:,}",
+            f"{running:,}",
+            f"{view.rate(name, 'done'):.1f}",
+            f"{view.rate(name, 'failed'):.1f}",
+            "-" if age is None else format_seconds(age),
+            Text(printable(pause_summary(pause.until, pause.reason))) if pause else "",
+        )
+    leases = Table(title="leases ending soonest", title_justify="left", header_style="bold")
+    for name in ("id", "queue", "kind", "attempt", "holder", "left"):
+        leases.add_column(name)
+    for lease in view.leases:
+        job = lease.job
+        left = "none" if lease.seconds_left is None else format_seconds(lease.seconds_left)
+        leases.add_row(
+            str(job.id),
+            Text(printable(job.queue)),
+            Text(printable(job.kind)),
+            str(job.attempts),
+            Text(printable(job.locked_by or "")),
+            left + (" (expired)" if lease.expired else ""),
+        )
+    workers = Table(title="workers (seen in leases)", title_justify="left", header_style="bold")
+    for name in ("worker", "state", "jobs", "queues", "next lease end"):
+        workers.add_column(name)
+    for w in view.workers:
+        workers.add_row(
+            Text(printable(w.name)),
+            w.state,
+            str(w.running),
+            Text(printable(", ".join(w.queues))),
+            "-" if w.seconds_left is None else format_seconds(w.seconds_left),
+        )
+    return Group(header, queues, leases, workers)
+
+
+def top_screen(render: Callable[[], Any], interval: float) -> None:
+    """Show `render()` on the whole terminal (its alternate screen), redrawn
+    every `interval` seconds, until q or Ctrl-C; the screen, the cursor and the
+    terminal's modes are restored whatever ends it."""
+    import select
+    import termios
+    import tty
+
+    from rich.console import Console
+    from rich.live import Live
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        # cbreak: keys come one at a time, unechoed; Ctrl-C still interrupts.
+        tty.setcbreak(fd)
+        with Live(
+            render(), console=Console(), screen=True, auto_refresh=False, redirect_stdout=False
+        ) as view:
+            deadline = time.monotonic() + interval
+            while True:
+                ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+                if ready:
+                    if os.read(fd, 64).lower().count(b"q"):
+                        return
+                    continue  # another key: nothing to do
+                view.update(render(), refresh=True)
+                deadline = time.monotonic() + interval
+    except KeyboardInterrupt:
+        return
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)

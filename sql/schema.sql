@@ -28,6 +28,17 @@ CREATE TABLE jobs (
     unique_key    text
 );
 
+-- Vacuumed and analyzed after a fixed number of rows, not a fraction of the
+-- table (see 0007; `pgqctl doctor` checks them).
+ALTER TABLE jobs SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 10000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 10000
+);
+
 -- Partial indexes: the hot queries touch only the live part of the table,
 -- never the finished history.
 CREATE INDEX jobs_claim_idx ON jobs (priority DESC, run_at, id)

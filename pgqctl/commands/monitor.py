@@ -1,16 +1,19 @@
-"""Being told: check (thresholds for alerting) and metrics (Prometheus)
-(library: pgqctl/monitor.py)."""
+"""Being told: check (thresholds for alerting), metrics (Prometheus) and top
+(a live view) (library: pgqctl/monitor.py)."""
 
 from __future__ import annotations
 
 import signal
+import sys
+import time
 from typing import Any
 
 import click
 
-from pgqctl import monitor, output
+from pgqctl import config, monitor, output
 from pgqctl.commands.options import (
     AGE,
+    DURATION,
     Database,
     command,
     database_options,
@@ -18,7 +21,7 @@ from pgqctl.commands.options import (
     say,
     selection_option,
 )
-from pgqctl.errors import EXIT_CHECK, PgqctlError
+from pgqctl.errors import EXIT_CHECK, BadInput, PgqctlError
 
 # A threshold on a count: 0 is a limit too (`--max-failed 0`: none tolerated).
 LIMIT = click.IntRange(min=0)
@@ -213,3 +216,56 @@ def metrics_command(
     finally:
         server.server_close()
     say("stopped serving metrics")
+
+
+@command("top")
+@database_options
+@click.option(
+    "--interval",
+    type=DURATION,
+    default=1.0,
+    show_default="1s",
+    metavar="DURATION",
+    help="Refresh every DURATION, e.g. 2s or 500ms.",
+)
+@click.option(
+    "--leases",
+    "lease_count",
+    type=click.IntRange(min=0, max=1000),
+    default=10,
+    show_default=True,
+    help="How many of the leases ending soonest to show.",
+)
+def top_command(database: Database, interval: float, lease_count: int) -> None:
+    """A live view of the queue on the whole terminal, refreshed in place:
+    per queue the pending and running jobs, the jobs done and failed per
+    second since the last refresh, the oldest due job's wait and any pause;
+    the running jobs whose leases end soonest; the workers holding them.
+
+    q or Ctrl-C leaves it, the terminal as it was. Every refresh reads what
+    `metrics` reads (the live jobs and those finished since the last
+    refresh), never the history. Not on a terminal, use `pgqctl stats
+    --watch 1`.
+
+    \b
+    Example:
+        pgqctl top
+        pgqctl top --interval 5s --leases 20
+    """
+    if interval <= 0:
+        raise BadInput("--interval needs a positive duration, such as --interval 2s")
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise BadInput(
+            "top needs a terminal: for a refreshing view elsewhere use `pgqctl stats --watch 1`"
+        )
+    with database.connect() as conn:
+        where = config.describe(conn.info.dsn)
+        last = [time.monotonic() - interval]
+
+        def render() -> Any:
+            now = time.monotonic()
+            window, last[0] = max(now - last[0], 0.001), now
+            view = monitor.top_view(conn, window=window, leases=lease_count)
+            return output.top_render(view, where, interval)
+
+        output.top_screen(render, interval)

@@ -43,6 +43,13 @@ CATALOG_QUERIES = {
         WHERE n.nspname = %(schema)s
         ORDER BY p.proname
     """,
+    # Storage parameters: the autovacuum settings of jobs (0007).
+    "reloptions": """
+        SELECT c.relname, c.reloptions FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(schema)s AND c.reloptions IS NOT NULL
+        ORDER BY c.relname
+    """,
     "views": """
         SELECT viewname, definition FROM pg_views WHERE schemaname = %(schema)s
         ORDER BY viewname

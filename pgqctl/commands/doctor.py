@@ -1,0 +1,64 @@
+"""Diagnosing: doctor, why the queue is slow (library: pgqctl/doctor.py)."""
+
+from __future__ import annotations
+
+import click
+
+from pgqctl import doctor, output
+from pgqctl.commands.options import AGE, Database, command, database_options, format_options, say
+from pgqctl.errors import EXIT_CHECK
+
+
+@command("doctor")
+@database_options
+@click.option(
+    "--max-horizon-age",
+    type=AGE,
+    metavar="DURATION",
+    default=doctor.DEFAULT_MAX_HORIZON_AGE,
+    show_default="5m",
+    help="A transaction or prepared transaction holding the xmin horizon longer than "
+    "this, while it keeps dead tuples of the queue's tables from vacuum, is a finding.",
+)
+@format_options
+def doctor_command(database: Database, max_horizon_age: float, fmt: str) -> None:
+    """Why the queue is slow: vacuum, bloat and the xmin horizon of the
+    queue's tables, with what to do and the SQL that does it.
+
+    For jobs and pgqctl's other tables: live and dead tuples, the last
+    vacuum, autovacuum, analyze and autoanalyze with their counts, table and
+    index sizes and bloat (exact with the pgstattuple extension, which reads
+    each table whole; estimated from the statistics otherwise). Then
+    whatever holds back the xmin horizon, so that vacuum cannot remove dead
+    tuples: the oldest transactions (pid, user, application, client, state,
+    age, query start), prepared transactions, replication slots and
+    standbys with hot_standby_feedback, with how many dead tuples each keeps.
+    Then autovacuum: jobs's own settings (those `migrate` gives, vacuuming
+    after a fixed number of rows), whether the churn outruns them, whether
+    its workers are all busy, and whether jobs waits too long for one.
+
+    Each finding comes with a recommendation and the SQL to act on it
+    (SELECT pg_terminate_backend(...), ROLLBACK PREPARED ..., VACUUM ...),
+    printed, never run. Exit 0 when nothing needs doing, 3 when something
+    does, 1 when the queue cannot be looked at. --json has every figure.
+    As a pg_monitor member it sees what it needs; with less, it says on
+    stderr what it could not see.
+
+    \b
+    Example:
+        pgqctl doctor
+        pgqctl doctor --max-horizon-age 1m
+        pgqctl doctor --json | jq '.findings[].sql[]'
+    """
+    with database.connect() as conn:
+        report = doctor.diagnose(conn, max_horizon_age=max_horizon_age)
+    output.emit_doctor(report, fmt)
+    for what in report.unseen:
+        say(f"could not see {what}")
+    if output.is_human(fmt):
+        for note in report.notes:
+            say(f"note: {note}")
+    if report.findings:
+        say(f"{output.plural(len(report.findings), 'finding')}: see the SQL above to act")
+        raise click.exceptions.Exit(EXIT_CHECK)
+    say("ok: nothing needs doing")
