@@ -962,14 +962,17 @@ def _holder_text(h: Any) -> str:
     age = "" if h.age_seconds is None else f", {format_seconds(h.age_seconds)} old"
     xids = f"{h.xid_age:,} transactions behind" if h.xid_age is not None else "age unknown"
     if h.kind == "transaction":
-        parts = [
-            f"user {f['user']}",
-            f"application {f['application']!r}",
-            f"client {f['client_addr'] or 'local'}",
-            f"{f['state']}",
-            f"transaction started {human(f['xact_start'])}{age}",
-            f"query started {human(f['query_start'])}",
-        ]
+        if f["state"] is None:  # another role's session, to a role that may not see it
+            parts = [f"user {f['user']}", f"application {f['application']!r}", "state not seen"]
+        else:
+            parts = [
+                f"user {f['user']}",
+                f"application {f['application']!r}",
+                f"client {f['client_addr'] or 'local'}",
+                f"{f['state']}",
+                f"transaction started {human(f['xact_start'])}{age}",
+                f"query started {human(f['query_start'])}",
+            ]
         return f"pid {f['pid']} (" + ", ".join(parts) + f"; {xids}){kept}"
     if h.kind == "prepared":
         return (

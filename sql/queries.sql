@@ -504,8 +504,7 @@ ORDER BY 1;
 SELECT r.rolsuper AS superuser,
        r.rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') AS sees_all_sessions,
        (SELECT count(*) FROM pg_stat_activity AS a
-        WHERE a.backend_type = 'client backend' AND a.state IS NULL
-          AND a.datname = current_database()) AS hidden_sessions
+        WHERE a.backend_type IS NULL AND a.datname = current_database()) AS hidden_sessions
 FROM pg_roles AS r
 WHERE r.rolname = current_user;
 
@@ -603,7 +602,7 @@ SELECT a.pid, a.usename AS "user", a.application_name AS application,
 FROM pg_stat_activity AS a
 WHERE (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
   AND a.datname = current_database() AND a.pid <> pg_backend_pid()
-  AND a.backend_type NOT IN ('autovacuum worker', 'walsender')
+  AND coalesce(a.backend_type, 'hidden') NOT IN ('autovacuum worker', 'walsender')
 ORDER BY xid_age DESC, a.pid;
 
 -- name: doctor_prepared

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, NoReturn
@@ -304,6 +304,8 @@ class Cluster:
     port: int
     bin_dir: Path
     prefix: tuple[str, ...]  # runs the tools unprivileged
+    # More server settings, over the ones every test cluster gets.
+    settings: dict[str, str] = field(default_factory=dict)
 
     def dsn(self, dbname: str = "postgres") -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
@@ -335,6 +337,7 @@ class Cluster:
             "full_page_writes": "off",
             "shared_buffers": "32MB",
             "max_connections": "60",
+            **self.settings,
         }
         options = " ".join(f"-c {k}={v}" for k, v in settings.items())
         log = str(self.data.with_suffix(".log"))
@@ -374,8 +377,8 @@ class Servers:
         _give_to(base, self.runner)
         self.clusters: list[Cluster] = []
 
-    def primary(self, name: str = "primary") -> Cluster:
-        cluster = Cluster(self.base / name, 0, self.bin_dir, self.prefix)
+    def primary(self, name: str = "primary", settings: dict[str, str] | None = None) -> Cluster:
+        cluster = Cluster(self.base / name, 0, self.bin_dir, self.prefix, dict(settings or {}))
         # initdb -A trust also trusts replication connections from 127.0.0.1.
         cluster.tool(
             "initdb",
@@ -385,13 +388,23 @@ class Servers:
         self._start(cluster)
         return cluster
 
-    def replica(self, primary: Cluster, name: str = "replica") -> Cluster:
-        cluster = Cluster(self.base / name, 0, self.bin_dir, self.prefix)
+    def replica(
+        self,
+        primary: Cluster,
+        name: str = "replica",
+        settings: dict[str, str] | None = None,
+        slot: str | None = None,
+    ) -> Cluster:
+        """A streaming standby of `primary`; through a physical replication
+        slot it creates when `slot` names one."""
+        cluster = Cluster(self.base / name, 0, self.bin_dir, self.prefix, dict(settings or {}))
         # -R writes standby.signal and primary_conninfo: a streaming standby.
+        # -C -S creates the slot and names it in the standby's settings.
+        with_slot = ("-C", "-S", slot) if slot else ()
         primary.tool(
             "pg_basebackup",
             *("-D", str(cluster.data), "-R", "-X", "stream", "-c", "fast", "--no-sync"),
-            *("-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres"),
+            *("-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres", *with_slot),
         )
         self._start(cluster)
         assert cluster.in_recovery()
