@@ -37,12 +37,12 @@ from tests.integration.servers import (
 __all__ = ["pg_servers", "roles", "start_pgqctl"]
 
 
+SETTINGS = {"max_prepared_transactions": "4", "wal_level": "logical"}
+
+
 @pytest.fixture(scope="module")
 def server(pg_servers: Servers) -> Cluster:
-    return pg_servers.primary(
-        "doctor",
-        settings={"max_prepared_transactions": "4", "wal_level": "logical"},
-    )
+    return pg_servers.primary("doctor", settings=SETTINGS)
 
 
 @contextlib.contextmanager
@@ -272,7 +272,7 @@ def test_a_standby_slot_left_holding_xmin_is_named(
     slot, which keeps it after the standby goes away."""
     slot = unique("standby")
     standby = pg_servers.replica(
-        server, unique("replica"), settings={"hot_standby_feedback": "on"}, slot=slot
+        server, unique("replica"), settings={**SETTINGS, "hot_standby_feedback": "on"}, slot=slot
     )
     try:
         reader = psycopg.connect(standby.dsn(dbname_of(queue)))

@@ -1,0 +1,137 @@
+"""`pgqctl top` in a real terminal (a tmux pane), and refused without one."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.servers import (
+    REPO_ROOT,
+    clean_env,
+    insert_jobs,
+    missing,
+    pgqctl,
+    start_pgqctl,
+    unique,
+    wait_until,
+)
+
+__all__ = ["start_pgqctl"]
+
+
+class Pane:
+    """A shell in a tmux pane of a fixed size, on a tmux server of its own."""
+
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+
+    def tmux(self, *args: str) -> str:
+        result = subprocess.run(
+            ["tmux", "-L", self.socket, *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        return result.stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "top")
+
+    def state(self, variable: str) -> str:
+        return self.tmux("display-message", "-p", "-t", "top", f"#{{{variable}}}").strip()
+
+
+@pytest.fixture
+def pane(tmp_path: Path) -> Iterator[Pane]:
+    if shutil.which("tmux") is None:
+        missing("tmux is not installed: `apt-get install tmux`")
+    made = Pane(unique("pgqctl-top"))
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in clean_env().items() if k.isidentifier())
+    made.tmux(
+        *("new-session", "-d", "-s", "top", "-x", "110", "-y", "40"),
+        f"env -i {env} TERM=screen sh",
+    )
+    try:
+        yield made
+    finally:
+        made.tmux("kill-server")
+
+
+def queue_row(screen: str) -> list[str] | None:
+    """The cells of the `default` queue's row: queue, pending, running, done/s, ..."""
+    for line in screen.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) > 2 and cells[1] == "default":
+            return cells[1:-1]
+    return None
+
+
+def run_top(pane: Pane, dsn: str, tmp_path: Path) -> None:
+    script = tmp_path / "top.sh"
+    script.write_text(
+        f"cd {shlex.quote(str(REPO_ROOT))}\n"
+        f"{shlex.quote(sys.executable)} -m pgqctl top --dsn {shlex.quote(dsn)} --interval 300ms\n"
+        'echo "top exited $?"\n'
+        # What top left the terminal's modes at: canonical input and echo again.
+        "stty -a | tr ' ;' '\\n\\n' | grep -x -e icanon -e -icanon -e echo -e -echo\n"
+    )
+    # bash waits for top to handle Ctrl-C itself (sh would die of it at once).
+    pane.tmux("send-keys", "-t", "top", f"bash {shlex.quote(str(script))}", "Enter")
+    wait_until(lambda: "pgqctl top" in pane.screen(), 20, "top to draw")
+
+
+def test_top_shows_the_queue_move_and_q_restores_the_terminal(
+    dsn: str, pane: Pane, tmp_path: Path, start_pgqctl: object
+) -> None:
+    insert_jobs(dsn, [["sleep", "0.05"]] * 60)
+    run_top(pane, dsn, tmp_path)
+    wait_until(lambda: queue_row(pane.screen()) is not None, 10, "the queue's row")
+    first = queue_row(pane.screen())
+    assert first is not None and first[1] == "60" and first[2] == "0"  # pending, running
+    assert pane.state("alternate_on") == "1"  # on the alternate screen
+
+    worker = start_pgqctl("worker", "--burst", "--concurrency", "4", "--dsn", dsn)  # type: ignore[operator]
+    seen: list[list[str]] = []
+
+    def moved() -> bool:
+        row = queue_row(pane.screen())
+        if row:
+            seen.append(row)
+        return bool(row) and int(row[1]) < 60 and float(row[3]) > 0  # done/s
+
+    wait_until(moved, 30, "top to show jobs being done")
+    assert worker.wait(60) == 0  # type: ignore[attr-defined]
+    wait_until(lambda: (queue_row(pane.screen()) or ["", "?"])[1] == "0", 10, "pending to reach 0")
+
+    pane.tmux("send-keys", "-t", "top", "q")
+    wait_until(lambda: "top exited" in pane.screen(), 10, "top to exit")
+    screen = pane.screen()
+    assert "top exited 0" in screen
+    assert "pgqctl top" not in screen  # the alternate screen left, the shell's shown again
+    assert pane.state("alternate_on") == "0" and pane.state("cursor_flag") == "1"
+    modes = screen.split("top exited 0", 1)[1].split()
+    assert "icanon" in modes and "echo" in modes
+
+
+def test_ctrl_c_leaves_top_cleanly_too(dsn: str, pane: Pane, tmp_path: Path) -> None:
+    run_top(pane, dsn, tmp_path)
+    pane.tmux("send-keys", "-t", "top", "C-c")
+    wait_until(lambda: "top exited" in pane.screen(), 10, "top to exit")
+    screen = pane.screen()
+    assert "top exited 0" in screen and "Traceback" not in screen
+    assert pane.state("alternate_on") == "0" and pane.state("cursor_flag") == "1"
+    modes = screen.split("top exited 0", 1)[1].split()
+    assert "icanon" in modes and "echo" in modes
+
+
+def test_top_not_on_a_terminal_points_to_stats_watch(dsn: str) -> None:
+    result = pgqctl("top", "--dsn", dsn, input="")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "top needs a terminal" in result.stderr and "pgqctl stats --watch 1" in result.stderr
