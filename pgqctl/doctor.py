@@ -423,6 +423,12 @@ def diagnose(conn: Connection, *, max_horizon_age: float = DEFAULT_MAX_HORIZON_A
         autovacuum = _autovacuum(conn)
     for holder in holders:
         holder.kept, holder.kept_is = _kept(holder, tables)
+    if any(h.holds_queue for h in holders):
+        notes.append(
+            "dead tuples kept: the statistics' dead tuples of the queue's tables (made since "
+            "the last vacuum, plus those it could not remove); all of them are kept when "
+            "the tables were vacuumed after the holder began, else up to that many"
+        )
     findings = _findings(conn, schema, tables, holders, autovacuum, max_horizon_age)
     return Report(
         dt.datetime.now(dt.timezone.utc),
