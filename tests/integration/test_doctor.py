@@ -408,3 +408,13 @@ def test_a_role_without_pg_monitor_says_what_it_could_not_see(dsn: str, roles: R
 def test_a_queue_it_cannot_reach_is_exit_1() -> None:
     code, out, err = run_doctor("postgresql://nobody@127.0.0.1:1/none")
     assert code == 1 and out == "" and "cannot connect" in err
+
+
+def test_a_queue_in_another_schema_is_examined_there(empty_dsn: str) -> None:
+    assert pgqctl("migrate", "--schema", "staging", "--dsn", empty_dsn).returncode == 0
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE staging.jobs RESET (autovacuum_vacuum_threshold)")
+    _, report = doctor_json(empty_dsn, "--schema", "staging")
+    assert [t["table"] for t in report["tables"]] == ["jobs", "paused_queues", "pgqctl_migrations"]
+    (found,) = findings(report, "autovacuum_settings")
+    assert found["sql"][0].startswith('ALTER TABLE "staging"."jobs" SET (')
