@@ -1,7 +1,7 @@
 """A worker near its capacity while a session holds an xid, then released.
 
-    python bench/horizon_bench.py [--dsn DSN] [--baseline 60] [--hold 120] [--after 60]
-                                  [--concurrency 4] [--load 0.8]
+    python bench/horizon_bench.py [--dsn DSN] [--warmup 30] [--baseline 60]
+                                  [--hold 120] [--after 60] [--concurrency 4] [--load 0.8]
 
 DSN: --dsn, else PGQCTL_TEST_DSN, else an embedded PostgreSQL of its own
 (autovacuum on, as in production: a server without it says so and the
@@ -11,9 +11,10 @@ DSN: --dsn, else PGQCTL_TEST_DSN, else an embedded PostgreSQL of its own
    jobs; its rate is the worker's capacity here.
 2. A steady load of `--load` times that capacity is offered (jobs inserted
    every 100 ms, due at once) to a running `pgqctl worker --concurrency N`,
-   for three phases: `--baseline` seconds clean, `--hold` seconds while
-   another session sits idle in a transaction that holds an xid (`BEGIN;
-   SELECT txid_current();`), and `--after` seconds once it rolled back.
+   for `--warmup` seconds not measured, then three phases: `--baseline`
+   seconds clean, `--hold` seconds while another session sits idle in a
+   transaction that holds an xid (`BEGIN; SELECT txid_current();`), and
+   `--after` seconds once it rolled back.
    At the end of the hold, `pgqctl doctor` runs and its findings are printed.
 3. Per phase: throughput (jobs done per second, the median of 5-second
    buckets, and the lowest bucket), latency from due to done (the job's
@@ -179,6 +180,7 @@ def recovery(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn")
+    parser.add_argument("--warmup", type=float, default=30, help="seconds of load not measured")
     parser.add_argument("--baseline", type=float, default=60)
     parser.add_argument("--hold", type=float, default=120)
     parser.add_argument("--after", type=float, default=60)
@@ -209,6 +211,8 @@ def main() -> None:
         t0 = time.time()
         producer.start()
         sampler.start()
+        time.sleep(args.warmup)  # the worker started, autovacuum's first visit due
+        t0 = time.time()
         time.sleep(args.baseline)
         holder = psycopg.connect(dsn, application_name="horizon-bench-holder")
         holder.execute("SELECT txid_current()")
@@ -248,7 +252,7 @@ def main() -> None:
             ).fetchone()
         done = [(float(a), float(b)) for a, b in rows]
         phases = {
-            "baseline": phase_figures(done, sampler.samples, t0 + 5, t1),  # past the start-up
+            "baseline": phase_figures(done, sampler.samples, t0, t1),
             "hold": phase_figures(done, sampler.samples, t1, t2),
             "after": phase_figures(done, sampler.samples, t2, t3),
         }

@@ -27,6 +27,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from pgqctl.db import atomic
+from pgqctl.monitor import short_duration
 from pgqctl.sql import migrations, query
 
 Connection = psycopg.Connection[Any]
@@ -447,8 +448,6 @@ def diagnose(conn: Connection, *, max_horizon_age: float = DEFAULT_MAX_HORIZON_A
 
 
 def _seconds(s: float) -> str:
-    from pgqctl.monitor import short_duration
-
     return short_duration(s)
 
 
@@ -515,13 +514,12 @@ def _holder_finding(conn: Connection, h: Holder, max_age: float) -> Finding | No
 
 def _slot_finding(conn: Connection, h: Holder, kept: str | None = None) -> Finding:
     f = h.figures
-    what = (
-        f"it {kept} of the queue's tables from being vacuumed"
-        if kept
-        else "it holds back the system catalogs' cleanup"
-        + (" (catalog_xmin)" if f["catalog_xmin"] else "")
-        + " and keeps WAL"
-    )
+    if kept:
+        what = f"it {kept} of the queue's tables from being vacuumed"
+    elif f["xmin"]:
+        what = "it holds back vacuum of every table it covers, and keeps WAL"
+    else:  # logical decoding's: the system catalogs only
+        what = "it holds back the system catalogs' cleanup (catalog_xmin) and keeps WAL"
     return Finding(
         "horizon_slot",
         h.name,
@@ -565,8 +563,12 @@ def _findings(
     av: Mapping[str, Any],
     max_age: float,
 ) -> list[Finding]:
-    findings = [f for h in holders if (f := _holder_finding(conn, h, max_age)) is not None]
-    held = any(f.kind != "horizon_slot" or "dead tuples" in f.summary for f in findings)
+    findings, held = [], False
+    for h in holders:
+        found = _holder_finding(conn, h, max_age)
+        if found is not None:
+            findings.append(found)
+            held = held or (h.holds_queue and h.kept > 0)
     jobs = next((t for t in tables if t.name == "jobs"), None)
     vacuum = f"VACUUM (VERBOSE) {_jobs(conn, schema)};"
     if not av["enabled"] or not av["track_counts"]:

@@ -418,3 +418,16 @@ def test_a_queue_in_another_schema_is_examined_there(empty_dsn: str) -> None:
     assert [t["table"] for t in report["tables"]] == ["jobs", "paused_queues", "pgqctl_migrations"]
     (found,) = findings(report, "autovacuum_settings")
     assert found["sql"][0].startswith('ALTER TABLE "staging"."jobs" SET (')
+
+
+def test_churn_that_outruns_autovacuum_is_found(dsn: str) -> None:
+    vacuum(dsn)
+    churn_in_sql(dsn, 2000)  # 6,000 rows changed within about a second of the vacuum
+    _, report = doctor_json(dsn)
+    (found,) = findings(report, "autovacuum_churn")
+    # More than ten thresholds' worth of rows between two visits of autovacuum.
+    figures = found["figures"]
+    between = figures["rows_per_second"] * figures["naptime_seconds"]
+    assert between > 10 * figures["vacuum_threshold"]
+    assert "ALTER SYSTEM SET autovacuum_naptime = '15s';" in found["sql"]
+    assert not findings(report, "vacuum_overdue")
