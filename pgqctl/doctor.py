@@ -53,7 +53,7 @@ OVERDUE_NAPTIMES = 3
 # than this many times the threshold of rows change.
 CHURN_THRESHOLDS = 10
 
-DEFAULT_MAX_HORIZON_AGE = 300.0
+DEFAULT_MAX_HORIZON_AGE = 300.0  # seconds: `doctor --max-horizon-age 5m`
 
 _CREATED_TABLE = re.compile(r"\bCREATE TABLE (?:IF NOT EXISTS )?(\w+)", re.IGNORECASE)
 

@@ -15,8 +15,8 @@ from pgqctl.errors import EXIT_CHECK
     "--max-horizon-age",
     type=AGE,
     metavar="DURATION",
-    default=doctor.DEFAULT_MAX_HORIZON_AGE,
-    show_default="5m",
+    default="5m",
+    show_default=True,
     help="A transaction or prepared transaction holding the xmin horizon longer than "
     "this, while it keeps dead tuples of the queue's tables from vacuum, is a finding.",
 )

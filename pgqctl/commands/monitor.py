@@ -223,8 +223,8 @@ def metrics_command(
 @click.option(
     "--interval",
     type=DURATION,
-    default=1.0,
-    show_default="1s",
+    default="1s",
+    show_default=True,
     metavar="DURATION",
     help="Refresh every DURATION, e.g. 2s or 500ms.",
 )
