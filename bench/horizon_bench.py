@@ -1,7 +1,7 @@
 """A worker near its capacity while a session holds an xid, then released.
 
-    python bench/horizon_bench.py [--dsn DSN] [--warmup 30] [--baseline 60]
-                                  [--hold 120] [--after 60] [--concurrency 4] [--load 0.8]
+    python bench/horizon_bench.py [--dsn DSN] [--warmup 30] [--baseline 60] [--hold 120]
+                                  [--after 60] [--concurrency 4] [--load 0.8 | --rate R]
 
 DSN: --dsn, else PGQCTL_TEST_DSN, else an embedded PostgreSQL of its own
 (autovacuum on, as in production: a server without it says so and the
@@ -186,6 +186,11 @@ def main() -> None:
     parser.add_argument("--after", type=float, default=60)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--load", type=float, default=0.8, help="of the measured capacity")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="jobs/s offered, instead of --load (capacity varies on a shared machine)",
+    )
     args = parser.parse_args()
 
     with throwaway_db.server(args.dsn) as admin, throwaway_db.database(admin) as dsn:
@@ -194,7 +199,7 @@ def main() -> None:
         if not row or row[0] != "on":
             print("# warning: autovacuum is off on this server", file=sys.stderr)
         cap = capacity(dsn, args.concurrency)
-        rate = args.load * cap
+        rate = args.rate if args.rate else args.load * cap
         print(
             f"capacity: {cap:.0f} jobs/s with --concurrency {args.concurrency}; offered {rate:.0f}"
         )
