@@ -130,6 +130,10 @@ def exchange(
                     attempts=attempts,
                     max_attempts=max_attempts,
                     handbacks=handbacks,
+                    # The claimed arm carries the schedule and the tick in
+                    # the columns of status and run_at (see worker_exchange).
+                    schedule=status,
+                    tick=run_at,
                 )
             )
         elif part == "done":

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgqctl import admin, control
+from pgqctl import admin, control, schedules
 from pgqctl.db import atomic, reason
 from pgqctl.errors import PgqctlError
 from pgqctl.jobs import FINISHED, STATUS_NAMES
@@ -267,18 +267,57 @@ class QueueCheck:
 
 
 @dataclass(frozen=True)
+class ScheduleCheck:
+    """A schedule held to its ticks: missed when a tick was not enqueued
+    within schedules.MISSED_GRACE of its time (a paused one never is)."""
+
+    name: str
+    missed_since: dt.datetime | None
+    last_tick: dt.datetime | None
+
+    @property
+    def ok(self) -> bool:
+        return self.missed_since is None
+
+    def breach(self) -> str:
+        from pgqctl.payload import iso_utc
+
+        assert self.missed_since is not None
+        last = (
+            "no tick enqueued yet"
+            if self.last_tick is None
+            else (f"last tick enqueued {iso_utc(self.last_tick)}")
+        )
+        return (
+            f"CRITICAL schedule {self.name}: tick {iso_utc(self.missed_since)} missed "
+            f"(not enqueued within {schedules.MISSED_GRACE:g}s; {last}): is any worker running?"
+        )
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "missed_since": self.missed_since,
+            "last_tick": self.last_tick,
+        }
+
+
+@dataclass(frozen=True)
 class CheckResult:
     queues: tuple[QueueCheck, ...]
     thresholds: dict[str, float]
     ts: dt.datetime
+    schedules: tuple[ScheduleCheck, ...] | None = None  # None: not checked
 
     @property
     def ok(self) -> bool:
-        return all(q.ok for q in self.queues)
+        return all(q.ok for q in self.queues) and all(s.ok for s in self.schedules or ())
 
     def breaches(self) -> list[str]:
-        """One line per threshold a queue breaches, queue by queue."""
-        return [line for q in self.queues for line in q.breaches()]
+        """One line per threshold a queue breaches, queue by queue, then one
+        per schedule with a missed tick."""
+        lines = [line for q in self.queues for line in q.breaches()]
+        return lines + [s.breach() for s in self.schedules or () if not s.ok]
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -294,15 +333,25 @@ class CheckResult:
                 }
                 for q in self.queues
             ],
+            **(
+                {}
+                if self.schedules is None
+                else {"schedules": [s.as_record() for s in self.schedules]}
+            ),
             "breaches": self.breaches(),
         }
 
 
 def check(
-    conn: Connection, thresholds: Mapping[str, float], queues: Sequence[str] = ()
+    conn: Connection,
+    thresholds: Mapping[str, float],
+    queues: Sequence[str] = (),
+    *,
+    with_schedules: bool = False,
 ) -> CheckResult:
     """Hold each queue (only `queues`, when given) to `thresholds` (by
-    Threshold name, as `applied` returns them)."""
+    Threshold name, as `applied` returns them), and with `with_schedules`
+    each schedule to its ticks."""
     window = thresholds.get(STALL.name)
     measured = measure(conn, window=window, queues=queues)
     checked = []
@@ -314,7 +363,12 @@ def check(
         )
         finished = None if window is None else q.finished_in_window()
         checked.append(QueueCheck(name, figures, finished))
-    return CheckResult(tuple(checked), dict(thresholds), dt.datetime.now(dt.timezone.utc))
+    held = None
+    if with_schedules:
+        held = tuple(
+            ScheduleCheck(s.name, s.missed_since, s.last_tick) for s in schedules.list_all(conn)
+        )
+    return CheckResult(tuple(checked), dict(thresholds), dt.datetime.now(dt.timezone.utc), held)
 
 
 # --- metrics ----------------------------------------------------------------------

@@ -63,18 +63,20 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import admin, claims, db, payload, runner
+from pgqctl import admin, claims, db, payload, runner, ticks
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
 from pgqctl.errors import BadInput, PgqctlError, PrivilegeMissing, ReadOnlyServer
 from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
+from pgqctl.schedules import CATCH_UP
 from pgqctl.sql import query
 from pgqctl.worklog import WorkLog, seconds, timestamp
 
 CHANNEL = "pgqctl_jobs"
 CANCEL_CHANNEL = "pgqctl_cancel"
+SCHEDULES_CHANNEL = "pgqctl_schedules"
 APPLICATION_NAME = "pgqctl worker"
 # Looking for jobs without a notification: every POLL_LISTENING seconds as a
 # safety net, or every POLL_DEAF when notifications cannot be heard.
@@ -126,6 +128,7 @@ CONNECTION_PARAMS: dict[str, Any] = {
 _WAKE = "wake"
 _DEAF = "deaf"  # the listener cannot hear notifications (now)
 _HEARING = "hearing"  # the listener hears them
+_SCHEDULES = "schedules"  # the schedules changed
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,10 @@ class WorkerConfig:
     listen_dsn: str | None = None
     # Reclaim expired leases about this often (+-25%); None: never (cron does).
     reap_every: float | None = 30.0
+    # Enqueue the schedules' due ticks (pgqctl/ticks.py); and what becomes of
+    # ticks missed while no worker ran (schedules.CATCH_UP).
+    schedules: bool = True
+    catch_up: str = "latest"
 
     def __post_init__(self) -> None:
         if self.lease < 1:
@@ -172,6 +179,8 @@ class WorkerConfig:
             )
         if self.timeout is not None and self.timeout <= 0:
             raise BadInput("--timeout must be more than 0s; leave it out for no limit")
+        if self.catch_up not in CATCH_UP:
+            raise BadInput(f"--catch-up takes one of {', '.join(CATCH_UP)}")
         kinds = [kind for kind, _ in self.handlers]
         for kind in kinds:
             if kinds.count(kind) > 1:
@@ -321,6 +330,7 @@ class Worker:
         self._channel_handlers: dict[str, Callable[[str], None]] = {
             CHANNEL: self._on_jobs_notified,
             CANCEL_CHANNEL: self._on_cancel_notified,
+            SCHEDULES_CHANNEL: self._on_schedules_notified,
         }
         self._closing = threading.Event()
         self._closing_r, self._closing_w = os.pipe()
@@ -346,6 +356,9 @@ class Worker:
         self.next_reap = now + jittered(config.reap_every or 0.0)
         # A --burst worker reaps once more before it decides nothing is due.
         self.burst_reaped = False
+        self.ticker = ticks.Ticker(config.catch_up) if config.schedules else None
+        # A --burst worker enqueues due ticks once, when it starts.
+        self.burst_ticked = False
         self.reconnect_delay = RECONNECT_FIRST
         self.reconnect_at = now
         self.lost_since: float | None = None
@@ -497,6 +510,10 @@ class Worker:
             self._check_cancel_notices()
             if self.conn is None:
                 return
+        if self._tick_due():
+            self._tick()
+            if self.conn is None:
+                return
         limit = self._claim_limit() if self._claim_due(now) else 0
         renew = now >= self.next_renew and any(not r.lost for r in self.running.values())
         if limit or renew or self.done or self.fails or self.handed_back:
@@ -504,6 +521,13 @@ class Worker:
         # After the exchange: it renewed our own leases first, had they run late.
         if self._reap_due(time.monotonic()):
             self._reap()
+
+    def _tick_due(self) -> bool:
+        if self.ticker is None or self.stopping or self.conn is None:
+            return False
+        if self.config.burst:
+            return not self.burst_ticked
+        return self.ticker.due()
 
     def _reap_due(self, now: float) -> bool:
         if self.config.reap_every is None or self.stopping or self.conn is None:
@@ -567,6 +591,8 @@ class Worker:
             deadlines.append(self.next_renew)
         if self.config.reap_every is not None and not self.stopping:
             deadlines.append(self.next_reap)
+        if self.ticker is not None and not self.stopping and not self.config.burst:
+            deadlines.append(self.ticker.deadline())
         if self._claim_limit() > 0:
             if self.claim_wanted:
                 deadlines.append(now)
@@ -580,6 +606,9 @@ class Worker:
             self._finished(event)
         elif event == _WAKE:
             self.claim_wanted = True
+        elif event == _SCHEDULES:
+            if self.ticker is not None:
+                self.ticker.changed()
         elif isinstance(event, _CancelNotice):
             self.cancel_notices.update(
                 held for held in event.held if held in self.running and not self.running[held].lost
@@ -659,6 +688,29 @@ class Worker:
             self._check_renewal(held, changed.renewed)
         if limit:
             self._find_next_due()
+
+    def _tick(self) -> None:
+        """Enqueue the schedules' due ticks (at most once a second); log the jobs it added."""
+        assert self.conn is not None and self.ticker is not None
+        try:
+            enqueued = self.ticker.check(self.conn)
+        except (psycopg.Error, PgqctlError) as exc:
+            self._connection_failed(exc)
+            return
+        self.burst_ticked = True
+        for e in enqueued:
+            shown = ", ".join(
+                f"{payload.iso_utc(t)} as job {i}" for t, i in zip(e.ticks, e.jobs, strict=True)
+            )
+            self.log.event(
+                "scheduled",
+                f"schedule {e.schedule}: enqueued tick {shown}",
+                schedule=e.schedule,
+                jobs=list(e.jobs),
+                ticks=[payload.iso_utc(t) for t in e.ticks],
+            )
+        if enqueued:
+            self.claim_wanted = True
 
     def _reap(self) -> None:
         """Reclaim expired leases, as `pgqctl reap` does; log the jobs it took."""
@@ -1109,6 +1161,8 @@ class Worker:
                 queue=job.queue,
                 attempt=job.tries,
                 extra=command.env,
+                schedule=job.schedule,
+                tick=job.tick,
             )
             assert self._children is not None
             self._children.submit(
@@ -1175,6 +1229,7 @@ class Worker:
                     return
                 # Cancels first: hearing about new jobs is then the sign
                 # that both are heard (`pg_stat_activity` shows the last).
+                conn.execute(query("worker_listen_schedules"))
                 conn.execute(query("worker_listen_cancel"))
                 conn.execute(query("worker_listen"))
                 delay = RECONNECT_FIRST
@@ -1239,6 +1294,11 @@ class Worker:
         # unless it is about another schema of the same database.
         if payload in ("", self.config.schema):
             self._post(_WAKE)
+
+    def _on_schedules_notified(self, payload: str) -> None:
+        # A schedule was added, changed or removed: read them again.
+        if payload in ("", self.config.schema):
+            self._post(_SCHEDULES)
 
     def _on_cancel_notified(self, payload: str) -> None:
         notice = self._cancel_notice(payload)

@@ -26,7 +26,19 @@ from pgqctl.commands.options import (
 from pgqctl.errors import BadInput, NotFound
 from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, REQUEUED, STATUS_NAMES
 
-LIST_COLUMNS = ["id", "queue", "kind", "status", "attempt", "run_at", "finished_at", "error"]
+# `schedule`: the schedule and tick of a job a schedule enqueued (left out
+# of a table where no job has one).
+LIST_COLUMNS = [
+    "id",
+    "queue",
+    "kind",
+    "status",
+    "attempt",
+    "run_at",
+    "finished_at",
+    "schedule",
+    "error",
+]
 LEASE_COLUMNS = ["id", "queue", "kind", "attempt", "locked_by", "locked_until", "left"]
 CHANGE_COLUMNS = ["id", "queue", "kind", "status", "attempt", "error"]
 REQUEUE_COLUMNS = ["id", "queue", "kind", "status", "attempt", "run_at", "error"]

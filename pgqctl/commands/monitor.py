@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from pgqctl import monitor, output
+from pgqctl import monitor, output, schedules
 from pgqctl.commands.options import (
     AGE,
     Database,
@@ -56,8 +56,17 @@ def _defaults_text() -> str:
     multiple=True,
     help="Check only this queue (repeatable), even if it has no jobs.",
 )
+@selection_option(
+    "--schedules",
+    "with_schedules",
+    is_flag=True,
+    help="Also hold every schedule to its ticks: a tick not enqueued within "
+    f"{schedules.MISSED_GRACE:g}s of its time is a breach (one line per schedule).",
+)
 @format_options
-def check_command(database: Database, queues: tuple[str, ...], fmt: str, **given: Any) -> None:
+def check_command(
+    database: Database, queues: tuple[str, ...], with_schedules: bool, fmt: str, **given: Any
+) -> None:
     """Hold every queue to thresholds, for cron, Nagios-style monitors and
     probes: exit 0 when all hold, 3 when one does not, 1 when the queue
     cannot be read (a check that cannot check never says OK).
@@ -84,18 +93,24 @@ def check_command(database: Database, queues: tuple[str, ...], fmt: str, **given
         pgqctl check
         pgqctl check --max-pending-age 5m --max-failed 0 --stalled 10m
         pgqctl check --queue emails --max-pending 1000 --json
+        pgqctl check --schedules
         */5 * * * *  pgqctl check --stalled 15m || notify-team   # crontab
     """
     thresholds = monitor.applied(given)
     with database.connect() as conn:
-        result = monitor.check(conn, thresholds, queues)
+        result = monitor.check(conn, thresholds, queues, with_schedules=with_schedules)
     output.emit_check(result, fmt)
     breaches = result.breaches()
     if breaches:
         say(f"{output.plural(len(breaches), 'threshold')} breached")
         raise click.exceptions.Exit(EXIT_CHECK)
     held = ", ".join(f"--{n.replace('_', '-')}" for n in thresholds)
-    say(f"ok: {output.plural(len(result.queues), 'queue')} within {held}")
+    ticking = (
+        ""
+        if result.schedules is None
+        else f"; {output.plural(len(result.schedules), 'schedule')} on time"
+    )
+    say(f"ok: {output.plural(len(result.queues), 'queue')} within {held}{ticking}")
 
 
 # Said in --help from the one list of thresholds.
