@@ -41,6 +41,9 @@ def jobs() -> list[Job]:
             last_error=ERROR if i % 3 == 0 else None,
             # A long key: a listing does not show it (show and --json do).
             unique_key=f"webhook:customer-{i}:invoice-2026-12-01-a-rather-long-reference",
+            # Some jobs of a schedule: `list` shows which, and the tick.
+            schedule="nightly-report" if i % 2 else None,
+            tick=WHEN if i % 2 else None,
         )
         for i in range(6)
     ]
@@ -135,6 +138,9 @@ def test_a_listing_fits_the_width_and_breaks_no_value(width: int, fmt: str, name
 
 def test_the_error_is_cut_first_and_times_shortened_before_columns_go() -> None:
     rows, columns = listings()["list"]
+    # Jobs of no schedule: that column is empty, and left out first.
+    rows = [{**r, "schedule": ""} for r in rows]
+    columns = [c for c in columns if c != "schedule"]
     wide = output.fit(rows, columns, 200)
     assert wide.columns == list(columns) and wide.style == "full"
     at_120 = output.fit(rows, columns, 120)
@@ -165,3 +171,12 @@ def test_the_error_column_reads_the_worker_s_last_error() -> None:
     assert output.error_summary(Outcome(exit_code=1).last_error()) == "exit status 1"
     assert output.error_summary("boom\nTraceback...") == "boom"
     assert output.error_summary(None) == ""
+
+
+def test_the_schedule_of_a_job_stays_before_when_it_finished() -> None:
+    rows, columns = listings()["list"]
+    at_120 = output.fit(rows, columns, 120)
+    assert "schedule" in at_120.columns and "finished_at" not in at_120.columns
+    cells = at_120.cells(rows)
+    shown = [row[at_120.columns.index("schedule")] for row in cells]
+    assert shown[1].startswith("nightly-") and shown[0] == ""
