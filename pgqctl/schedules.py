@@ -549,21 +549,21 @@ def _toml_type(kind: type) -> str:
 
 
 def _key_of(exc: BadInput, table: Mapping[str, Any]) -> str:
-    """The key a definition's error is about, when its message does not start with it."""
+    """`key 'X': `, for the key of the file a definition's error is about."""
     text = str(exc)
-    for key in FILE_KEYS:
-        if text.startswith((key, f"{key!r}", f'"{key}"', f"--{key.replace('_', '-')}")):
-            return ""
-    if "cron expression" in text:
-        return "key 'cron': "
-    if "time zone" in text:
-        return "key 'timezone': "
-    if text.startswith("every"):
-        return ""
-    if "payload" in text:
-        return "key 'payload': "
     if "give a schedule --cron" in text:
         return "keys 'cron' and 'every': " if "cron" in table else "key 'cron' or 'every': "
+    for key, sign in (
+        ("timezone", "time zone"),
+        ("timezone", "--timezone"),
+        ("cron", "cron expression"),
+        ("payload", "payload"),
+    ):
+        if sign in text:
+            return f"key {key!r}: "
+    for key in ("every", "kind", "queue", "priority", "max_attempts"):
+        if text.startswith(key):
+            return f"key {key!r}: "
     return ""
 
 
