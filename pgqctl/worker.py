@@ -24,6 +24,12 @@ Threads, and who owns what:
 - Every --reap-every the loop also reclaims expired leases (`admin.reap`,
   the statement `pgqctl reap` runs), so a fleet without cron still gets a
   dead worker's jobs back; its own leases are live (renewed first).
+- When a schedule's tick is due (at most once a second), the loop enqueues
+  the due ticks of every schedule in one statement (`ticks.Ticker`, which
+  keeps the schedules read from the database; a notification on
+  ``pgqctl_schedules`` has it read them again). The database keeps each
+  tick to one job, so every worker may do it; --no-schedules leaves it to
+  the others.
 
 Everything reaches the main thread through one queue, `events`, so the loop
 waits in one place (watching the children), until an event or the nearest
@@ -412,6 +418,7 @@ class Worker:
             f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
             f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}, "
             + (f"reap every {seconds(c.reap_every)}" if c.reap_every else "no reap")
+            + (f", schedules (catch-up {c.catch_up})" if c.schedules else ", no schedules")
             + (f", database {self.target}" if self.target else ""),
             worker=self.worker_id,
             concurrency=c.concurrency,
@@ -420,6 +427,8 @@ class Worker:
             lease=c.lease,
             poll=c.poll or POLL_LISTENING,
             reap_every=c.reap_every,
+            schedules=c.schedules,
+            catch_up=c.catch_up,
             schema=c.schema,
         )
 

@@ -88,6 +88,9 @@ def check_command(
     age. Every figure comes from the live jobs and those finished within
     --stalled, never from the history before it.
 
+    With --schedules, each schedule whose tick no worker enqueued in time
+    is one more breach line: `CRITICAL schedule nightly: tick ... missed`.
+
     \b
     Example:
         pgqctl check
