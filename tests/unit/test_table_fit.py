@@ -180,3 +180,46 @@ def test_the_schedule_of_a_job_stays_before_when_it_finished() -> None:
     cells = at_120.cells(rows)
     shown = [row[at_120.columns.index("schedule")] for row in cells]
     assert shown[1].startswith("nightly-") and shown[0] == ""
+
+
+def schedule_records() -> list[dict[str, Any]]:
+    base = {
+        "cron": "*/15 9-17 * * MON-FRI",
+        "every_seconds": None,
+        "timezone": "America/Argentina/Buenos_Aires",
+        "kind": "k",
+        "payload": {},
+        "queue": "default",
+        "priority": 0,
+        "max_attempts": 3,
+        "source": "file",
+        "created_at": WHEN,
+        "updated_at": WHEN,
+        "next_tick": WHEN,
+        "last_tick": WHEN,
+        "last_job_id": 48_210_334,
+        "last_job_status": "cancelled",
+    }
+    rows = [
+        {**base, "name": "weekday-digest-for-the-whole-sales-team", "paused": False},
+        {**base, "name": "beat", "cron": None, "every_seconds": 30, "paused": True},
+        {**base, "name": "missed", "missed_since": WHEN, "paused": False},
+    ]
+    return [{**r, "missed_since": r.get("missed_since")} for r in rows]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("fmt", ["table", "plain"])
+def test_the_schedule_listing_fits_and_keeps_names_and_ticks_readable(width: int, fmt: str) -> None:
+    rows = [output._schedule_cells(r) for r in schedule_records()]
+    out = io.StringIO()
+    output.emit_rows(rows, output.SCHEDULE_COLUMNS, fmt, stream=out, width=width)
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= width for line in lines), [len(line) for line in lines]
+    shown = table_cells(lines)
+    assert len(shown) == len(rows)
+    for cells in shown:
+        assert {"name", "next_tick", "missed_since"} <= set(cells)
+        assert TIME.fullmatch(cells["next_tick"]), cells
+    assert shown[2]["missed_since"] and shown[0]["missed_since"] == ""
+    assert shown[1]["paused"] == "paused"
