@@ -707,19 +707,22 @@ class Worker:
             self._connection_failed(exc)
             return
         self.burst_ticked = True
-        for e in enqueued:
-            shown = ", ".join(
-                f"{payload.iso_utc(t)} as job {i}" for t, i in zip(e.ticks, e.jobs, strict=True)
-            )
-            self.log.event(
-                "scheduled",
-                f"schedule {e.schedule}: enqueued tick {shown}",
-                schedule=e.schedule,
-                jobs=list(e.jobs),
-                ticks=[payload.iso_utc(t) for t in e.ticks],
-            )
-        if enqueued:
-            self.claim_wanted = True
+        if not enqueued:
+            return
+        # One line for the whole statement, however many schedules ticked.
+        made = [
+            (e.schedule, payload.iso_utc(t), i)
+            for e in enqueued
+            for t, i in zip(e.ticks, e.jobs, strict=True)
+        ]
+        parts = [f"{name} {tick} as job {i}" for name, tick, i in made]
+        shown = ", ".join(parts[:20]) + (f" and {len(parts) - 20} more" if parts[20:] else "")
+        self.log.event(
+            "scheduled",
+            f"enqueued {len(made)} schedule tick(s): {shown}",
+            ticks=[{"schedule": n, "tick": t, "job_id": i} for n, t, i in made],
+        )
+        self.claim_wanted = True
 
     def _reap(self) -> None:
         """Reclaim expired leases, as `pgqctl reap` does; log the jobs it took."""

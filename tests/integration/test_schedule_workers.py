@@ -95,7 +95,7 @@ def test_a_job_of_a_tick_gets_its_schedule_and_tick_in_its_environment(
         ).fetchone() or [None]
         assert name == "env"
         assert tick == stored.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    assert "schedule env: enqueued tick" in worker.log
+    assert "schedule tick(s): env 20" in worker.log
 
 
 def test_a_worker_with_no_schedules_enqueues_no_tick(
