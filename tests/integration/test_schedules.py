@@ -268,3 +268,41 @@ def test_a_purged_tick_is_never_enqueued_again_even_by_a_stale_worker(
         # last_tick refuses them, though no job holds them any more.
         assert stale._enqueue(queue_conn, stale._due()) == []
     assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
+def test_workers_racing_on_the_same_ticks_make_one_job_per_tick(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    import threading
+
+    assert cli(dsn, "schedule", "add", "n", "--every", "1m", "k").exit_code == 0
+    start = dt.datetime(2026, 10, 22, tzinfo=UTC)
+    conn.execute("UPDATE schedules SET ticks_after = %s", (start,))
+    now = start + dt.timedelta(minutes=50, seconds=30)
+    racers = 8
+    connections = [db.open_queue(dsn, schema="public", writes=True) for _ in range(racers)]
+    tickers = [ticker_at(c, now, "all") for c in connections]
+    ready = threading.Barrier(racers)
+    made: list[int] = []
+
+    def race(ticker: ticks.Ticker, queue_conn: db.QueueConnection) -> None:
+        wanted = ticker._due()
+        ready.wait()
+        for enqueued in ticker._enqueue(queue_conn, wanted):
+            made.extend(enqueued.jobs)  # list.extend holds the GIL: safe across threads
+
+    threads = [
+        threading.Thread(target=race, args=(t, c))
+        for t, c in zip(tickers, connections, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in connections:
+        c.close()
+    rows = conn.execute("SELECT tick, count(*) FROM jobs GROUP BY tick ORDER BY tick").fetchall()
+    assert [count for _, count in rows] == [1] * 50  # every tick once, none twice
+    assert sorted(made) == sorted(r[0] for r in conn.execute("SELECT id FROM jobs").fetchall())
+    [last] = conn.execute("SELECT last_tick FROM schedules").fetchone() or [None]
+    assert last == rows[-1][0]
