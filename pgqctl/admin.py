@@ -287,6 +287,28 @@ def estimate_done(counted: Mapping[str, Counts], table: TableEstimate) -> dict[s
     return found
 
 
+# The figures `stats --metric` prints: each status's count, then these.
+METRICS: tuple[str, ...] = (*STATUS_NAMES, "expired_leases", "oldest_pending_age_seconds")
+
+
+def metric_value(stats: Stats, metric: str, queues: Sequence[str] = ()) -> int:
+    """One figure as a whole number, of every queue or of `queues` together
+    (a count summed, an age the oldest; a queue with no jobs counts 0)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}")
+    scopes = [stats.totals] if not queues else [stats.queues.get(q, Counts()) for q in queues]
+    if metric == "oldest_pending_age_seconds":
+        ages = [c.oldest_pending_age_seconds or 0.0 for c in scopes]
+        return int(max(ages))
+    if metric == "expired_leases":
+        return sum(c.expired_leases for c in scopes)
+    if any(c.as_record()[metric] is None for c in scopes):
+        raise PgqctlError(
+            f"the {metric} count is not known from the table's statistics: add --exact"
+        )
+    return sum(c.by_status[metric] for c in scopes)
+
+
 # --- leases and reap -----------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from click.core import ParameterSource
 # server) are imported inside those commands: every command pays for what is
 # imported here, and in a short command that is a good part of its run.
 from pgqctl import __version__, db
-from pgqctl.commands import admin, control, embedded, enqueue, migrate, worker
+from pgqctl.commands import admin, control, embedded, enqueue, migrate, monitor, worker
 from pgqctl.commands.options import CONTEXT, DEBUG_HELP, OnceGroup, global_options, say
 from pgqctl.errors import EXIT_FAILURE, EXIT_USAGE, DatabaseUnavailable, PgqctlError
 
@@ -58,6 +58,8 @@ for _command in (
     admin.requeue_command,
     admin.cancel_command,
     admin.purge_command,
+    monitor.check_command,
+    monitor.metrics_command,
     control.pause_command,
     control.resume_command,
     worker.worker_command,

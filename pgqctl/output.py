@@ -23,6 +23,7 @@ from pgqctl.errors import PgqctlError
 
 if TYPE_CHECKING:
     from pgqctl.admin import Stats
+    from pgqctl.monitor import CheckResult
 
 FORMATS = ("auto", "table", "plain", "json", "ndjson", "csv", "tsv")
 HUMAN_FORMATS = ("table", "plain")
@@ -394,21 +395,30 @@ def pause_summary(until: dt.datetime | None, reason: str | None) -> str:
     return f"{end}: {reason}" if reason else end
 
 
-def stats_table(stats: Stats) -> Any:
-    """`stats` as a rich table, to print or to redraw live."""
-    return rich_table(_stats_rows(stats), stats_columns(stats), caption=estimate_note(stats))
+def stats_table(stats: Stats, ts: dt.datetime | None = None) -> Any:
+    """`stats` as a rich table, to print or to redraw live (titled with the
+    time of the snapshot, `ts`, when given)."""
+    title = None if ts is None else human(ts)
+    return rich_table(
+        _stats_rows(stats), stats_columns(stats), title=title, caption=estimate_note(stats)
+    )
 
 
-def emit_stats(stats: Stats, fmt: str) -> None:
+def emit_stats(stats: Stats, fmt: str, ts: dt.datetime | None = None) -> None:
+    """`stats` in `fmt`; with the time of the snapshot when `ts` is given
+    (`--watch`): "ts" in JSON, a ts column in CSV and TSV, a line above a table."""
     data = stats.as_json()
+    when = {} if ts is None else {"ts": ts}
     resolved = resolve_format(fmt)
     if resolved in ("json", "ndjson"):
-        emit_object(data)
+        emit_object({**when, **data})
     elif resolved in ("csv", "tsv"):
         total = {"queue": "(total)", **stats.totals.as_record()}
-        rows = [*data["queues"], total]
+        rows = [{**when, **row} for row in (*data["queues"], total)]
         emit_rows(rows, list(rows[0]), fmt)
     else:
+        if ts is not None:
+            sys.stdout.write(human(ts) + "\n")
         emit_rows(_stats_rows(stats), stats_columns(stats), fmt)
 
 
@@ -823,3 +833,44 @@ def file_progress(f: Any) -> Iterator[_FileProgress | None]:
     progress = _FileProgress(size or None)
     with progress.bar:
         yield progress
+
+
+def emit_number(n: int) -> None:
+    """One figure alone on its line (`stats --metric`), whatever the format."""
+    sys.stdout.write(f"{n}\n")
+
+
+# --- check and metrics -----------------------------------------------------------
+
+
+def emit_check(result: CheckResult, fmt: str) -> None:
+    """JSON: every figure with its threshold; else one line per breach, nothing more."""
+    if resolve_format(fmt) in ("json", "ndjson"):
+        emit_object(result.as_json())
+        return
+    for line in result.breaches():
+        sys.stdout.write(printable(line) + "\n")
+
+
+def metrics_text(registry: Any) -> bytes:
+    """The Prometheus text exposition of `registry`, written by prometheus_client."""
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry)
+
+
+def emit_metrics(registry: Any) -> None:
+    sys.stdout.write(metrics_text(registry).decode())
+
+
+def write_metrics_textfile(path: str, registry: Any) -> None:
+    """The exposition written to a temporary file beside `path`, then renamed
+    over it: a reader (node_exporter's textfile collector) sees the old file
+    or the new one, never part of one; a failure leaves the old one."""
+    from prometheus_client import write_to_textfile
+
+    try:
+        write_to_textfile(path, registry)
+    except OSError as exc:
+        # Named as given: the temporary file's name would only puzzle.
+        raise PgqctlError(f"cannot write {path}: {exc.strerror or exc}") from exc

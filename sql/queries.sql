@@ -433,6 +433,36 @@ WHERE id = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED
 ));
 -- ---------------------------------------------------------------------------
+-- monitor: check and metrics (pgqctl/monitor.py). Besides stats_counts (with
+-- no done rows for check), they read these, each through a partial index:
+-- their cost follows the live jobs and the jobs finished within a short
+-- window, never the history before it.
+-- ---------------------------------------------------------------------------
+
+-- name: monitor_running_since
+-- Per queue with running jobs: seconds since the running job due longest ago
+-- became due (its run_at; a claim records no start time of its own), from
+-- jobs_lease_idx's rows. One row per queue.
+SELECT queue, extract(epoch FROM now() - min(run_at))::float8 AS oldest_running_age_seconds
+FROM jobs
+WHERE status = 'running'
+GROUP BY queue;
+
+-- name: monitor_finished_since
+-- Per queue: the jobs of one finished status (jobs.py FINISHED; run once for
+-- each) that finished within `window`, from the window's range of
+-- jobs_finished_idx (status, finished_at) only: as many rows as finished in
+-- it, whatever the history before it holds. One status a statement, sent as
+-- a value: both columns then bound the range, where a list of statuses would
+-- match the index's predicate whole and bound nothing but finished_at, so
+-- read the whole index. One row per queue that has any.
+SELECT queue, count(*) AS finished
+FROM jobs
+WHERE status = %(status)s
+  AND finished_at > now() - %(window)s::interval
+GROUP BY queue;
+
+-- ---------------------------------------------------------------------------
 -- control: pausing and resuming queues (pgqctl/control.py). The claims skip
 -- the queues of paused_queues_now (see the worker section).
 -- ---------------------------------------------------------------------------

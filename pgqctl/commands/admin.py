@@ -3,6 +3,7 @@ purge (library: pgqctl/admin.py)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 import time
 from collections.abc import Sequence
@@ -40,11 +41,33 @@ REQUEUE_COLUMNS = ["id", "queue", "kind", "status", "attempt", "run_at", "error"
     "--watch",
     type=DURATION,
     metavar="SECONDS",
+    # Never from PGQCTL_WATCH: a stray one would make a cron `stats` run forever.
+    allow_from_autoenv=False,
     help="Refresh every SECONDS, or a duration such as 500ms or 1m (in place on a "
-    "terminal), until Ctrl-C.",
+    "terminal), until Ctrl-C, with the time of each snapshot (ts in JSON). From the "
+    "command line only.",
+)
+@click.option(
+    "--metric",
+    type=click.Choice(admin.METRICS),
+    help="Print this one figure as an integer (for autoscalers and scripts).",
+)
+@selection_option(
+    "--queue",
+    "queues",
+    metavar="QUEUE",
+    multiple=True,
+    help="With --metric: the figure of this queue (repeatable: of them together).",
 )
 @format_options
-def stats_command(database: Database, exact: bool, watch: float | None, fmt: str) -> None:
+def stats_command(
+    database: Database,
+    exact: bool,
+    watch: float | None,
+    metric: str | None,
+    queues: tuple[str, ...],
+    fmt: str,
+) -> None:
     """Jobs per status, in total and per queue, with expired leases and the
     age of the oldest due pending job.
 
@@ -59,35 +82,51 @@ def stats_command(database: Database, exact: bool, watch: float | None, fmt: str
     no count is, but the cancelled column is left out when it cannot fit
     (--json has every count).
 
+    --metric prints one figure as a whole number: the count of a status,
+    expired_leases, or oldest_pending_age_seconds (0 when no job is due), of
+    every queue or of those given with --queue (summed; the oldest for the
+    age), e.g. for a KEDA scaler (README: Autoscaling).
+
     \b
     Example:
         pgqctl stats
         pgqctl stats --watch 2
         pgqctl stats --json | jq '.totals.failed'
+        pgqctl stats --metric pending --queue emails
     """
     if watch is not None and watch <= 0:
         raise BadInput("--watch needs a positive number of seconds, such as --watch 2")
+    if queues and metric is None:
+        raise BadInput("--queue goes with --metric: `pgqctl stats --metric pending --queue Q`")
+    if metric is not None and watch is not None:
+        raise BadInput("--metric prints one figure once: give it without --watch")
     with database.connect() as conn:
 
         def snapshot() -> admin.Stats:
             return admin.stats(conn, exact=exact)
 
-        if watch is None:
+        if metric is not None:
+            output.emit_number(admin.metric_value(snapshot(), metric, queues))
+        elif watch is None:
             _show_stats(snapshot(), fmt)
         elif output.resolve_format(fmt) == "table":
-            output.live(lambda: output.stats_table(snapshot()), watch)
+            output.live(lambda: output.stats_table(snapshot(), _now()), watch)
         else:
             try:
                 while True:
-                    _show_stats(snapshot(), fmt)
+                    _show_stats(snapshot(), fmt, _now())
                     sys.stdout.flush()
                     time.sleep(watch)
             except KeyboardInterrupt:
                 return
 
 
-def _show_stats(stats: admin.Stats, fmt: str) -> None:
-    output.emit_stats(stats, fmt)
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _show_stats(stats: admin.Stats, fmt: str, ts: dt.datetime | None = None) -> None:
+    output.emit_stats(stats, fmt, ts)
     note = output.estimate_note(stats)
     if note and output.is_human(fmt):
         say(note)

@@ -186,7 +186,16 @@ def test_app_role_reaps_requeues_and_purges(deployment: Deployment) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [("stats",), ("stats", "--json"), ("leases",), ("list",), ("show",), ("migrate", "--status")],
+    [
+        ("stats",),
+        ("stats", "--json"),
+        ("leases",),
+        ("list",),
+        ("show",),
+        ("migrate", "--status"),
+        ("check", "--json"),
+        ("metrics",),
+    ],
     ids=" ".join,
 )
 def test_monitor_role_reads(deployment: Deployment, command: tuple[str, ...]) -> None:

@@ -130,6 +130,8 @@ READS = [
     ("reap", "--dry-run"),
     ("migrate", "--status"),
     ("migrate", "--check"),
+    ("check", "--max-pending", "1000000", "--json"),
+    ("metrics",),
 ]
 
 

@@ -1,0 +1,215 @@
+"""Being told: check (thresholds for alerting) and metrics (Prometheus)
+(library: pgqctl/monitor.py)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import click
+
+from pgqctl import monitor, output
+from pgqctl.commands.options import (
+    AGE,
+    Database,
+    command,
+    database_options,
+    format_options,
+    say,
+    selection_option,
+)
+from pgqctl.errors import EXIT_CHECK, PgqctlError
+
+# A threshold on a count: 0 is a limit too (`--max-failed 0`: none tolerated).
+LIMIT = click.IntRange(min=0)
+
+
+def threshold_options(func: Any) -> Any:
+    """One option per entry of monitor.THRESHOLDS, in that order."""
+    for threshold in reversed(monitor.THRESHOLDS):
+        text = threshold.help
+        if threshold.default is not None:
+            text += f" With no threshold given: {threshold.spelled(threshold.default)}."
+        func = click.option(
+            threshold.option,
+            threshold.name,
+            type=AGE if threshold.duration else LIMIT,
+            metavar="DURATION" if threshold.duration else "N",
+            help=text,
+        )(func)
+    return func
+
+
+def _defaults_text() -> str:
+    return ", ".join(
+        f"{t.option} {t.spelled(t.default)}" for t in monitor.THRESHOLDS if t.default is not None
+    )
+
+
+@command("check")
+@database_options
+@threshold_options
+@selection_option(
+    "--queue",
+    "queues",
+    metavar="QUEUE",
+    multiple=True,
+    help="Check only this queue (repeatable), even if it has no jobs.",
+)
+@format_options
+def check_command(database: Database, queues: tuple[str, ...], fmt: str, **given: Any) -> None:
+    """Hold every queue to thresholds, for cron, Nagios-style monitors and
+    probes: exit 0 when all hold, 3 when one does not, 1 when the queue
+    cannot be read (a check that cannot check never says OK).
+
+    Each threshold applies to every queue on its own (only to those named
+    with --queue, when given), and a --max-* threshold is breached when the
+    figure is above it. Each breach is one line on stdout, and nothing else
+    is written there: `CRITICAL emails: oldest pending job waited 12m (max
+    5m)`. --json gives every figure of every queue, its threshold and
+    whether it holds ("ok"), per figure and overall, with the same exit
+    codes.
+
+    With no threshold given, check applies DEFAULTS; given any, it
+    applies only those given. Durations need a unit (ms, s, m, h, d, w).
+
+    Stalled: due jobs have waited longer than --stalled and no job of the
+    queue finished within it (the queue looks busy but nothing moves).
+    Failed jobs count until they are requeued or purged, whatever their
+    age. Every figure comes from the live jobs and those finished within
+    --stalled, never from the history before it.
+
+    \b
+    Example:
+        pgqctl check
+        pgqctl check --max-pending-age 5m --max-failed 0 --stalled 10m
+        pgqctl check --queue emails --max-pending 1000 --json
+        */5 * * * *  pgqctl check --stalled 15m || notify-team   # crontab
+    """
+    thresholds = monitor.applied(given)
+    with database.connect() as conn:
+        result = monitor.check(conn, thresholds, queues)
+    output.emit_check(result, fmt)
+    breaches = result.breaches()
+    if breaches:
+        say(f"{output.plural(len(breaches), 'threshold')} breached")
+        raise click.exceptions.Exit(EXIT_CHECK)
+    held = ", ".join(f"--{n.replace('_', '-')}" for n in thresholds)
+    say(f"ok: {output.plural(len(result.queues), 'queue')} within {held}")
+
+
+# Said in --help from the one list of thresholds.
+check_command.help = (check_command.help or "").replace("DEFAULTS", _defaults_text())
+
+
+class ListenAddress(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """HOST:PORT, :PORT (every interface) or [IPv6]:PORT; port 0 picks a free one."""
+
+    name = "host:port"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        host, sep, port = str(value).rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not sep or not port.isdigit() or int(port) > 65535 or "]" in host:
+            self.fail(
+                f"{value!r} is not HOST:PORT: give e.g. :9464 (every interface) or 127.0.0.1:9464",
+                param,
+                ctx,
+            )
+        return host, int(port)
+
+
+@command("metrics")
+@database_options
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Also count done jobs, exactly (reads the whole finished history at each run).",
+)
+@click.option(
+    "--textfile",
+    metavar="PATH",
+    allow_from_autoenv=False,
+    help="Write to PATH (for node_exporter's textfile collector; name it *.prom), "
+    "replacing it at once: a reader never sees part of a file.",
+)
+@click.option(
+    "--listen",
+    type=ListenAddress(),
+    metavar="HOST:PORT",
+    allow_from_autoenv=False,
+    help="Serve over HTTP at /metrics, e.g. :9464, reading the queue afresh for "
+    "each scrape, until SIGTERM or Ctrl-C.",
+)
+def metrics_command(
+    database: Database, exact: bool, textfile: str | None, listen: tuple[str, int] | None
+) -> None:
+    """The queue's figures in the Prometheus text exposition format: to
+    stdout, to a file, or served over HTTP.
+
+    \b
+    pgqctl_jobs{queue,status}                   jobs per queue and status
+    pgqctl_oldest_pending_age_seconds{queue}    the oldest due pending job's wait
+    pgqctl_expired_leases{queue}                leases over, not yet reaped
+    pgqctl_jobs_finished_last_minute{queue,outcome}   throughput: done, failed
+
+    The counts are those of `pgqctl stats`, exact, but for done jobs: they
+    are the history, left out unless --exact counts them all (the throughput
+    is the figure to watch). The jobs finished in the last minute are read
+    from that minute's rows only. Served, a scrape the database cannot answer
+    gets 503 with the reason, and the server goes on. --textfile and
+    --listen are read from the command line only.
+
+    \b
+    Example:
+        pgqctl metrics
+        * * * * *  pgqctl metrics --textfile /var/lib/node_exporter/pgqctl.prom
+        pgqctl metrics --listen :9464
+    """
+    if textfile is not None and listen is not None:
+        raise click.UsageError("give --textfile or --listen, not both")
+
+    def read() -> Any:
+        with database.connect() as conn:
+            return monitor.metrics_registry(monitor.metrics_snapshot(conn, exact=exact))
+
+    if listen is None:
+        registry = read()  # read whole before anything is written
+        if textfile is None:
+            output.emit_metrics(registry)
+        else:
+            output.write_metrics_textfile(textfile, registry)
+        return
+    host, port = listen
+    try:
+        server = monitor.metrics_server(
+            host,
+            port,
+            lambda: output.metrics_text(read()),
+            on_error=lambda why: say(f"scrape failed: {why}"),
+        )
+    except OSError as exc:
+        where = f"{host or '*'}:{port}"
+        why = exc.strerror or exc
+        raise PgqctlError(f"cannot listen on {where}: {why}; give another --listen") from exc
+    bound_host, bound_port = server.server_address[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    say(f"serving metrics on http://{shown}:{bound_port}/metrics; SIGTERM or Ctrl-C stops")
+    # Signals only raise a flag, looked at between requests: an exception
+    # raised from a handler mid-request would be taken for the request's own
+    # error (wsgiref answers 500 and serves on).
+    stopping: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: stopping.append(signum))
+    server.timeout = 0.2  # how soon a signal is seen when no scrape comes
+    try:
+        while not stopping:
+            server.handle_request()
+    finally:
+        server.server_close()
+    say("stopped serving metrics")

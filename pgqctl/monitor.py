@@ -1,0 +1,464 @@
+"""What `check` and `metrics` measure, and what `check` holds it to.
+
+Both read per-queue figures of the live jobs (stats' own counts, through the
+claim, lease and finished indexes) and of the jobs finished within a short
+window (through jobs_finished_idx, that window's range only), so their cost
+follows the live jobs, never the history. Their SQL is the `monitor` section
+of sql/queries.sql.
+
+`THRESHOLDS` is the one list of what `check` can hold a queue to: each
+entry names its option, the figure it reads and the line a breach prints, so
+a new threshold is one more entry. Nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgqctl import admin, control
+from pgqctl.db import atomic, reason
+from pgqctl.errors import PgqctlError
+from pgqctl.jobs import FINISHED, STATUS_NAMES
+from pgqctl.sql import query
+
+Connection = psycopg.Connection[Any]
+
+# `metrics` counts the jobs finished within this long: its throughput figure.
+THROUGHPUT_WINDOW_SECONDS = 60.0
+
+
+def _rows(conn: Connection, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    with atomic(conn), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query(name), dict(params))
+        return cur.fetchall()
+
+
+# --- the figures ------------------------------------------------------------------
+
+
+@dataclass
+class QueueFigures:
+    """One queue's figures: stats' counts, the running job due longest ago,
+    and the jobs finished within the window, per finished status."""
+
+    counts: admin.Counts = field(default_factory=admin.Counts)
+    oldest_running_age_seconds: float | None = None
+    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISHED, 0))
+
+    def finished_in_window(self) -> int:
+        return sum(self.finished.values())
+
+
+def finished_since(conn: Connection, window: float) -> dict[str, dict[str, int]]:
+    """Jobs finished within the last `window` seconds, per queue and finished status."""
+    found: dict[str, dict[str, int]] = {}
+    with atomic(conn):
+        for status in FINISHED:
+            params = {"status": status, "window": dt.timedelta(seconds=window)}
+            for row in _rows(conn, "monitor_finished_since", params):
+                queue = found.setdefault(row["queue"], dict.fromkeys(FINISHED, 0))
+                queue[status] = int(row["finished"])
+    return found
+
+
+def measure(
+    conn: Connection, *, window: float | None, queues: Sequence[str] = ()
+) -> dict[str, QueueFigures]:
+    """Every queue's figures (only `queues`, each present, when given), with
+    the jobs finished within `window` seconds (None: not read), in one
+    transaction so they describe one instant."""
+    with atomic(conn):
+        counted = admin.counts(conn, done_bound=0)  # no done rows: check needs none
+        running = {
+            r["queue"]: r["oldest_running_age_seconds"]
+            for r in _rows(conn, "monitor_running_since", {})
+        }
+        finished = finished_since(conn, window) if window is not None else {}
+    names = list(dict.fromkeys(queues)) or sorted(set(counted) | set(running) | set(finished))
+    figures = {}
+    for name in names:
+        figures[name] = QueueFigures(
+            counted.get(name, admin.Counts()),
+            running.get(name),
+            finished.get(name, dict.fromkeys(FINISHED, 0)),
+        )
+    return figures
+
+
+# --- check ------------------------------------------------------------------------
+
+
+def short_duration(seconds: float) -> str:
+    """45s, 12m, 12m05s, 2h, 2h05m, 3d04h: a threshold's own spelling, shortened
+    to its two leading units."""
+    if seconds < 10 and seconds != int(seconds):
+        return f"{seconds:.3g}s"
+    s = int(seconds)
+    for big, size, small, rest in (
+        ("d", 86400, "h", 3600),
+        ("h", 3600, "m", 60),
+        ("m", 60, "s", 1),
+    ):
+        if s >= size:
+            left = s % size // rest
+            return f"{s // size}{big}" + (f"{left:02d}{small}" if left else "")
+    return f"{s}s"
+
+
+def _count(n: float, word: str) -> str:
+    return f"{int(n):,} {word}" + ("" if n == 1 else "s")
+
+
+Value = float | None
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One thing `check` can hold each queue to."""
+
+    name: str  # the option's parameter: max_pending_age for --max-pending-age
+    figure: str  # the figure it reads, as JSON names it
+    duration: bool  # given as a duration (a unit needed), else a count
+    help: str
+    read: Callable[[QueueFigures], Value]
+    breach: Callable[[float, float], str]  # the line for (value, limit), after the queue
+    default: float | None = None  # applied when no threshold is given at all
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def spelled(self, limit: float) -> str:
+        """A limit as a user gives it: 10m, or 0."""
+        return short_duration(limit) if self.duration else f"{int(limit)}"
+
+    def breached(self, value: Value, limit: float) -> bool:
+        """Every threshold so far is a maximum: breached above it."""
+        return value is not None and value > limit
+
+
+def _stalled_for(q: QueueFigures) -> Value:
+    # How long due jobs have waited with no job of the queue finished in the
+    # window: the oldest due job's wait, or 0 once one finished.
+    if q.finished_in_window():
+        return 0.0
+    return q.counts.oldest_pending_age_seconds or 0.0
+
+
+def _d(seconds: float) -> str:
+    return short_duration(seconds)
+
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "max_pending_age",
+        "oldest_pending_age_seconds",
+        duration=True,
+        help="Oldest due pending job waited longer than this, e.g. 5m.",
+        read=lambda q: q.counts.oldest_pending_age_seconds,
+        breach=lambda v, m: f"oldest pending job waited {_d(v)} (max {_d(m)})",
+    ),
+    Threshold(
+        "max_pending",
+        "pending",
+        duration=False,
+        help="More pending jobs than this (due or not).",
+        read=lambda q: q.counts.by_status["pending"],
+        breach=lambda v, m: f"{_count(v, 'pending job')} (max {int(m):,})",
+    ),
+    Threshold(
+        "max_failed",
+        "failed",
+        duration=False,
+        help="More failed jobs than this, of any age: a failed job counts until "
+        "it is requeued or purged (0: none tolerated).",
+        read=lambda q: q.counts.by_status["failed"],
+        breach=lambda v, m: f"{_count(v, 'failed job')} (max {int(m):,})",
+    ),
+    Threshold(
+        "max_expired_leases",
+        "expired_leases",
+        duration=False,
+        help="More expired leases than this (jobs whose worker is gone, not yet reaped).",
+        read=lambda q: q.counts.expired_leases,
+        breach=lambda v, m: f"{_count(v, 'expired lease')} (max {int(m):,})",
+        default=0,
+    ),
+    Threshold(
+        "max_running_age",
+        "oldest_running_age_seconds",
+        duration=True,
+        help="A running job due longer ago than this, e.g. 1h (the claim keeps no "
+        "start time: this is its run time plus any wait for a worker).",
+        read=lambda q: q.oldest_running_age_seconds,
+        breach=lambda v, m: f"oldest running job has run up to {_d(v)} (max {_d(m)})",
+    ),
+    Threshold(
+        "stalled",
+        "stalled_seconds",
+        duration=True,
+        help="Due jobs waited longer than this and no job of the queue finished within it.",
+        read=_stalled_for,
+        breach=lambda v, m: (
+            f"stalled: due jobs waited {_d(v)} and no job finished in {_d(m)} "
+            f"(stalled after {_d(m)})"
+        ),
+        default=600,
+    ),
+)
+BY_NAME = {t.name: t for t in THRESHOLDS}
+# The one threshold whose window `measure` reads finished jobs for.
+STALL = BY_NAME["stalled"]
+
+
+def applied(given: Mapping[str, float | None]) -> dict[str, float]:
+    """The thresholds `check` applies: those given, or the defaults when none is."""
+    chosen = {name: limit for name, limit in given.items() if limit is not None}
+    unknown = set(chosen) - set(BY_NAME)
+    if unknown:
+        raise ValueError(f"unknown thresholds {sorted(unknown)}")
+    if chosen:
+        return chosen
+    return {t.name: t.default for t in THRESHOLDS if t.default is not None}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A measured figure and the threshold it is held to (None: none applied)."""
+
+    threshold: Threshold
+    value: Value
+    limit: float | None
+
+    @property
+    def ok(self) -> bool:
+        return self.limit is None or not self.threshold.breached(self.value, self.limit)
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "threshold": self.limit,
+            "option": self.threshold.option,
+            "ok": self.ok,
+        }
+
+
+@dataclass(frozen=True)
+class QueueCheck:
+    queue: str
+    figures: tuple[Figure, ...]
+    finished_in_window: int | None  # within --stalled, when applied
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.figures)
+
+    def breaches(self) -> Iterator[str]:
+        for f in self.figures:
+            if not f.ok:
+                assert f.value is not None and f.limit is not None
+                yield f"CRITICAL {self.queue}: {f.threshold.breach(f.value, f.limit)}"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    queues: tuple[QueueCheck, ...]
+    thresholds: dict[str, float]
+    ts: dt.datetime
+
+    @property
+    def ok(self) -> bool:
+        return all(q.ok for q in self.queues)
+
+    def breaches(self) -> list[str]:
+        """One line per threshold a queue breaches, queue by queue."""
+        return [line for q in self.queues for line in q.breaches()]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "ts": self.ts,
+            "thresholds": self.thresholds,
+            "queues": [
+                {
+                    "queue": q.queue,
+                    "ok": q.ok,
+                    "figures": {f.threshold.figure: f.as_record() for f in q.figures},
+                    "finished_in_window": q.finished_in_window,
+                }
+                for q in self.queues
+            ],
+            "breaches": self.breaches(),
+        }
+
+
+def check(
+    conn: Connection, thresholds: Mapping[str, float], queues: Sequence[str] = ()
+) -> CheckResult:
+    """Hold each queue (only `queues`, when given) to `thresholds` (by
+    Threshold name, as `applied` returns them)."""
+    window = thresholds.get(STALL.name)
+    measured = measure(conn, window=window, queues=queues)
+    checked = []
+    for name, q in measured.items():
+        figures = tuple(
+            # The stall figure needs the window's finished jobs, read only with one.
+            Figure(t, None if t is STALL and window is None else t.read(q), thresholds.get(t.name))
+            for t in THRESHOLDS
+        )
+        finished = None if window is None else q.finished_in_window()
+        checked.append(QueueCheck(name, figures, finished))
+    return CheckResult(tuple(checked), dict(thresholds), dt.datetime.now(dt.timezone.utc))
+
+
+# --- metrics ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What `metrics` exposes: stats' counts per queue, and the jobs finished
+    in the last minute."""
+
+    counts: dict[str, admin.Counts]
+    finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs
+    paused: frozenset[str] = frozenset()  # queues paused now
+
+    def queues(self) -> list[str]:
+        return sorted(set(self.counts) | set(self.finished) | self.paused)
+
+
+def metrics_snapshot(conn: Connection, *, exact: bool = False) -> MetricsSnapshot:
+    """Read everything `metrics` exposes, in one transaction.
+
+    Done jobs are the history: unless `exact` (which counts them all, as
+    `stats --exact`), they are not read, and their count is left out rather
+    than estimated, so that a scrape costs what the live jobs cost (an
+    estimate reads the planner's statistics, which costs as much again).
+    """
+    with atomic(conn):
+        counts = admin.stats(conn, exact=True).queues if exact else admin.counts(conn, done_bound=0)
+        finished = finished_since(conn, THROUGHPUT_WINDOW_SECONDS)
+        pauses = frozenset(p.queue for p in control.paused(conn))
+    for name in finished:
+        counts.setdefault(name, admin.Counts())  # a queue with no live jobs
+    if not exact:
+        for c in counts.values():
+            c.done_figure = "unknown"  # not counted: by_status holds 0
+    return MetricsSnapshot(counts, finished, pauses)
+
+
+def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
+    """The snapshot as Prometheus metric families (prometheus_client's own
+    types, for its exposition to write)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    jobs = GaugeMetricFamily(
+        "pgqctl_jobs",
+        "Jobs per queue and status, exactly (done only with --exact: it is the history).",
+        labels=["queue", "status"],
+    )
+    age = GaugeMetricFamily(
+        "pgqctl_oldest_pending_age_seconds",
+        "Seconds the oldest due pending job of the queue has waited (0: none waits).",
+        labels=["queue"],
+    )
+    expired = GaugeMetricFamily(
+        "pgqctl_expired_leases",
+        "Running jobs whose lease is over (their worker is gone), not yet reaped.",
+        labels=["queue"],
+    )
+    finished = GaugeMetricFamily(
+        "pgqctl_jobs_finished_last_minute",
+        "Jobs of the queue that finished in the last 60 seconds, by outcome (throughput).",
+        labels=["queue", "outcome"],
+    )
+    paused = GaugeMetricFamily(
+        "pgqctl_queue_paused",
+        "1 while the queue is paused (pgqctl pause): workers claim none of its jobs.",
+        labels=["queue"],
+    )
+    for name in snapshot.queues():
+        counts = snapshot.counts.get(name, admin.Counts())
+        record = counts.as_record()
+        for status in STATUS_NAMES:
+            if record[status] is not None:
+                jobs.add_metric([name, status], record[status])
+        age.add_metric([name], counts.oldest_pending_age_seconds or 0.0)
+        expired.add_metric([name], counts.expired_leases)
+        done = snapshot.finished.get(name, {})
+        for status in FINISHED:
+            finished.add_metric([name, status], done.get(status, 0))
+        paused.add_metric([name], 1.0 if name in snapshot.paused else 0.0)
+    return (jobs, age, expired, finished, paused)
+
+
+class _Families:
+    """A collector (prometheus_client's protocol) yielding fixed families."""
+
+    def __init__(self, families: Iterable[Any]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Any]:
+        yield from self._families
+
+
+def metrics_registry(snapshot: MetricsSnapshot) -> Any:
+    """A registry of its own (never the process-wide one) holding the snapshot."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(metric_families(snapshot)))  # type: ignore[arg-type]
+    return registry
+
+
+# --- serving metrics over HTTP ----------------------------------------------------
+
+
+def metrics_server(
+    host: str,
+    port: int,
+    read: Callable[[], bytes],
+    on_error: Callable[[str], None],
+) -> Any:
+    """An HTTP server (not yet serving) answering GET /metrics with `read()`,
+    called afresh for each scrape. When the database cannot be read, the
+    scrape gets 503 with the reason in one line (and `on_error` hears it);
+    the server goes on serving."""
+    # Imported here: only `metrics --listen` needs them.
+    import socket
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    TEXT = "text/plain; charset=utf-8"
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            """No line per scrape: a failed one is told through `on_error`."""
+
+    class Server6(WSGIServer):
+        address_family = socket.AF_INET6
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+            start_response("404 Not Found", [("Content-Type", TEXT)])
+            return [b"not found: metrics are at /metrics\n"]
+        try:
+            body = read()
+        except (PgqctlError, psycopg.Error) as exc:
+            why = str(exc) if isinstance(exc, PgqctlError) else f"database error: {reason(exc)}"
+            why = " ".join(why.split())  # one line
+            on_error(why)
+            start_response("503 Service Unavailable", [("Content-Type", TEXT)])
+            return [f"{why}\n".encode()]
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
+        return [body]
+
+    server_class = Server6 if ":" in host else WSGIServer
+    return make_server(host, port, app, server_class=server_class, handler_class=QuietHandler)
