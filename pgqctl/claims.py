@@ -194,7 +194,8 @@ def heartbeat(conn: Conn, beat: Beat) -> datetime:
     with conn.transaction():
         row = conn.execute(query("worker_beat"), beat.params()).fetchone()
     assert row is not None  # an upsert returns its row
-    return row[0]
+    started_at: datetime = row[0]
+    return started_at
 
 
 def unregister(conn: Conn, worker: str) -> None:

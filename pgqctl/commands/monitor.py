@@ -105,8 +105,9 @@ def check_command(database: Database, queues: tuple[str, ...], fmt: str, **given
     cannot be read (a check that cannot check never says OK).
 
     Each threshold applies to every queue on its own (only to those named
-    with --queue, when given), and a --max-* threshold is breached when the
-    figure is above it. Each breach is one line on stdout, and nothing else
+    with --queue, when given); a --max-* threshold is breached when the
+    figure is above it, --min-workers when fewer active workers serve the
+    queue. Each breach is one line on stdout, and nothing else
     is written there: `CRITICAL emails: oldest pending job waited 12m (max
     5m)`. --json gives every figure of every queue, its threshold and
     whether it holds ("ok"), per figure and overall, with the same exit
@@ -199,6 +200,8 @@ def metrics_command(
     pgqctl_oldest_pending_age_seconds{queue}    the oldest due pending job's wait
     pgqctl_expired_leases{queue}                leases over, not yet reaped
     pgqctl_jobs_finished_last_minute{queue,outcome}   throughput: done, failed
+    pgqctl_workers{state}                       workers active and stale
+    pgqctl_queue_workers{queue}                 active workers serving the queue
 
     The counts are those of `pgqctl stats`, exact, but for done jobs: they
     are the history, left out unless --exact counts them all (the throughput
