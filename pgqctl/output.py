@@ -663,18 +663,19 @@ COLUMNS: dict[str, Column] = {
     "until": Column("whole", 0),
     "reason": Column("text", 0, 12),
     "paused_at": Column("time", 10),
-    # workers: who and whether alive stay; what it serves and runs may be
-    # cut; its counters stay whole (running, done and failed, as for stats).
-    "host": Column("text", 0, 12),
+    # workers: who, whether alive and what it serves stay (cut if need be),
+    # with its counters (running, done and failed stay whole, as for stats);
+    # the jobs it holds are cut, and go last.
+    "host": Column("text", 0, 10),
     "pid": Column("whole", 0),
     "state": Column("whole", 0),
-    "queues": Column("text", 30, 8),
-    "kinds": Column("text", 20, 8),
+    "queues": Column("text", 0, 6),
+    "kinds": Column("text", 20, 6),
     "concurrency": Column("whole", 25),
     "version": Column("whole", 5),
     "started_at": Column("time", 10),
     "last_seen": Column("whole", 35),
-    "jobs": Column("text", 40, 8),
+    "jobs": Column("text", 40, 6),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.
