@@ -243,3 +243,30 @@ def test_check_min_workers_counts_the_active_workers_serving_each_queue(
     for worker in (emails, sms):
         worker.signal(signal.SIGTERM)
         assert worker.finish() == 0
+
+
+def test_the_heartbeat_counts_the_attempts_done_and_failed_since_the_start(
+    dsn: str, conn: psycopg.Connection[Any], start_worker: Any
+) -> None:
+    insert_jobs(conn, [{"argv": ["true"]}] * 3)
+    insert_jobs(conn, [{"argv": ["false"]}], max_attempts=2)
+    worker = start_worker(dsn, "--heartbeat", "0.3s", "--backoff", "0")
+    key = worker_id(worker)
+    wait_until(
+        lambda: (
+            key in rows(conn) and (rows(conn)[key]["done"], rows(conn)[key]["failed"]) == (3, 2)
+        ),
+        15,
+        "the heartbeat to count 3 done and 2 failed attempts",
+    )
+    assert listed(dsn)[key]["running"] == 0
+    worker.signal(signal.SIGTERM)
+    assert worker.finish() == 0
+
+
+def test_a_bad_heartbeat_exits_2(module_dsn: str) -> None:
+    result = run_cli("worker", "--burst", "--heartbeat", "0s", "--dsn", module_dsn)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "pgqctl: error: --heartbeat must be more than 0s, e.g. --heartbeat 10s"
+    ]
