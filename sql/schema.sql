@@ -96,3 +96,22 @@ CREATE VIEW paused_queues_now AS
     SELECT queue, reason, paused_at, until
     FROM paused_queues
     WHERE until IS NULL OR until > now();
+
+-- The workers that run (see 0007): one row per worker, id = host:pid as in
+-- locked_by before the slot; heartbeats rewrite last_seen and the counters.
+CREATE TABLE workers (
+    id                text PRIMARY KEY,
+    host              text NOT NULL,
+    pid               integer NOT NULL,
+    version           text NOT NULL,
+    queues            text[] NOT NULL DEFAULT '{}',
+    kinds             text[] NOT NULL DEFAULT '{}',
+    concurrency       integer NOT NULL,
+    heartbeat_seconds float8 NOT NULL,
+    lease_seconds     float8 NOT NULL,
+    started_at        timestamptz NOT NULL DEFAULT now(),
+    last_seen         timestamptz NOT NULL DEFAULT now(),
+    running           integer NOT NULL DEFAULT 0,
+    done              bigint NOT NULL DEFAULT 0,
+    failed            bigint NOT NULL DEFAULT 0
+);

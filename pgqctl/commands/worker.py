@@ -122,6 +122,13 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     is_flag=True,
     help="Reclaim no expired leases; leave it to `pgqctl reap` from cron.",
 )
+@click.option(
+    "--heartbeat",
+    type=DURATION,
+    default="10s",
+    show_default=True,
+    help="Heartbeat in `pgqctl workers` at least this often; shown stale after three missed.",
+)
 @click.option("--burst", is_flag=True, help="Exit once no job is due and none is running.")
 @click.option(
     "--max-jobs",
@@ -159,6 +166,7 @@ def worker_command(
     backoff: float,
     reap_every: float,
     no_reap: bool,
+    heartbeat: float,
     burst: bool,
     max_jobs: int | None,
     allow_shell: bool,
@@ -178,6 +186,11 @@ def worker_command(
     worker that died holding them) to the queue, as `pgqctl reap` does, so a
     fleet needs no cron for it; many workers reaping at once take each job
     once, and never one of a live worker (its lease is renewed).
+
+    Each worker registers itself in `pgqctl workers` (host, pid, queues,
+    what it runs) and heartbeats there every --heartbeat, on the exchanges
+    it makes anyway; a clean stop removes its row. Its connections are
+    named `pgqctl worker HOST:PID` in pg_stat_activity.
 
     SIGTERM, SIGINT or SIGHUP: claim nothing more, let running jobs finish for
     --grace, then stop them and hand them back; a second signal stops them
@@ -211,6 +224,7 @@ def worker_command(
         backoff=backoff,
         listen_dsn=listen_dsn,
         reap_every=None if no_reap else reap_every,
+        heartbeat=heartbeat,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     return worker.serve(config, database.dsn, log)
