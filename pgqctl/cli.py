@@ -67,6 +67,7 @@ for _command in (
     admin.requeue_command,
     admin.cancel_command,
     admin.purge_command,
+    monitor.workers_command,
     monitor.check_command,
     monitor.metrics_command,
     control.pause_command,

@@ -3,7 +3,8 @@
 Both read per-queue figures of the live jobs (stats' own counts, through the
 claim, lease and finished indexes) and of the jobs finished within a short
 window (through jobs_finished_idx, that window's range only), so their cost
-follows the live jobs, never the history. Their SQL is the `monitor` section
+follows the live jobs, never the history; and the registered workers
+(pgqctl/workers.py: a row per worker). Their SQL is the `monitor` section
 of sql/queries.sql.
 
 `THRESHOLDS` is the one list of what `check` can hold a queue to: each
@@ -21,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgqctl import admin, control, schedules
+from pgqctl import admin, control, schedules, workers
 from pgqctl.db import atomic, reason
 from pgqctl.errors import PgqctlError
 from pgqctl.jobs import FINISHED, STATUS_NAMES
@@ -45,11 +46,13 @@ def _rows(conn: Connection, name: str, params: Mapping[str, Any]) -> list[dict[s
 @dataclass
 class QueueFigures:
     """One queue's figures: stats' counts, the running job due longest ago,
-    and the jobs finished within the window, per finished status."""
+    the jobs finished within the window, per finished status, and the
+    active workers that serve it."""
 
     counts: admin.Counts = field(default_factory=admin.Counts)
     oldest_running_age_seconds: float | None = None
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISHED, 0))
+    active_workers: int = 0
 
     def finished_in_window(self) -> int:
         return sum(self.finished.values())
@@ -80,6 +83,7 @@ def measure(
             for r in _rows(conn, "monitor_running_since", {})
         }
         finished = finished_since(conn, window) if window is not None else {}
+        fleet = workers.fleet(conn)
     names = list(dict.fromkeys(queues)) or sorted(set(counted) | set(running) | set(finished))
     figures = {}
     for name in names:
@@ -87,6 +91,7 @@ def measure(
             counted.get(name, admin.Counts()),
             running.get(name),
             finished.get(name, dict.fromkeys(FINISHED, 0)),
+            fleet.serving(name),
         )
     return figures
 
@@ -129,6 +134,7 @@ class Threshold:
     read: Callable[[QueueFigures], Value]
     breach: Callable[[float, float], str]  # the line for (value, limit), after the queue
     default: float | None = None  # applied when no threshold is given at all
+    minimum: bool = False  # breached below the limit (--min-*), else above it (--max-*)
 
     @property
     def option(self) -> str:
@@ -139,8 +145,10 @@ class Threshold:
         return short_duration(limit) if self.duration else f"{int(limit)}"
 
     def breached(self, value: Value, limit: float) -> bool:
-        """Every threshold so far is a maximum: breached above it."""
-        return value is not None and value > limit
+        """A maximum is breached above its limit, a minimum below it."""
+        if value is None:
+            return False
+        return value < limit if self.minimum else value > limit
 
 
 def _stalled_for(q: QueueFigures) -> Value:
@@ -210,6 +218,16 @@ THRESHOLDS: tuple[Threshold, ...] = (
             f"(stalled after {_d(m)})"
         ),
         default=600,
+    ),
+    Threshold(
+        "min_workers",
+        "active_workers",
+        duration=False,
+        help="Fewer active workers than this serve the queue (`pgqctl workers`; "
+        "one with no --queue serves every queue).",
+        read=lambda q: q.active_workers,
+        breach=lambda v, m: f"{_count(v, 'active worker')} serving it (min {int(m):,})",
+        minimum=True,
     ),
 )
 BY_NAME = {t.name: t for t in THRESHOLDS}
@@ -382,6 +400,7 @@ class MetricsSnapshot:
     counts: dict[str, admin.Counts]
     finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs
     paused: frozenset[str] = frozenset()  # queues paused now
+    fleet: workers.Fleet = field(default_factory=lambda: workers.Fleet(0, 0, ()))
 
     def queues(self) -> list[str]:
         return sorted(set(self.counts) | set(self.finished) | self.paused)
@@ -399,12 +418,13 @@ def metrics_snapshot(conn: Connection, *, exact: bool = False) -> MetricsSnapsho
         counts = admin.stats(conn, exact=True).queues if exact else admin.counts(conn, done_bound=0)
         finished = finished_since(conn, THROUGHPUT_WINDOW_SECONDS)
         pauses = frozenset(p.queue for p in control.paused(conn))
+        fleet = workers.fleet(conn)
     for name in finished:
         counts.setdefault(name, admin.Counts())  # a queue with no live jobs
     if not exact:
         for c in counts.values():
             c.done_figure = "unknown"  # not counted: by_status holds 0
-    return MetricsSnapshot(counts, finished, pauses)
+    return MetricsSnapshot(counts, finished, pauses, fleet)
 
 
 def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
@@ -437,6 +457,19 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
         "1 while the queue is paused (pgqctl pause): workers claim none of its jobs.",
         labels=["queue"],
     )
+    fleet = GaugeMetricFamily(
+        "pgqctl_workers",
+        "Registered workers by state: active (heartbeating), stale (no heartbeat "
+        "for three intervals: killed or cut off).",
+        labels=["state"],
+    )
+    for state, count in snapshot.fleet.counts().items():
+        fleet.add_metric([state], count)
+    serving = GaugeMetricFamily(
+        "pgqctl_queue_workers",
+        "Active workers that serve the queue (one with no --queue serves every queue).",
+        labels=["queue"],
+    )
     for name in snapshot.queues():
         counts = snapshot.counts.get(name, admin.Counts())
         record = counts.as_record()
@@ -449,7 +482,8 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
         for status in FINISHED:
             finished.add_metric([name, status], done.get(status, 0))
         paused.add_metric([name], 1.0 if name in snapshot.paused else 0.0)
-    return (jobs, age, expired, finished, paused)
+        serving.add_metric([name], snapshot.fleet.serving(name))
+    return (jobs, age, expired, finished, paused, fleet, serving)
 
 
 class _Families:

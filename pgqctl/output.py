@@ -472,6 +472,46 @@ def emit_schedules(schedules: Sequence[Record], fmt: str, fields: Sequence[str])
         emit_rows(records, fields, fmt)
 
 
+# --- workers ---------------------------------------------------------------------
+
+WORKER_COLUMNS = [
+    "host",
+    "pid",
+    "state",
+    "queues",
+    "kinds",
+    "concurrency",
+    "running",
+    "done",
+    "failed",
+    "version",
+    "started_at",
+    "last_seen",
+    "jobs",
+]
+
+
+def _worker_cells(worker: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker as the table shows it: `all` for no --queue (--kind), when it
+    was last seen as an age, the jobs it holds as their ids."""
+    return {
+        **worker,
+        "queues": ",".join(worker["queues"]) or "all",
+        "kinds": ",".join(worker["kinds"]) or "all",
+        "last_seen": format_seconds(max(float(worker["seen_seconds_ago"]), 0.0)) + " ago",
+        "jobs": ", ".join(map(str, worker["jobs"])),
+    }
+
+
+def emit_workers(workers: Sequence[Record], fmt: str, fields: Sequence[str]) -> None:
+    """Workers as a table, or as records of their `fields`."""
+    records = [w.as_record() for w in workers]
+    if is_human(fmt):
+        emit_rows([_worker_cells(r) for r in records], WORKER_COLUMNS, fmt)
+    else:
+        emit_rows(records, fields, fmt)
+
+
 def _schedule_cells(r: Mapping[str, Any]) -> dict[str, Any]:
     from pgqctl.schedules import Timing
 
@@ -706,6 +746,19 @@ COLUMNS: dict[str, Column] = {
     "job": Column("whole", 25),
     "job_status": Column("whole", 26),
     "missed_since": Column("time", 0),
+    # workers: who, whether alive and what it serves stay (cut if need be),
+    # with its counters (running, done and failed stay whole, as for stats);
+    # the jobs it holds are cut, and go last.
+    "host": Column("text", 0, 10),
+    "pid": Column("whole", 0),
+    "state": Column("whole", 0),
+    "queues": Column("text", 0, 6),
+    "kinds": Column("text", 20, 6),
+    "concurrency": Column("whole", 25),
+    "version": Column("whole", 5),
+    "started_at": Column("time", 10),
+    "last_seen": Column("whole", 35),
+    "jobs": Column("text", 40, 6),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.

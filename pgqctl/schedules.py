@@ -4,7 +4,7 @@ The library behind `pgqctl schedule ...`; its SQL is the `schedules`
 section of sql/queries.sql. A schedule is a row of `schedules`; the workers
 read them and enqueue each due tick as a job (pgqctl/ticks.py), one job per
 (schedule, tick) whatever the number of workers (see
-sql/migrations/0007_schedules.sql). Cron expressions and time zones, with
+sql/migrations/0008_schedules.sql). Cron expressions and time zones, with
 their daylight-saving changes, are the `cronsim` library's and the standard
 library's `zoneinfo`: nothing here parses a cron expression itself.
 

@@ -23,7 +23,12 @@ Threads, and who owns what:
   ``pgqctl_cancel``, the jobs an operator cancelled (`pgqctl cancel`).
 - Every --reap-every the loop also reclaims expired leases (`admin.reap`,
   the statement `pgqctl reap` runs), so a fleet without cron still gets a
-  dead worker's jobs back; its own leases are live (renewed first).
+  dead worker's jobs back; its own leases are live (renewed first). It
+  then removes the rows of workers gone for an hour from `workers`.
+- The worker registers itself in `workers` with its first exchange, and
+  heartbeats there at least every --heartbeat: in the pipeline of an
+  exchange when one goes out (no round trip of its own), alone otherwise
+  (`claims.Beat`). A clean stop removes its row.
 - When a schedule's tick is due (at most once a second), the loop enqueues
   the due ticks of every schedule in one statement (`ticks.Ticker`, which
   keeps the schedules read from the database; a notification on
@@ -51,6 +56,7 @@ it stops anything (anyone connected may send a notification), and logs
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import json
 import logging
@@ -63,13 +69,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
 import psycopg
 
-from pgqctl import admin, claims, db, payload, runner, ticks
+from pgqctl import __version__, admin, claims, db, payload, runner, ticks
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
@@ -84,6 +90,8 @@ CHANNEL = "pgqctl_jobs"
 CANCEL_CHANNEL = "pgqctl_cancel"
 SCHEDULES_CHANNEL = "pgqctl_schedules"
 APPLICATION_NAME = "pgqctl worker"
+# PostgreSQL keeps this many bytes of an application_name (NAMEDATALEN - 1).
+APPLICATION_NAME_BYTES = 63
 # Looking for jobs without a notification: every POLL_LISTENING seconds as a
 # safety net, or every POLL_DEAF when notifications cannot be heard.
 POLL_LISTENING = 5.0
@@ -173,6 +181,8 @@ class WorkerConfig:
     # ticks missed while no worker ran (schedules.CATCH_UP).
     schedules: bool = True
     catch_up: str = "latest"
+    # Heartbeat in `workers` at least this often.
+    heartbeat: float = 10.0
 
     def __post_init__(self) -> None:
         if self.lease < 1:
@@ -183,6 +193,8 @@ class WorkerConfig:
             raise BadInput(
                 "--reap-every must be more than 0s, e.g. --reap-every 30s (or --no-reap)"
             )
+        if self.heartbeat <= 0:
+            raise BadInput("--heartbeat must be more than 0s, e.g. --heartbeat 10s")
         if self.timeout is not None and self.timeout <= 0:
             raise BadInput("--timeout must be more than 0s; leave it out for no limit")
         if self.catch_up not in CATCH_UP:
@@ -208,6 +220,8 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
     """
     make_room_for(config.concurrency)
     dsn = target()
+    # pg_stat_activity tells each worker's connections from the others'.
+    name = application_name(identity())
     # psycopg logs a lost connection inside a pipeline with Python's last-resort
     # handler (a bare stderr line); the worker logs that event itself.
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
@@ -218,7 +232,7 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
             schema=config.schema,
             writes=True,
             migrated=False,
-            application_name=APPLICATION_NAME,
+            application_name=name,
             settings=SESSION_SETTINGS,
             **CONNECTION_PARAMS,
         )
@@ -229,7 +243,7 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
         return db.connect(
             listen_dsn,
             schema=config.schema,
-            application_name=APPLICATION_NAME,
+            application_name=name,
             **CONNECTION_PARAMS,
         )
 
@@ -280,8 +294,23 @@ def jittered(delay: float) -> float:
 
 
 def identity() -> str:
-    """This worker in the logs and in `locked_by` (there followed by :slot): host:pid."""
+    """This worker in the logs, in `workers` and in `locked_by` (there
+    followed by :slot): host:pid."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def application_name(worker: str) -> str:
+    """`pgqctl worker host:pid`, within the bytes PostgreSQL keeps: a host
+    too long loses its domain's labels from the end, then its own end; the
+    pid always stays."""
+    host, _, pid = worker.rpartition(":")
+    room = APPLICATION_NAME_BYTES - len(f"{APPLICATION_NAME} :{pid}")
+    if len(host.encode()) > room:
+        labels = host.split(".")
+        while len(labels) > 1 and len(".".join(labels).encode()) > room:
+            labels.pop()
+        host = ".".join(labels).encode()[: max(room, 0)].decode("utf-8", "ignore")
+    return f"{APPLICATION_NAME} {host}:{pid}"
 
 
 @dataclass(eq=False)
@@ -320,6 +349,21 @@ class Worker:
         self.listen_connect = listen_connect or connect
         self.log = log
         self.worker_id = identity()
+        # The worker's row in `workers`; its counters change with each heartbeat.
+        self.beat = claims.Beat(
+            id=self.worker_id,
+            host=self.worker_id.rpartition(":")[0],
+            pid=os.getpid(),
+            version=__version__,
+            queues=tuple(dict.fromkeys(config.queues)),
+            kinds=tuple(dict.fromkeys(config.kinds)),
+            concurrency=config.concurrency,
+            heartbeat=config.heartbeat,
+            lease=config.lease,
+        )
+        self.jobs_done = 0
+        self.jobs_failed = 0
+        self.started_at: dt.datetime | None = None  # None until registered
         self.target = describe_target
         self.listen_target = describe_listen_target or describe_target or "the database"
         # Taken and cleaned once: reading os.environ decodes every variable again.
@@ -360,6 +404,7 @@ class Worker:
         self.next_due: float | None = None
         self.next_renew = now
         self.next_reap = now + jittered(config.reap_every or 0.0)
+        self.next_heartbeat = now  # registers with the first exchange
         # A --burst worker reaps once more before it decides nothing is due.
         self.burst_reaped = False
         self.ticker = ticks.Ticker(config.catch_up) if config.schedules else None
@@ -400,6 +445,7 @@ class Worker:
             # stop must not kill a worker that is stopping cleanly.
             self._stop_threads()
             if self.conn is not None:
+                self._unregister()
                 self.conn.close()
             self._restore_signal_handlers(previous)
         self.log.event(
@@ -419,6 +465,7 @@ class Worker:
             f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}, "
             + (f"reap every {seconds(c.reap_every)}" if c.reap_every else "no reap")
             + (f", schedules (catch-up {c.catch_up})" if c.schedules else ", no schedules")
+            + f", heartbeat {seconds(c.heartbeat)}"
             + (f", database {self.target}" if self.target else ""),
             worker=self.worker_id,
             concurrency=c.concurrency,
@@ -429,6 +476,7 @@ class Worker:
             reap_every=c.reap_every,
             schedules=c.schedules,
             catch_up=c.catch_up,
+            heartbeat=c.heartbeat,
             schema=c.schema,
         )
 
@@ -525,8 +573,11 @@ class Worker:
                 return
         limit = self._claim_limit() if self._claim_due(now) else 0
         renew = now >= self.next_renew and any(not r.lost for r in self.running.values())
+        beat = now >= self.next_heartbeat
         if limit or renew or self.done or self.fails or self.handed_back:
-            self._exchange(limit, renew)
+            self._exchange(limit, renew, beat)
+        elif beat:
+            self._heartbeat()
         # After the exchange: it renewed our own leases first, had they run late.
         if self._reap_due(time.monotonic()):
             self._reap()
@@ -598,6 +649,7 @@ class Worker:
             deadlines.append(now)
         if any(not r.lost for r in self.running.values()):
             deadlines.append(self.next_renew)
+        deadlines.append(self.next_heartbeat)
         if self.config.reap_every is not None and not self.stopping:
             deadlines.append(self.next_reap)
         if self.ticker is not None and not self.stopping and not self.config.burst:
@@ -646,8 +698,9 @@ class Worker:
 
     # ------------------------------------------------------ database work
 
-    def _exchange(self, limit: int, renew: bool) -> None:
-        """Report, renew and claim in one statement; on failure keep everything for later."""
+    def _exchange(self, limit: int, renew: bool, beat: bool = False) -> None:
+        """Report, renew and claim in one statement (and heartbeat in the same
+        round trip when `beat`); on failure keep everything for later."""
         conn = self.conn
         assert conn is not None
         c = self.config
@@ -676,11 +729,14 @@ class Worker:
                 worker=self.worker_id,
                 queues=c.queues,
                 kinds=c.kinds,
+                beat=self._current_beat() if beat else None,
             )
         except (psycopg.Error, PgqctlError) as exc:
             self.claim_wanted = self.claim_wanted or bool(limit)
             self._connection_failed(exc)
             return
+        if beat:
+            self._beaten(changed.started_at, sent)
         self.done, self.fails, self.handed_back = [], [], []
         # New jobs first: their slots wait on nothing else, the logs can.
         if limit:
@@ -724,17 +780,62 @@ class Worker:
         )
         self.claim_wanted = True
 
+    def _current_beat(self) -> claims.Beat:
+        return replace(
+            self.beat,
+            started_at=self.started_at,
+            running=sum(not r.lost for r in self.running.values()),
+            done=self.jobs_done,
+            failed=self.jobs_failed,
+        )
+
+    def _beaten(self, started_at: dt.datetime | None, sent: float) -> None:
+        self.started_at = started_at
+        self.next_heartbeat = sent + self.config.heartbeat
+
+    def _heartbeat(self) -> None:
+        """Heartbeat alone: nothing else was due (an idle or a fully busy worker)."""
+        assert self.conn is not None
+        sent = time.monotonic()
+        try:
+            started_at = claims.heartbeat(self.conn, self._current_beat())
+        except (psycopg.Error, PgqctlError) as exc:
+            self._connection_failed(exc)
+            return
+        self._beaten(started_at, sent)
+
+    def _unregister(self) -> None:
+        """A clean stop: remove this worker's row (if the database cannot be
+        reached, the row goes stale and another worker removes it later)."""
+        assert self.conn is not None
+        if self._broken() or self.read_only:
+            return
+        try:
+            claims.unregister(self.conn, self.worker_id)
+        except (psycopg.Error, PgqctlError) as exc:
+            if self.log.debug:
+                self.log.error("could not remove this worker's row from workers", exc)
+
     def _reap(self) -> None:
-        """Reclaim expired leases, as `pgqctl reap` does; log the jobs it took."""
+        """Reclaim expired leases, as `pgqctl reap` does, and forget workers
+        gone for an hour; log what it took."""
         assert self.conn is not None and self.config.reap_every is not None
         self.next_reap = time.monotonic() + jittered(self.config.reap_every)
         idle = self._burst_idle()
         try:
             reaped = admin.reap(self.conn)
+            forgotten = claims.forget_stale(self.conn)
         except (psycopg.Error, PgqctlError) as exc:
             self._connection_failed(exc)  # a --burst worker reaps again once back
             return
         self.burst_reaped = idle
+        if forgotten:
+            self.log.event(
+                "workers_forgotten",
+                f"removed {len(forgotten)} worker(s) not seen for an hour from workers: "
+                + ", ".join(forgotten),
+                workers=forgotten,
+            )
         if not reaped:
             return
         ids = [r.job.id for r in reaped]
@@ -863,8 +964,10 @@ class Worker:
         )
         self.lost_since = None
         self.reconnect_delay = RECONNECT_FIRST
-        # Catch up: renew what we hold, report, and look for work at once.
+        # Catch up: renew what we hold, report, and look for work at once;
+        # heartbeat too (our row comes back if someone removed it meanwhile).
         self.next_renew = time.monotonic()
+        self.next_heartbeat = self.next_renew
         self.claim_wanted = True
         return True
 
@@ -1020,6 +1123,7 @@ class Worker:
         return fenced_out
 
     def _log_done(self, finished: _Finished) -> None:
+        self.jobs_done += 1  # the next heartbeat says so
         job = finished.running.job
         duration = finished.outcome.duration
         self.log.event(
@@ -1034,6 +1138,7 @@ class Worker:
     def _log_failure(
         self, finished: _Finished, failure: Failure, result: claims.FailResult
     ) -> None:
+        self.jobs_failed += 1
         job = finished.running.job
         outcome = finished.outcome
         what = finished.rejected or outcome.describe()

@@ -106,7 +106,7 @@ CREATE VIEW paused_queues_now AS
     FROM paused_queues
     WHERE until IS NULL OR until > now();
 
--- Schedules (see 0007): a cron expression in a time zone, or an interval in
+-- Schedules (see 0008): a cron expression in a time zone, or an interval in
 -- whole seconds; ticked by the workers. last_tick (the latest tick
 -- enqueued, and last_job_id its job) keeps a purged tick from coming back;
 -- no tick at or before ticks_after is due.
@@ -128,4 +128,23 @@ CREATE TABLE schedules (
     last_tick     timestamptz,
     last_job_id   bigint,
     CHECK ((cron IS NULL) <> (every_seconds IS NULL))
+);
+
+-- The workers that run (see 0007): one row per worker, id = host:pid as in
+-- locked_by before the slot; heartbeats rewrite last_seen and the counters.
+CREATE TABLE workers (
+    id                text PRIMARY KEY,
+    host              text NOT NULL,
+    pid               integer NOT NULL,
+    version           text NOT NULL,
+    queues            text[] NOT NULL DEFAULT '{}',
+    kinds             text[] NOT NULL DEFAULT '{}',
+    concurrency       integer NOT NULL,
+    heartbeat_seconds float8 NOT NULL,
+    lease_seconds     float8 NOT NULL,
+    started_at        timestamptz NOT NULL DEFAULT now(),
+    last_seen         timestamptz NOT NULL DEFAULT now(),
+    running           integer NOT NULL DEFAULT 0,
+    done              bigint NOT NULL DEFAULT 0,
+    failed            bigint NOT NULL DEFAULT 0
 );

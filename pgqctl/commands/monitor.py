@@ -1,5 +1,6 @@
-"""Being told: check (thresholds for alerting) and metrics (Prometheus)
-(library: pgqctl/monitor.py)."""
+"""Seeing the fleet and being told: workers (library: pgqctl/workers.py),
+check (thresholds for alerting) and metrics (Prometheus) (library:
+pgqctl/monitor.py)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,47 @@ def _defaults_text() -> str:
     )
 
 
+@command("workers")
+@database_options
+@format_options
+def workers_command(database: Database, fmt: str) -> None:
+    """The registered workers: whether each is alive, what it serves, and
+    the jobs it holds now.
+
+    Every `pgqctl worker` registers itself when it starts and heartbeats
+    every --heartbeat (10s by default) on the statements it sends anyway;
+    a clean stop removes its row. A worker is active while its last
+    heartbeat is at most three of its own intervals old, and stale after
+    that: killed, or cut off from the database (its jobs' leases then run
+    out and are reaped). Any worker removes a row stale for an hour.
+
+    Queues and kinds `all`: the worker claims from every one. running, done
+    and failed are as of its last heartbeat (done and failed: attempts
+    since it started); jobs are the running jobs whose locked_by names it
+    now (locked_by is HOST:PID:SLOT). On a terminal the table fits its
+    width; --json has every field.
+
+    \b
+    Example:
+        pgqctl workers
+        pgqctl workers --json | jq -r '.[] | select(.state == "stale") | .id'
+    """
+    from pgqctl import workers
+
+    with database.connect() as conn:
+        found = workers.list_workers(conn)
+    output.emit_workers(found, fmt, workers.FIELDS)
+    if not found:
+        say("no workers registered")
+    elif output.is_human(fmt):
+        stale = sum(w.state == "stale" for w in found)
+        say(
+            f"{output.plural(len(found) - stale, 'worker')} active, {stale} stale"
+            if stale
+            else f"{output.plural(len(found), 'worker')} active"
+        )
+
+
 @command("check")
 @database_options
 @threshold_options
@@ -72,8 +114,9 @@ def check_command(
     cannot be read (a check that cannot check never says OK).
 
     Each threshold applies to every queue on its own (only to those named
-    with --queue, when given), and a --max-* threshold is breached when the
-    figure is above it. Each breach is one line on stdout, and nothing else
+    with --queue, when given); a --max-* threshold is breached when the
+    figure is above it, --min-workers when fewer active workers serve the
+    queue. Each breach is one line on stdout, and nothing else
     is written there: `CRITICAL emails: oldest pending job waited 12m (max
     5m)`. --json gives every figure of every queue, its threshold and
     whether it holds ("ok"), per figure and overall, with the same exit
@@ -175,6 +218,8 @@ def metrics_command(
     pgqctl_oldest_pending_age_seconds{queue}    the oldest due pending job's wait
     pgqctl_expired_leases{queue}                leases over, not yet reaped
     pgqctl_jobs_finished_last_minute{queue,outcome}   throughput: done, failed
+    pgqctl_workers{state}                       workers active and stale
+    pgqctl_queue_workers{queue}                 active workers serving the queue
 
     The counts are those of `pgqctl stats`, exact, but for done jobs: they
     are the history, left out unless --exact counts them all (the throughput

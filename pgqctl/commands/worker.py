@@ -137,6 +137,13 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     f"{MISSED_GRACE:g}s): enqueue the latest "
     f"one, none, or all (at most the {CATCH_UP_MAX} most recent of each schedule).",
 )
+@click.option(
+    "--heartbeat",
+    type=DURATION,
+    default="10s",
+    show_default=True,
+    help="Heartbeat in `pgqctl workers` at least this often; shown stale after three missed.",
+)
 @click.option("--burst", is_flag=True, help="Exit once no job is due and none is running.")
 @click.option(
     "--max-jobs",
@@ -176,6 +183,7 @@ def worker_command(
     no_reap: bool,
     no_schedules: bool,
     catch_up: str,
+    heartbeat: float,
     burst: bool,
     max_jobs: int | None,
     allow_shell: bool,
@@ -200,6 +208,11 @@ def worker_command(
     worker may, at most once a second, and the database keeps each tick to
     one job however many try. A --burst worker enqueues the due ticks once,
     when it starts.
+
+    Each worker registers itself in `pgqctl workers` (host, pid, queues,
+    what it runs) and heartbeats there every --heartbeat, on the exchanges
+    it makes anyway; a clean stop removes its row. Its connections are
+    named `pgqctl worker HOST:PID` in pg_stat_activity.
 
     SIGTERM, SIGINT or SIGHUP: claim nothing more, let running jobs finish for
     --grace, then stop them and hand them back; a second signal stops them
@@ -235,6 +248,7 @@ def worker_command(
         reap_every=None if no_reap else reap_every,
         schedules=not no_schedules,
         catch_up=catch_up,
+        heartbeat=heartbeat,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     return worker.serve(config, database.dsn, log)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pgqctl import admin, output
+from pgqctl import admin, output, workers
 from pgqctl.commands.admin import CHANGE_COLUMNS, LEASE_COLUMNS, LIST_COLUMNS, REQUEUE_COLUMNS
 from pgqctl.jobs import Job
 from pgqctl.runner import Outcome
@@ -73,7 +73,33 @@ def listings() -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
         },
         estimated=True,
     )
+    fleet = [
+        workers.Worker(
+            id=f"{HOLDER.rpartition(':')[0]}{i}",
+            state=["active", "stale"][i % 2],
+            host=HOLDER.split(":")[0],
+            pid=4_194_000 + i,
+            version="0.1.0",
+            queues=(("emails", "a-queue-with-a-rather-long-name"), ())[i % 2],
+            kinds=(("resize_image_thumbnails_for_the_gallery",), ())[i % 2],
+            concurrency=64,
+            running=64,
+            done=48_210_334,
+            failed=12_345,
+            started_at=WHEN,
+            last_seen=WHEN,
+            seen_seconds_ago=12_345.6,
+            heartbeat_seconds=10.0,
+            lease_seconds=300.0,
+            jobs=tuple(range(434_011, 434_075)),
+        )
+        for i in range(4)
+    ]
     return {
+        "workers": (
+            [output._worker_cells(w.as_record()) for w in fleet],
+            output.WORKER_COLUMNS,
+        ),
         "list": ([output._job_cells(j.as_record()) for j in jobs()], LIST_COLUMNS),
         "leases": ([output._job_cells(r.as_record()) for r in leases], LEASE_COLUMNS),
         "reap": ([output._job_cells(r.as_record()) for r in reaped], CHANGE_COLUMNS),
@@ -111,7 +137,7 @@ def table_cells(lines: list[str]) -> list[dict[str, str]]:
 
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("fmt", ["table", "plain"])
-@pytest.mark.parametrize("name", ["list", "leases", "reap", "requeue", "stats"])
+@pytest.mark.parametrize("name", ["list", "leases", "reap", "requeue", "stats", "workers"])
 def test_a_listing_fits_the_width_and_breaks_no_value(width: int, fmt: str, name: str) -> None:
     rows, columns = listings()[name]
     out = io.StringIO()
@@ -127,9 +153,9 @@ def test_a_listing_fits_the_width_and_breaks_no_value(width: int, fmt: str, name
             value = row[column]
             if column == "id" or (name == "stats" and column != "queue"):
                 assert cell == str(value)  # never cut
-            elif column in ("run_at", "finished_at", "locked_until"):
+            elif column in ("run_at", "finished_at", "locked_until", "started_at"):
                 assert cell == "" if value is None else TIME.fullmatch(cell), cell
-            elif column in ("status", "attempt", "locked_by", "left"):
+            elif column in ("status", "attempt", "locked_by", "left", "pid", "state", "running"):
                 assert cell == output.human(value)
             else:  # text: whole, or cut with …
                 text = output.human(value)
