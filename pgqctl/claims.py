@@ -11,6 +11,11 @@ PostgreSQL arrays. Its claim is the one for the worker's --queue and --kind
 (``worker_claim_*``, put in place by `exchange_statement`), so that each
 worker's statement holds only the claim it runs.
 
+The worker's row in ``workers`` (the registry `pgqctl workers` lists) is
+written here too: `Beat` is a heartbeat, sent in the pipeline of an
+exchange when one is due (`exchange(beat=...)`: no round trip of its own),
+or alone (`heartbeat`) when the worker has nothing else to send.
+
 Every transition out of ``running`` is fenced on (id, claimed attempt,
 status = 'running'), so a worker that lost its lease changes nothing: the
 jobs an exchange does not answer for are the ones it was fenced out of.
@@ -22,7 +27,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 import psycopg
@@ -55,6 +60,36 @@ class FailResult:
     run_at: datetime
 
 
+@dataclass(frozen=True)
+class Beat:
+    """A worker's row in `workers`: who it is, and its counters now.
+
+    started_at None registers the worker (the server's now() becomes its
+    start); later heartbeats send the started_at registration returned, so
+    that a row re-created after someone removed it keeps the true start.
+    """
+
+    id: str  # host:pid, as locked_by names the worker before the slot
+    host: str
+    pid: int
+    version: str
+    queues: tuple[str, ...]  # () for every queue
+    kinds: tuple[str, ...]
+    concurrency: int
+    heartbeat: float  # seconds between heartbeats: stale after three missed
+    lease: float
+    started_at: datetime | None = None
+    running: int = 0
+    done: int = 0  # attempts reported done since the start
+    failed: int = 0  # attempts reported failed (retried or not) since the start
+
+    def params(self) -> dict[str, object]:
+        found = asdict(self)
+        found["queues"] = list(self.queues)
+        found["kinds"] = list(self.kinds)
+        return found
+
+
 @dataclass
 class Exchanged:
     """What an exchange changed; a reported job missing here was fenced out."""
@@ -64,6 +99,8 @@ class Exchanged:
     failed: dict[int, FailResult] = field(default_factory=dict)
     handed_back: set[int] = field(default_factory=set)
     renewed: set[int] = field(default_factory=set)
+    # The worker's started_at, when a heartbeat went with the exchange.
+    started_at: datetime | None = None
 
 
 def exchange(
@@ -80,9 +117,11 @@ def exchange(
     worker: str,
     queues: Sequence[str] = (),
     kinds: Sequence[str] = (),
+    beat: Beat | None = None,
 ) -> Exchanged:
     """Report, renew and claim in one statement: in a transaction of its own,
-    or in the caller's when one is open.
+    or in the caller's when one is open. With `beat`, the worker's heartbeat
+    goes in the same round trip and transaction.
 
     done: jobs that exited 0. failed: failed attempts. handed_back: jobs given
     back unfinished, with `hand_back_reason` as last_error. renew: leases to
@@ -106,17 +145,24 @@ def exchange(
         "kinds": _names(kinds),
     }
     statement = exchange_statement(queues, kinds)
+    beaten = None
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         rows = conn.execute(statement, params).fetchall()  # the caller's
+        if beat is not None:
+            beaten = conn.execute(query("worker_beat"), beat.params()).fetchone()
     else:
         # A transaction of its own, sent with its settings in one round trip.
         with conn.pipeline():
             conn.execute(query("transaction_begin"))
             conn.execute(query("settings_set_local"), conn.settings_params())
             cur = conn.execute(statement, params)
+            if beat is not None:
+                beat_cur = conn.execute(query("worker_beat"), beat.params())
             conn.execute(query("transaction_commit"))
         rows = cur.fetchall()
-    result = Exchanged()
+        if beat is not None:
+            beaten = beat_cur.fetchone()
+    result = Exchanged(started_at=None if beaten is None else beaten[0])
     for row in rows:
         part, job_id, queue, kind, payload, attempts, max_attempts, handbacks, status, run_at = row
         if part == "claimed":
@@ -130,6 +176,10 @@ def exchange(
                     attempts=attempts,
                     max_attempts=max_attempts,
                     handbacks=handbacks,
+                    # The claimed arm carries the schedule and the tick in
+                    # the columns of status and run_at (see worker_exchange).
+                    schedule=status,
+                    tick=run_at,
                 )
             )
         elif part == "done":
@@ -141,6 +191,27 @@ def exchange(
         else:
             result.renewed.add(job_id)
     return result
+
+
+def heartbeat(conn: Conn, beat: Beat) -> datetime:
+    """Register the worker, or heartbeat when no exchange goes out; its started_at."""
+    with conn.transaction():
+        row = conn.execute(query("worker_beat"), beat.params()).fetchone()
+    assert row is not None  # an upsert returns its row
+    started_at: datetime = row[0]
+    return started_at
+
+
+def unregister(conn: Conn, worker: str) -> None:
+    """A clean stop: the worker's row goes."""
+    with conn.transaction():
+        conn.execute(query("worker_unregister"), {"id": worker})
+
+
+def forget_stale(conn: Conn) -> list[str]:
+    """Remove the rows of workers gone for an hour; their ids."""
+    with conn.transaction():
+        return sorted(row[0] for row in conn.execute(query("workers_forget_stale")).fetchall())
 
 
 def next_due(conn: Conn, *, queues: Sequence[str] = (), kinds: Sequence[str] = ()) -> float | None:

@@ -29,6 +29,7 @@ from pgqctl.commands import (
     enqueue,
     migrate,
     monitor,
+    schedule,
     worker,
 )
 from pgqctl.commands.options import CONTEXT, DEBUG_HELP, OnceGroup, global_options, say
@@ -67,12 +68,14 @@ for _command in (
     admin.requeue_command,
     admin.cancel_command,
     admin.purge_command,
+    monitor.workers_command,
     monitor.check_command,
     monitor.metrics_command,
     doctor.doctor_command,
     monitor.top_command,
     control.pause_command,
     control.resume_command,
+    schedule.schedule_group,
     worker.worker_command,
 ):
     cli.add_command(_command)

@@ -122,6 +122,9 @@ class Job:
     handbacks: int = 0
     # At most one pending or running job per (queue, unique_key); None: no key.
     unique_key: str | None = None
+    # The schedule that enqueued it and the tick it is for (None: not a tick).
+    schedule: str | None = None
+    tick: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:

@@ -3,7 +3,8 @@
 Both read per-queue figures of the live jobs (stats' own counts, through the
 claim, lease and finished indexes) and of the jobs finished within a short
 window (through jobs_finished_idx, that window's range only), so their cost
-follows the live jobs, never the history. Their SQL is the `monitor` section
+follows the live jobs, never the history; and the registered workers
+(pgqctl/workers.py: a row per worker). Their SQL is the `monitor` section
 of sql/queries.sql.
 
 `THRESHOLDS` is the one list of what `check` can hold a queue to: each
@@ -21,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgqctl import admin, control
+from pgqctl import admin, control, schedules, workers
 from pgqctl.db import atomic, reason
 from pgqctl.errors import PgqctlError
 from pgqctl.jobs import FINISHED, STATUS_NAMES, Job
@@ -45,11 +46,13 @@ def _rows(conn: Connection, name: str, params: Mapping[str, Any]) -> list[dict[s
 @dataclass
 class QueueFigures:
     """One queue's figures: stats' counts, the running job due longest ago,
-    and the jobs finished within the window, per finished status."""
+    the jobs finished within the window, per finished status, and the
+    active workers that serve it."""
 
     counts: admin.Counts = field(default_factory=admin.Counts)
     oldest_running_age_seconds: float | None = None
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISHED, 0))
+    active_workers: int = 0
 
     def finished_in_window(self) -> int:
         return sum(self.finished.values())
@@ -80,6 +83,7 @@ def measure(
             for r in _rows(conn, "monitor_running_since", {})
         }
         finished = finished_since(conn, window) if window is not None else {}
+        fleet = workers.fleet(conn)
     names = list(dict.fromkeys(queues)) or sorted(set(counted) | set(running) | set(finished))
     figures = {}
     for name in names:
@@ -87,6 +91,7 @@ def measure(
             counted.get(name, admin.Counts()),
             running.get(name),
             finished.get(name, dict.fromkeys(FINISHED, 0)),
+            fleet.serving(name),
         )
     return figures
 
@@ -129,6 +134,7 @@ class Threshold:
     read: Callable[[QueueFigures], Value]
     breach: Callable[[float, float], str]  # the line for (value, limit), after the queue
     default: float | None = None  # applied when no threshold is given at all
+    minimum: bool = False  # breached below the limit (--min-*), else above it (--max-*)
 
     @property
     def option(self) -> str:
@@ -139,8 +145,10 @@ class Threshold:
         return short_duration(limit) if self.duration else f"{int(limit)}"
 
     def breached(self, value: Value, limit: float) -> bool:
-        """Every threshold so far is a maximum: breached above it."""
-        return value is not None and value > limit
+        """A maximum is breached above its limit, a minimum below it."""
+        if value is None:
+            return False
+        return value < limit if self.minimum else value > limit
 
 
 def _stalled_for(q: QueueFigures) -> Value:
@@ -211,6 +219,16 @@ THRESHOLDS: tuple[Threshold, ...] = (
         ),
         default=600,
     ),
+    Threshold(
+        "min_workers",
+        "active_workers",
+        duration=False,
+        help="Fewer active workers than this serve the queue (`pgqctl workers`; "
+        "one with no --queue serves every queue).",
+        read=lambda q: q.active_workers,
+        breach=lambda v, m: f"{_count(v, 'active worker')} serving it (min {int(m):,})",
+        minimum=True,
+    ),
 )
 BY_NAME = {t.name: t for t in THRESHOLDS}
 # The one threshold whose window `measure` reads finished jobs for.
@@ -267,18 +285,57 @@ class QueueCheck:
 
 
 @dataclass(frozen=True)
+class ScheduleCheck:
+    """A schedule held to its ticks: missed when a tick was not enqueued
+    within schedules.MISSED_GRACE of its time (a paused one never is)."""
+
+    name: str
+    missed_since: dt.datetime | None
+    last_tick: dt.datetime | None
+
+    @property
+    def ok(self) -> bool:
+        return self.missed_since is None
+
+    def breach(self) -> str:
+        from pgqctl.payload import iso_utc
+
+        assert self.missed_since is not None
+        last = (
+            "no tick enqueued yet"
+            if self.last_tick is None
+            else (f"last tick enqueued {iso_utc(self.last_tick)}")
+        )
+        return (
+            f"CRITICAL schedule {self.name}: tick {iso_utc(self.missed_since)} missed "
+            f"(not enqueued within {schedules.MISSED_GRACE:g}s; {last}): is any worker running?"
+        )
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "missed_since": self.missed_since,
+            "last_tick": self.last_tick,
+        }
+
+
+@dataclass(frozen=True)
 class CheckResult:
     queues: tuple[QueueCheck, ...]
     thresholds: dict[str, float]
     ts: dt.datetime
+    schedules: tuple[ScheduleCheck, ...] | None = None  # None: not checked
 
     @property
     def ok(self) -> bool:
-        return all(q.ok for q in self.queues)
+        return all(q.ok for q in self.queues) and all(s.ok for s in self.schedules or ())
 
     def breaches(self) -> list[str]:
-        """One line per threshold a queue breaches, queue by queue."""
-        return [line for q in self.queues for line in q.breaches()]
+        """One line per threshold a queue breaches, queue by queue, then one
+        per schedule with a missed tick."""
+        lines = [line for q in self.queues for line in q.breaches()]
+        return lines + [s.breach() for s in self.schedules or () if not s.ok]
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -294,15 +351,25 @@ class CheckResult:
                 }
                 for q in self.queues
             ],
+            **(
+                {}
+                if self.schedules is None
+                else {"schedules": [s.as_record() for s in self.schedules]}
+            ),
             "breaches": self.breaches(),
         }
 
 
 def check(
-    conn: Connection, thresholds: Mapping[str, float], queues: Sequence[str] = ()
+    conn: Connection,
+    thresholds: Mapping[str, float],
+    queues: Sequence[str] = (),
+    *,
+    with_schedules: bool = False,
 ) -> CheckResult:
     """Hold each queue (only `queues`, when given) to `thresholds` (by
-    Threshold name, as `applied` returns them)."""
+    Threshold name, as `applied` returns them), and with `with_schedules`
+    each schedule to its ticks."""
     window = thresholds.get(STALL.name)
     measured = measure(conn, window=window, queues=queues)
     checked = []
@@ -314,7 +381,12 @@ def check(
         )
         finished = None if window is None else q.finished_in_window()
         checked.append(QueueCheck(name, figures, finished))
-    return CheckResult(tuple(checked), dict(thresholds), dt.datetime.now(dt.timezone.utc))
+    held = None
+    if with_schedules:
+        held = tuple(
+            ScheduleCheck(s.name, s.missed_since, s.last_tick) for s in schedules.list_all(conn)
+        )
+    return CheckResult(tuple(checked), dict(thresholds), dt.datetime.now(dt.timezone.utc), held)
 
 
 # --- metrics ----------------------------------------------------------------------
@@ -328,6 +400,7 @@ class MetricsSnapshot:
     counts: dict[str, admin.Counts]
     finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs
     paused: frozenset[str] = frozenset()  # queues paused now
+    fleet: workers.Fleet = field(default_factory=lambda: workers.Fleet(0, 0, ()))
 
     def queues(self) -> list[str]:
         return sorted(set(self.counts) | set(self.finished) | self.paused)
@@ -345,12 +418,13 @@ def metrics_snapshot(conn: Connection, *, exact: bool = False) -> MetricsSnapsho
         counts = admin.stats(conn, exact=True).queues if exact else admin.counts(conn, done_bound=0)
         finished = finished_since(conn, THROUGHPUT_WINDOW_SECONDS)
         pauses = frozenset(p.queue for p in control.paused(conn))
+        fleet = workers.fleet(conn)
     for name in finished:
         counts.setdefault(name, admin.Counts())  # a queue with no live jobs
     if not exact:
         for c in counts.values():
             c.done_figure = "unknown"  # not counted: by_status holds 0
-    return MetricsSnapshot(counts, finished, pauses)
+    return MetricsSnapshot(counts, finished, pauses, fleet)
 
 
 def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
@@ -383,6 +457,19 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
         "1 while the queue is paused (pgqctl pause): workers claim none of its jobs.",
         labels=["queue"],
     )
+    fleet = GaugeMetricFamily(
+        "pgqctl_workers",
+        "Registered workers by state: active (heartbeating), stale (no heartbeat "
+        "for three intervals: killed or cut off).",
+        labels=["state"],
+    )
+    for state, count in snapshot.fleet.counts().items():
+        fleet.add_metric([state], count)
+    serving = GaugeMetricFamily(
+        "pgqctl_queue_workers",
+        "Active workers that serve the queue (one with no --queue serves every queue).",
+        labels=["queue"],
+    )
     for name in snapshot.queues():
         counts = snapshot.counts.get(name, admin.Counts())
         record = counts.as_record()
@@ -395,7 +482,8 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
         for status in FINISHED:
             finished.add_metric([name, status], done.get(status, 0))
         paused.add_metric([name], 1.0 if name in snapshot.paused else 0.0)
-    return (jobs, age, expired, finished, paused)
+        serving.add_metric([name], snapshot.fleet.serving(name))
+    return (jobs, age, expired, finished, paused, fleet, serving)
 
 
 class _Families:
@@ -468,55 +556,6 @@ def metrics_server(
 
 
 @dataclass(frozen=True)
-class WorkerSeen:
-    """A worker as `top` shows it: what it holds now."""
-
-    name: str  # host:pid
-    running: int  # jobs it holds
-    expired: int  # of which the lease is over: it is gone, or cannot renew
-    queues: tuple[str, ...]
-    seconds_left: float | None  # its soonest lease end
-
-    @property
-    def state(self) -> str:
-        if self.expired == self.running:
-            return "gone (every lease over)"
-        if self.expired:
-            return f"running, {self.expired} lease(s) over"
-        return "running"
-
-    def as_record(self) -> dict[str, Any]:
-        return {
-            "worker": self.name,
-            "state": self.state,
-            "running": self.running,
-            "expired": self.expired,
-            "queues": list(self.queues),
-            "seconds_left": self.seconds_left,
-        }
-
-
-def workers_seen(conn: Connection) -> list[WorkerSeen]:
-    """The workers `top` shows.
-
-    For now these are the workers seen holding running jobs (locked_by, from
-    the leases): a worker that waits for work holds none and is not seen. The
-    workers registry (each worker's own row, with its heartbeat) is being
-    added; this is the one function to read it from then.
-    """
-    return [
-        WorkerSeen(
-            r["worker"] or "an unnamed worker",
-            int(r["running"]),
-            int(r["expired"]),
-            tuple(r["queues"]),
-            None if r["seconds_left"] is None else float(r["seconds_left"]),
-        )
-        for r in _rows(conn, "monitor_workers_seen", {})
-    ]
-
-
-@dataclass(frozen=True)
 class TopView:
     """One frame of `top`: each queue's counts, pause and finishing rates, the
     leases ending soonest and the workers."""
@@ -527,7 +566,7 @@ class TopView:
     finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs in the window
     paused: dict[str, control.Pause]
     leases: list[admin.Lease]
-    workers: list[WorkerSeen]
+    workers: list[workers.Worker]  # the registry: active and stale ones
 
     def queues(self) -> list[str]:
         return sorted(set(self.counts) | set(self.finished) | set(self.paused))
@@ -554,7 +593,7 @@ def top_view(conn: Connection, *, window: float, leases: int = 10) -> TopView:
             )
             for r in _rows(conn, "monitor_leases_soonest", {"limit": leases})
         ]
-        workers = workers_seen(conn)
+        fleet = workers.list_workers(conn)
     return TopView(
-        dt.datetime.now(dt.timezone.utc), window, counts, finished, pauses, soonest, workers
+        dt.datetime.now(dt.timezone.utc), window, counts, finished, pauses, soonest, fleet
     )

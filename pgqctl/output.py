@@ -278,7 +278,17 @@ def _job_cells(job: Mapping[str, Any]) -> dict[str, Any]:
         "attempt": f"{job['attempts'] - job.get('handbacks', 0)}/{job['max_attempts']}",
         "left": left or "",
         "error": error_summary(job.get("last_error")),
+        "schedule": _schedule_cell(job.get("schedule"), job.get("tick")),
     }
+
+
+def _schedule_cell(schedule: str | None, tick: dt.datetime | None) -> str:
+    """`nightly 12-02 03:00:00Z`: the schedule and the tick (in UTC) a job is for."""
+    if schedule is None:
+        return ""
+    if tick is None:  # `schedule run`: outside the ticks
+        return f"{schedule} (run)"
+    return f"{schedule} {tick.astimezone(dt.timezone.utc):%m-%d %H:%M:%SZ}"
 
 
 # The first line of a last_error the worker wrote (runner.Outcome.last_error)
@@ -436,6 +446,108 @@ def emit_pauses(pauses: Sequence[Record], fmt: str, fields: Sequence[str]) -> No
         emit_rows(cells, PAUSE_COLUMNS, fmt)
     else:
         emit_rows(records, fields, fmt)
+
+
+# --- schedules -------------------------------------------------------------------
+
+SCHEDULE_COLUMNS = [
+    "name",
+    "timing",
+    "timezone",
+    "next_tick",
+    "last_tick",
+    "job",
+    "job_status",
+    "paused",
+    "missed_since",
+]
+
+
+def emit_schedules(schedules: Sequence[Record], fmt: str, fields: Sequence[str]) -> None:
+    """Schedules as a table (`missed_since`: the first tick not enqueued in
+    time, while one is), or as records of their `fields`."""
+    records = [s.as_record() for s in schedules]
+    if is_human(fmt):
+        emit_rows([_schedule_cells(r) for r in records], SCHEDULE_COLUMNS, fmt)
+    else:
+        emit_rows(records, fields, fmt)
+
+
+# --- workers ---------------------------------------------------------------------
+
+WORKER_COLUMNS = [
+    "host",
+    "pid",
+    "state",
+    "queues",
+    "kinds",
+    "concurrency",
+    "running",
+    "done",
+    "failed",
+    "version",
+    "started_at",
+    "last_seen",
+    "jobs",
+]
+
+
+def _worker_cells(worker: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker as the table shows it: `all` for no --queue (--kind), when it
+    was last seen as an age, the jobs it holds as their ids."""
+    return {
+        **worker,
+        "queues": ",".join(worker["queues"]) or "all",
+        "kinds": ",".join(worker["kinds"]) or "all",
+        "last_seen": format_seconds(max(float(worker["seen_seconds_ago"]), 0.0)) + " ago",
+        "jobs": ", ".join(map(str, worker["jobs"])),
+    }
+
+
+def emit_workers(workers: Sequence[Record], fmt: str, fields: Sequence[str]) -> None:
+    """Workers as a table, or as records of their `fields`."""
+    records = [w.as_record() for w in workers]
+    if is_human(fmt):
+        emit_rows([_worker_cells(r) for r in records], WORKER_COLUMNS, fmt)
+    else:
+        emit_rows(records, fields, fmt)
+
+
+def _schedule_cells(r: Mapping[str, Any]) -> dict[str, Any]:
+    from pgqctl.schedules import Timing
+
+    every = r["every_seconds"]
+    timing = Timing(r["cron"], every, r["timezone"]).describe()
+    return {
+        **r,
+        "timing": timing,
+        "timezone": r["timezone"] if every is None else "",
+        "job": r["last_job_id"],
+        # A purged job has no status left to show.
+        "job_status": r["last_job_status"] or ("purged" if r["last_job_id"] else ""),
+        "paused": "paused" if r["paused"] else "",
+    }
+
+
+def emit_schedule(schedule: Record, fmt: str) -> None:
+    """One schedule whole (`schedule show`): for people, its payload pretty-printed."""
+    record = schedule.as_record()
+    if is_human(fmt):
+        record["payload"] = json.dumps(record["payload"], indent=2, ensure_ascii=False)
+    emit_record(record, fmt)
+
+
+SYNC_COLUMNS = ["action", "name", "fields"]
+
+
+def emit_sync(changes: Sequence[Record], fmt: str) -> None:
+    """What a sync changes: one row per schedule added, updated or removed."""
+    records = [c.as_record() for c in changes]
+    if is_human(fmt):
+        cells = [{**r, "fields": ", ".join(r["fields"])} for r in records]
+        emit_rows(cells, SYNC_COLUMNS, fmt)
+    else:
+        emit_rows(records, SYNC_COLUMNS, fmt)
 
 
 def _json(value: Any) -> str:
@@ -609,6 +721,7 @@ COLUMNS: dict[str, Column] = {
     "locked_by": Column("whole", 60),
     "left": Column("whole", 70),
     "error": Column("error", 60, 24),
+    "schedule": Column("text", 15, 10),
     # stats: every count stays whole; a long queue name is cut. Cancelled
     # jobs, the least urgent count, are left out when the table cannot fit
     # them (a terminal of 80 columns and counts in the millions).
@@ -624,6 +737,29 @@ COLUMNS: dict[str, Column] = {
     "until": Column("whole", 0),
     "reason": Column("text", 0, 12),
     "paused_at": Column("time", 10),
+    # schedules: the name stays, the time of the next tick and of a missed
+    # one too; the zone and the last tick's job give way first.
+    "name": Column("text", 0, 12),
+    "timing": Column("text", 0, 14),
+    "timezone": Column("text", 20, 8),
+    "next_tick": Column("time", 0),
+    "last_tick": Column("time", 30),
+    "job": Column("whole", 25),
+    "job_status": Column("whole", 26),
+    "missed_since": Column("time", 0),
+    # workers: who, whether alive and what it serves stay (cut if need be),
+    # with its counters (running, done and failed stay whole, as for stats);
+    # the jobs it holds are cut, and go last.
+    "host": Column("text", 0, 10),
+    "pid": Column("whole", 0),
+    "state": Column("whole", 0),
+    "queues": Column("text", 0, 6),
+    "kinds": Column("text", 20, 6),
+    "concurrency": Column("whole", 25),
+    "version": Column("whole", 5),
+    "started_at": Column("time", 10),
+    "last_seen": Column("whole", 35),
+    "jobs": Column("text", 40, 6),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.
@@ -1045,16 +1181,16 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
             Text(printable(job.locked_by or "")),
             left + (" (expired)" if lease.expired else ""),
         )
-    workers = Table(title="workers (seen in leases)", title_justify="left", header_style="bold")
-    for name in ("worker", "state", "jobs", "queues", "next lease end"):
+    workers = Table(title="workers", title_justify="left", header_style="bold")
+    for name in ("worker", "state", "jobs", "queues", "last seen"):
         workers.add_column(name)
     for w in view.workers:
         workers.add_row(
-            Text(printable(w.name)),
+            Text(printable(w.id)),
             w.state,
-            str(w.running),
-            Text(printable(", ".join(w.queues))),
-            "-" if w.seconds_left is None else format_seconds(w.seconds_left),
+            f"{len(w.jobs)}/{w.concurrency}",
+            Text(printable(", ".join(w.queues) or "all")),
+            format_seconds(w.seen_seconds_ago) + " ago",
         )
     return Group(header, queues, leases, workers)
 

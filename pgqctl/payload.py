@@ -29,6 +29,7 @@ that would otherwise be silently ignored.
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import json
 import math
@@ -247,16 +248,36 @@ def job_environment(
     queue: str,
     attempt: int,
     extra: Mapping[str, str],
+    schedule: str | None = None,
+    tick: dt.datetime | None = None,
 ) -> dict[str, str]:
     """`clean` (from `without_credentials`), the job's `extra`, then
-    PGQCTL_JOB_*, which the job's `extra` cannot override."""
+    PGQCTL_JOB_*, which the job's `extra` cannot override; for a job a
+    schedule enqueued, PGQCTL_SCHEDULE and PGQCTL_TICK (the tick's time,
+    ISO 8601 in UTC), so that it can be idempotent per tick. A job of no
+    schedule gets neither, even from the worker's own environment."""
     env = dict(clean)
     env.update(extra)
     env["PGQCTL_JOB_ID"] = str(job_id)
     env["PGQCTL_JOB_KIND"] = kind
     env["PGQCTL_JOB_QUEUE"] = queue
     env["PGQCTL_JOB_ATTEMPT"] = str(attempt)
+    env.pop("PGQCTL_SCHEDULE", None)
+    env.pop("PGQCTL_TICK", None)
+    if schedule is not None:
+        env["PGQCTL_SCHEDULE"] = schedule
+        if tick is not None:
+            env["PGQCTL_TICK"] = iso_utc(tick)
     return env
+
+
+def iso_utc(when: dt.datetime) -> str:
+    """2026-12-02T03:00:00Z: a time in UTC, ISO 8601, as PGQCTL_TICK has it."""
+    utc = when.astimezone(dt.timezone.utc)
+    text = utc.strftime("%Y-%m-%dT%H:%M:%S")
+    if utc.microsecond:
+        text += f".{utc.microsecond:06d}".rstrip("0")
+    return text + "Z"
 
 
 def _json_type(value: object) -> str:

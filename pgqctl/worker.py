@@ -23,7 +23,18 @@ Threads, and who owns what:
   ``pgqctl_cancel``, the jobs an operator cancelled (`pgqctl cancel`).
 - Every --reap-every the loop also reclaims expired leases (`admin.reap`,
   the statement `pgqctl reap` runs), so a fleet without cron still gets a
-  dead worker's jobs back; its own leases are live (renewed first).
+  dead worker's jobs back; its own leases are live (renewed first). It
+  then removes the rows of workers gone for an hour from `workers`.
+- The worker registers itself in `workers` with its first exchange, and
+  heartbeats there at least every --heartbeat: in the pipeline of an
+  exchange when one goes out (no round trip of its own), alone otherwise
+  (`claims.Beat`). A clean stop removes its row.
+- When a schedule's tick is due (at most once a second), the loop enqueues
+  the due ticks of every schedule in one statement (`ticks.Ticker`, which
+  keeps the schedules read from the database; a notification on
+  ``pgqctl_schedules`` has it read them again). The database keeps each
+  tick to one job, so every worker may do it; --no-schedules leaves it to
+  the others.
 
 Everything reaches the main thread through one queue, `events`, so the loop
 waits in one place (watching the children), until an event or the nearest
@@ -45,6 +56,7 @@ it stops anything (anyone connected may send a notification), and logs
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import json
 import logging
@@ -57,25 +69,29 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
 import psycopg
 
-from pgqctl import admin, claims, db, payload, runner
+from pgqctl import __version__, admin, claims, db, payload, runner, ticks
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
 from pgqctl.errors import BadInput, PgqctlError, PrivilegeMissing, ReadOnlyServer
 from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
+from pgqctl.schedules import CATCH_UP
 from pgqctl.sql import query
 from pgqctl.worklog import WorkLog, seconds, timestamp
 
 CHANNEL = "pgqctl_jobs"
 CANCEL_CHANNEL = "pgqctl_cancel"
+SCHEDULES_CHANNEL = "pgqctl_schedules"
 APPLICATION_NAME = "pgqctl worker"
+# PostgreSQL keeps this many bytes of an application_name (NAMEDATALEN - 1).
+APPLICATION_NAME_BYTES = 63
 # Looking for jobs without a notification: every POLL_LISTENING seconds as a
 # safety net, or every POLL_DEAF when notifications cannot be heard.
 POLL_LISTENING = 5.0
@@ -126,6 +142,7 @@ CONNECTION_PARAMS: dict[str, Any] = {
 _WAKE = "wake"
 _DEAF = "deaf"  # the listener cannot hear notifications (now)
 _HEARING = "hearing"  # the listener hears them
+_SCHEDULES = "schedules"  # the schedules changed
 
 
 @dataclass(frozen=True)
@@ -160,6 +177,12 @@ class WorkerConfig:
     listen_dsn: str | None = None
     # Reclaim expired leases about this often (+-25%); None: never (cron does).
     reap_every: float | None = 30.0
+    # Enqueue the schedules' due ticks (pgqctl/ticks.py); and what becomes of
+    # ticks missed while no worker ran (schedules.CATCH_UP).
+    schedules: bool = True
+    catch_up: str = "latest"
+    # Heartbeat in `workers` at least this often.
+    heartbeat: float = 10.0
 
     def __post_init__(self) -> None:
         if self.lease < 1:
@@ -170,8 +193,12 @@ class WorkerConfig:
             raise BadInput(
                 "--reap-every must be more than 0s, e.g. --reap-every 30s (or --no-reap)"
             )
+        if self.heartbeat <= 0:
+            raise BadInput("--heartbeat must be more than 0s, e.g. --heartbeat 10s")
         if self.timeout is not None and self.timeout <= 0:
             raise BadInput("--timeout must be more than 0s; leave it out for no limit")
+        if self.catch_up not in CATCH_UP:
+            raise BadInput(f"--catch-up takes one of {', '.join(CATCH_UP)}")
         kinds = [kind for kind, _ in self.handlers]
         for kind in kinds:
             if kinds.count(kind) > 1:
@@ -193,6 +220,8 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
     """
     make_room_for(config.concurrency)
     dsn = target()
+    # pg_stat_activity tells each worker's connections from the others'.
+    name = application_name(identity())
     # psycopg logs a lost connection inside a pipeline with Python's last-resort
     # handler (a bare stderr line); the worker logs that event itself.
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
@@ -203,7 +232,7 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
             schema=config.schema,
             writes=True,
             migrated=False,
-            application_name=APPLICATION_NAME,
+            application_name=name,
             settings=SESSION_SETTINGS,
             **CONNECTION_PARAMS,
         )
@@ -214,7 +243,7 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
         return db.connect(
             listen_dsn,
             schema=config.schema,
-            application_name=APPLICATION_NAME,
+            application_name=name,
             **CONNECTION_PARAMS,
         )
 
@@ -265,8 +294,23 @@ def jittered(delay: float) -> float:
 
 
 def identity() -> str:
-    """This worker in the logs and in `locked_by` (there followed by :slot): host:pid."""
+    """This worker in the logs, in `workers` and in `locked_by` (there
+    followed by :slot): host:pid."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def application_name(worker: str) -> str:
+    """`pgqctl worker host:pid`, within the bytes PostgreSQL keeps: a host
+    too long loses its domain's labels from the end, then its own end; the
+    pid always stays."""
+    host, _, pid = worker.rpartition(":")
+    room = APPLICATION_NAME_BYTES - len(f"{APPLICATION_NAME} :{pid}")
+    if len(host.encode()) > room:
+        labels = host.split(".")
+        while len(labels) > 1 and len(".".join(labels).encode()) > room:
+            labels.pop()
+        host = ".".join(labels).encode()[: max(room, 0)].decode("utf-8", "ignore")
+    return f"{APPLICATION_NAME} {host}:{pid}"
 
 
 @dataclass(eq=False)
@@ -305,6 +349,21 @@ class Worker:
         self.listen_connect = listen_connect or connect
         self.log = log
         self.worker_id = identity()
+        # The worker's row in `workers`; its counters change with each heartbeat.
+        self.beat = claims.Beat(
+            id=self.worker_id,
+            host=self.worker_id.rpartition(":")[0],
+            pid=os.getpid(),
+            version=__version__,
+            queues=tuple(dict.fromkeys(config.queues)),
+            kinds=tuple(dict.fromkeys(config.kinds)),
+            concurrency=config.concurrency,
+            heartbeat=config.heartbeat,
+            lease=config.lease,
+        )
+        self.jobs_done = 0
+        self.jobs_failed = 0
+        self.started_at: dt.datetime | None = None  # None until registered
         self.target = describe_target
         self.listen_target = describe_listen_target or describe_target or "the database"
         # Taken and cleaned once: reading os.environ decodes every variable again.
@@ -321,6 +380,7 @@ class Worker:
         self._channel_handlers: dict[str, Callable[[str], None]] = {
             CHANNEL: self._on_jobs_notified,
             CANCEL_CHANNEL: self._on_cancel_notified,
+            SCHEDULES_CHANNEL: self._on_schedules_notified,
         }
         self._closing = threading.Event()
         self._closing_r, self._closing_w = os.pipe()
@@ -344,8 +404,12 @@ class Worker:
         self.next_due: float | None = None
         self.next_renew = now
         self.next_reap = now + jittered(config.reap_every or 0.0)
+        self.next_heartbeat = now  # registers with the first exchange
         # A --burst worker reaps once more before it decides nothing is due.
         self.burst_reaped = False
+        self.ticker = ticks.Ticker(config.catch_up) if config.schedules else None
+        # A --burst worker enqueues due ticks once, when it starts.
+        self.burst_ticked = False
         self.reconnect_delay = RECONNECT_FIRST
         self.reconnect_at = now
         self.lost_since: float | None = None
@@ -381,6 +445,7 @@ class Worker:
             # stop must not kill a worker that is stopping cleanly.
             self._stop_threads()
             if self.conn is not None:
+                self._unregister()
                 self.conn.close()
             self._restore_signal_handlers(previous)
         self.log.event(
@@ -399,6 +464,8 @@ class Worker:
             f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
             f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}, "
             + (f"reap every {seconds(c.reap_every)}" if c.reap_every else "no reap")
+            + (f", schedules (catch-up {c.catch_up})" if c.schedules else ", no schedules")
+            + f", heartbeat {seconds(c.heartbeat)}"
             + (f", database {self.target}" if self.target else ""),
             worker=self.worker_id,
             concurrency=c.concurrency,
@@ -407,6 +474,9 @@ class Worker:
             lease=c.lease,
             poll=c.poll or POLL_LISTENING,
             reap_every=c.reap_every,
+            schedules=c.schedules,
+            catch_up=c.catch_up,
+            heartbeat=c.heartbeat,
             schema=c.schema,
         )
 
@@ -497,13 +567,27 @@ class Worker:
             self._check_cancel_notices()
             if self.conn is None:
                 return
+        if self._tick_due():
+            self._tick()
+            if self.conn is None:
+                return
         limit = self._claim_limit() if self._claim_due(now) else 0
         renew = now >= self.next_renew and any(not r.lost for r in self.running.values())
+        beat = now >= self.next_heartbeat
         if limit or renew or self.done or self.fails or self.handed_back:
-            self._exchange(limit, renew)
+            self._exchange(limit, renew, beat)
+        elif beat:
+            self._heartbeat()
         # After the exchange: it renewed our own leases first, had they run late.
         if self._reap_due(time.monotonic()):
             self._reap()
+
+    def _tick_due(self) -> bool:
+        if self.ticker is None or self.stopping or self.conn is None:
+            return False
+        if self.config.burst:
+            return not self.burst_ticked
+        return self.ticker.due()
 
     def _reap_due(self, now: float) -> bool:
         if self.config.reap_every is None or self.stopping or self.conn is None:
@@ -565,8 +649,11 @@ class Worker:
             deadlines.append(now)
         if any(not r.lost for r in self.running.values()):
             deadlines.append(self.next_renew)
+        deadlines.append(self.next_heartbeat)
         if self.config.reap_every is not None and not self.stopping:
             deadlines.append(self.next_reap)
+        if self.ticker is not None and not self.stopping and not self.config.burst:
+            deadlines.append(self.ticker.deadline())
         if self._claim_limit() > 0:
             if self.claim_wanted:
                 deadlines.append(now)
@@ -580,6 +667,9 @@ class Worker:
             self._finished(event)
         elif event == _WAKE:
             self.claim_wanted = True
+        elif event == _SCHEDULES:
+            if self.ticker is not None:
+                self.ticker.changed()
         elif isinstance(event, _CancelNotice):
             self.cancel_notices.update(
                 held for held in event.held if held in self.running and not self.running[held].lost
@@ -608,8 +698,9 @@ class Worker:
 
     # ------------------------------------------------------ database work
 
-    def _exchange(self, limit: int, renew: bool) -> None:
-        """Report, renew and claim in one statement; on failure keep everything for later."""
+    def _exchange(self, limit: int, renew: bool, beat: bool = False) -> None:
+        """Report, renew and claim in one statement (and heartbeat in the same
+        round trip when `beat`); on failure keep everything for later."""
         conn = self.conn
         assert conn is not None
         c = self.config
@@ -638,11 +729,14 @@ class Worker:
                 worker=self.worker_id,
                 queues=c.queues,
                 kinds=c.kinds,
+                beat=self._current_beat() if beat else None,
             )
         except (psycopg.Error, PgqctlError) as exc:
             self.claim_wanted = self.claim_wanted or bool(limit)
             self._connection_failed(exc)
             return
+        if beat:
+            self._beaten(changed.started_at, sent)
         self.done, self.fails, self.handed_back = [], [], []
         # New jobs first: their slots wait on nothing else, the logs can.
         if limit:
@@ -660,17 +754,88 @@ class Worker:
         if limit:
             self._find_next_due()
 
+    def _tick(self) -> None:
+        """Enqueue the schedules' due ticks (at most once a second); log the jobs it added."""
+        assert self.conn is not None and self.ticker is not None
+        try:
+            enqueued = self.ticker.check(self.conn)
+        except (psycopg.Error, PgqctlError) as exc:
+            self._connection_failed(exc)
+            return
+        self.burst_ticked = True
+        if not enqueued:
+            return
+        # One line for the whole statement, however many schedules ticked.
+        made = [
+            (e.schedule, payload.iso_utc(t), i)
+            for e in enqueued
+            for t, i in zip(e.ticks, e.jobs, strict=True)
+        ]
+        parts = [f"{name} {tick} as job {i}" for name, tick, i in made]
+        shown = ", ".join(parts[:20]) + (f" and {len(parts) - 20} more" if parts[20:] else "")
+        self.log.event(
+            "scheduled",
+            f"enqueued {len(made)} schedule tick(s): {shown}",
+            ticks=[{"schedule": n, "tick": t, "job_id": i} for n, t, i in made],
+        )
+        self.claim_wanted = True
+
+    def _current_beat(self) -> claims.Beat:
+        return replace(
+            self.beat,
+            started_at=self.started_at,
+            running=sum(not r.lost for r in self.running.values()),
+            done=self.jobs_done,
+            failed=self.jobs_failed,
+        )
+
+    def _beaten(self, started_at: dt.datetime | None, sent: float) -> None:
+        self.started_at = started_at
+        self.next_heartbeat = sent + self.config.heartbeat
+
+    def _heartbeat(self) -> None:
+        """Heartbeat alone: nothing else was due (an idle or a fully busy worker)."""
+        assert self.conn is not None
+        sent = time.monotonic()
+        try:
+            started_at = claims.heartbeat(self.conn, self._current_beat())
+        except (psycopg.Error, PgqctlError) as exc:
+            self._connection_failed(exc)
+            return
+        self._beaten(started_at, sent)
+
+    def _unregister(self) -> None:
+        """A clean stop: remove this worker's row (if the database cannot be
+        reached, the row goes stale and another worker removes it later)."""
+        assert self.conn is not None
+        if self._broken() or self.read_only:
+            return
+        try:
+            claims.unregister(self.conn, self.worker_id)
+        except (psycopg.Error, PgqctlError) as exc:
+            if self.log.debug:
+                self.log.error("could not remove this worker's row from workers", exc)
+
     def _reap(self) -> None:
-        """Reclaim expired leases, as `pgqctl reap` does; log the jobs it took."""
+        """Reclaim expired leases, as `pgqctl reap` does, and forget workers
+        gone for an hour; log what it took."""
         assert self.conn is not None and self.config.reap_every is not None
         self.next_reap = time.monotonic() + jittered(self.config.reap_every)
         idle = self._burst_idle()
         try:
             reaped = admin.reap(self.conn)
+            forgotten = claims.forget_stale(self.conn)
         except (psycopg.Error, PgqctlError) as exc:
             self._connection_failed(exc)  # a --burst worker reaps again once back
             return
         self.burst_reaped = idle
+        if forgotten:
+            self.log.event(
+                "workers_forgotten",
+                f"removed {len(forgotten)} worker(s) not seen for an hour from workers: "
+                + ", ".join(forgotten),
+                workers=forgotten,
+            )
         if not reaped:
             return
         ids = [r.job.id for r in reaped]
@@ -799,8 +964,10 @@ class Worker:
         )
         self.lost_since = None
         self.reconnect_delay = RECONNECT_FIRST
-        # Catch up: renew what we hold, report, and look for work at once.
+        # Catch up: renew what we hold, report, and look for work at once;
+        # heartbeat too (our row comes back if someone removed it meanwhile).
         self.next_renew = time.monotonic()
+        self.next_heartbeat = self.next_renew
         self.claim_wanted = True
         return True
 
@@ -956,6 +1123,7 @@ class Worker:
         return fenced_out
 
     def _log_done(self, finished: _Finished) -> None:
+        self.jobs_done += 1  # the next heartbeat says so
         job = finished.running.job
         duration = finished.outcome.duration
         self.log.event(
@@ -970,6 +1138,7 @@ class Worker:
     def _log_failure(
         self, finished: _Finished, failure: Failure, result: claims.FailResult
     ) -> None:
+        self.jobs_failed += 1
         job = finished.running.job
         outcome = finished.outcome
         what = finished.rejected or outcome.describe()
@@ -1109,6 +1278,8 @@ class Worker:
                 queue=job.queue,
                 attempt=job.tries,
                 extra=command.env,
+                schedule=job.schedule,
+                tick=job.tick,
             )
             assert self._children is not None
             self._children.submit(
@@ -1175,6 +1346,7 @@ class Worker:
                     return
                 # Cancels first: hearing about new jobs is then the sign
                 # that both are heard (`pg_stat_activity` shows the last).
+                conn.execute(query("worker_listen_schedules"))
                 conn.execute(query("worker_listen_cancel"))
                 conn.execute(query("worker_listen"))
                 delay = RECONNECT_FIRST
@@ -1239,6 +1411,11 @@ class Worker:
         # unless it is about another schema of the same database.
         if payload in ("", self.config.schema):
             self._post(_WAKE)
+
+    def _on_schedules_notified(self, payload: str) -> None:
+        # A schedule was added, changed or removed: read them again.
+        if payload in ("", self.config.schema):
+            self._post(_SCHEDULES)
 
     def _on_cancel_notified(self, payload: str) -> None:
         notice = self._cancel_notice(payload)

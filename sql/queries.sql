@@ -474,21 +474,6 @@ WHERE status = 'running'
 ORDER BY locked_until NULLS FIRST, id
 LIMIT %(limit)s;
 
--- name: monitor_workers_seen
--- `top`: the workers that hold running jobs, named as locked_by names them
--- without its slot (host:pid), with how many jobs each holds, how many of
--- those leases are over, its queues and its soonest lease end. From
--- jobs_lease_idx's rows. One row per worker.
-SELECT regexp_replace(coalesce(locked_by, ''), ':[0-9]+$', '') AS worker,
-       count(*) AS running,
-       count(*) FILTER (WHERE locked_until < now() OR locked_until IS NULL) AS expired,
-       array_agg(DISTINCT queue ORDER BY queue) AS queues,
-       round(extract(epoch FROM min(locked_until) - now())::numeric, 3) AS seconds_left
-FROM jobs
-WHERE status = 'running'
-GROUP BY 1
-ORDER BY 1;
-
 -- ---------------------------------------------------------------------------
 -- doctor: vacuum, bloat and xmin-horizon diagnosis of the queue's tables
 -- (pgqctl/doctor.py). Catalogs and statistics views only, but for
@@ -658,6 +643,41 @@ SELECT current_setting('autovacuum') = 'on' AS enabled,
              WHERE a.backend_type = 'autovacuum worker' ORDER BY a.pid) AS workers;
 
 -- ---------------------------------------------------------------------------
+-- workers: the registry of running workers (pgqctl/workers.py), written by
+-- the workers themselves (worker_beat and its neighbours, in the claims
+-- section).
+-- ---------------------------------------------------------------------------
+
+-- name: workers_list
+-- Every registered worker, by host and pid, with its state (stale: no
+-- heartbeat for three of its intervals) and the ids of the jobs it holds.
+-- The running jobs are read once, through jobs_lease_idx (status =
+-- 'running'), and grouped by holder: `locked_by` is host:pid:slot, the
+-- worker's id and the slot. One row per worker.
+WITH held AS (
+    SELECT regexp_replace(locked_by, ':[0-9]+$', '') AS worker,
+           array_agg(id ORDER BY id) AS jobs
+    FROM jobs
+    WHERE status = 'running' AND locked_by IS NOT NULL
+    GROUP BY 1
+)
+SELECT w.*,
+       CASE WHEN w.last_seen >= now() - 3 * w.heartbeat_seconds * interval '1 second'
+            THEN 'active' ELSE 'stale' END AS state,
+       extract(epoch FROM now() - w.last_seen)::float8 AS seen_seconds_ago,
+       coalesce(h.jobs, '{}') AS jobs
+FROM workers AS w
+LEFT JOIN held AS h ON h.worker = w.id
+ORDER BY w.host, w.pid, w.id;
+
+-- name: workers_states
+-- What check and metrics need of each worker: its queues (empty: every
+-- queue) and whether it is active, as workers_list says. One row per worker.
+SELECT queues,
+       last_seen >= now() - 3 * heartbeat_seconds * interval '1 second' AS active
+FROM workers;
+
+-- ---------------------------------------------------------------------------
 -- control: pausing and resuming queues (pgqctl/control.py). The claims skip
 -- the queues of paused_queues_now (see the worker section).
 -- ---------------------------------------------------------------------------
@@ -693,6 +713,147 @@ RETURNING queue, reason, paused_at, until;
 -- name: paused_list
 -- The pauses in effect, by queue. One row each.
 SELECT queue, reason, paused_at, until FROM paused_queues_now ORDER BY queue;
+
+-- ---------------------------------------------------------------------------
+-- schedules: cron and interval schedules (pgqctl/schedules.py). The workers
+-- enqueue their ticks (the ticks section).
+-- ---------------------------------------------------------------------------
+
+-- name: schedule_insert
+-- A new schedule; no row when the name is taken. Paused when asked.
+INSERT INTO schedules (name, cron, every_seconds, timezone, kind, payload, queue, priority,
+                       max_attempts, paused, source)
+VALUES (%(name)s, %(cron)s, %(every_seconds)s, %(timezone)s, %(kind)s, %(payload)s::jsonb,
+        %(queue)s, %(priority)s, %(max_attempts)s, %(paused)s, %(source)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING name;
+
+-- name: schedule_update
+-- A schedule's new definition (from a sync file). A new timing ticks from
+-- now: the ticks of the old one before the change are not caught up. Its
+-- pause is kept when `keep_paused`; a resumed schedule ticks from now too.
+-- One row.
+UPDATE schedules
+SET cron = %(cron)s,
+    every_seconds = %(every_seconds)s,
+    timezone = %(timezone)s,
+    kind = %(kind)s,
+    payload = %(payload)s::jsonb,
+    queue = %(queue)s,
+    priority = %(priority)s,
+    max_attempts = %(max_attempts)s,
+    paused = CASE WHEN %(keep_paused)s THEN paused ELSE %(paused)s END,
+    ticks_after = CASE WHEN %(retime)s OR (paused AND NOT %(keep_paused)s AND NOT %(paused)s)
+                       THEN now() ELSE ticks_after END,
+    source = %(source)s,
+    updated_at = now()
+WHERE name = %(name)s
+RETURNING name;
+
+-- The schedules with the status of their last tick's job (NULL once it is
+-- purged), and the database's time to say what is due against.
+
+-- name: schedule_list
+-- Every schedule, by name. One row each.
+SELECT s.*, j.status AS last_job_status, now() AS now
+FROM schedules AS s
+LEFT JOIN jobs AS j ON j.id = s.last_job_id
+ORDER BY s.name;
+
+-- name: schedule_get
+-- One schedule, or no row.
+SELECT s.*, j.status AS last_job_status, now() AS now
+FROM schedules AS s
+LEFT JOIN jobs AS j ON j.id = s.last_job_id
+WHERE s.name = %(name)s;
+
+-- name: schedule_delete
+-- Remove a schedule; its jobs stay. No rows.
+DELETE FROM schedules WHERE name = %(name)s;
+
+-- name: schedule_set_paused
+-- Pause or resume; a resumed schedule ticks from now on. No rows.
+UPDATE schedules
+SET paused = %(paused)s,
+    ticks_after = CASE WHEN %(paused)s THEN ticks_after ELSE now() END,
+    updated_at = now()
+WHERE name = %(name)s;
+
+-- name: schedule_run
+-- One job of the schedule now, outside its ticks (its tick NULL, so the
+-- one-job-per-tick index leaves it be). One row (its id), or none.
+INSERT INTO jobs (queue, kind, payload, priority, max_attempts, schedule)
+SELECT queue, kind, payload, priority, max_attempts, name
+FROM schedules
+WHERE name = %(name)s
+RETURNING id;
+
+-- name: schedules_lock
+-- Held by a sync until it commits: two syncs at once would each undo the
+-- other. Workers' ticks wait for it (a moment). No rows.
+LOCK TABLE schedules IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: schedules_notify
+-- Tell the workers the schedules changed; delivered at commit.
+SELECT pg_notify('pgqctl_schedules', current_schema());
+
+-- ---------------------------------------------------------------------------
+-- ticks: the workers enqueue due ticks (pgqctl/ticks.py).
+-- ---------------------------------------------------------------------------
+
+-- name: ticks_schedules
+-- What a worker needs to work out the due ticks of each schedule, and the
+-- database's time (its clock for all the workers: theirs may differ). One
+-- row per schedule, or one row of NULLs but `now` when there is none.
+SELECT s.name, s.cron, s.every_seconds, s.timezone, s.paused, s.updated_at,
+       greatest(s.ticks_after, s.last_tick) AS after, n.now
+FROM (SELECT now() AS now) AS n
+LEFT JOIN schedules AS s ON true
+ORDER BY s.name;
+
+-- name: ticks_enqueue
+-- Enqueue the ticks a worker found due, in one statement: `ticks` is a JSON
+-- array of {name, version (the updated_at it read), tick}. A tick is
+-- enqueued when its schedule still has that definition, is not paused, and
+-- has not had that tick or a later one (last_tick: also once the tick's job
+-- is purged). The schedule rows are locked, skipping those another worker
+-- is ticking right now (it enqueues the same ticks); a row that worker has
+-- just changed is read again, as it now is, before it is locked. The unique
+-- (schedule, tick) index backs it all: a tick enqueued twice adds nothing.
+-- One row per schedule named: its definition's version and last tick now,
+-- and the jobs (ids and ticks) this statement enqueued for it.
+WITH wanted AS (
+    SELECT * FROM jsonb_to_recordset(%(ticks)s::jsonb)
+                  AS t(name text, version timestamptz, tick timestamptz)
+), due AS (
+    SELECT s.name, s.kind, s.payload, s.queue, s.priority, s.max_attempts, w.tick
+    FROM schedules AS s
+    JOIN wanted AS w ON w.name = s.name AND w.version = s.updated_at
+    WHERE NOT s.paused AND w.tick > greatest(s.ticks_after, s.last_tick)
+    FOR UPDATE OF s SKIP LOCKED
+), enqueued AS (
+    INSERT INTO jobs (queue, kind, payload, priority, max_attempts, schedule, tick)
+    SELECT queue, kind, payload, priority, max_attempts, name, tick
+    FROM due
+    ORDER BY name, tick
+    ON CONFLICT (schedule, tick) WHERE schedule IS NOT NULL DO NOTHING
+    RETURNING id, schedule, tick
+), advanced AS (
+    UPDATE schedules AS s
+    SET last_tick = d.tick,
+        last_job_id = coalesce(e.id, s.last_job_id)
+    FROM (SELECT name, max(tick) AS tick FROM due GROUP BY name) AS d
+    LEFT JOIN enqueued AS e ON e.schedule = d.name AND e.tick = d.tick
+    WHERE s.name = d.name
+    RETURNING s.name, s.last_tick
+)
+SELECT s.name, s.updated_at AS version,
+       greatest(s.ticks_after, coalesce(a.last_tick, s.last_tick)) AS after,
+       ARRAY(SELECT e.id FROM enqueued AS e WHERE e.schedule = s.name ORDER BY e.tick) AS jobs,
+       ARRAY(SELECT e.tick FROM enqueued AS e WHERE e.schedule = s.name ORDER BY e.tick) AS ticks
+FROM schedules AS s
+LEFT JOIN advanced AS a ON a.name = s.name
+WHERE s.name IN (SELECT name FROM wanted);
 
 -- ---- enqueue (pgqctl/enqueue.py) -------------------------------------------
 -- These blocks write {jobs} for the table: the enqueue API composes it with
@@ -902,7 +1063,7 @@ WITH done AS (
             ':' || (%(slots)s::int[])[array_position((SELECT ids FROM picked), j.id)], '')
     WHERE j.id = ANY((SELECT ids FROM picked)::bigint[])
     RETURNING j.id, j.queue, j.kind, j.payload, j.attempts, j.max_attempts,
-              j.handbacks, j.priority, j.run_at
+              j.handbacks, j.priority, j.run_at, j.schedule, j.tick
 )
 -- The arms are read in order, and each part runs when first read: reports and
 -- renewals first, the claim last. A claim's SKIP LOCKED recheck can keep a
@@ -918,8 +1079,11 @@ UNION ALL SELECT 'handed_back', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NU
           FROM handed_back
 UNION ALL SELECT 'renewed', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM renewed
 -- Claimed jobs come last, in claim order: the worker starts them in that order.
+-- Their schedule and tick (for the job's environment) travel in the columns
+-- of status and run_at, of the same types, which the claimed arm has no use
+-- for: fewer bytes than two more columns in every arm.
 UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attempts, handbacks,
-                  NULL, NULL
+                  schedule, tick
            FROM claimed
            ORDER BY priority DESC, run_at, id);
 
@@ -1085,9 +1249,52 @@ SELECT extract(epoch FROM least(min((
     ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)) - now())::float8
 FROM level AS l;
 
+-- The worker's row in `workers` (the registry; see the workers section).
+
+-- name: worker_beat
+-- Register the worker, or heartbeat: its row, written whole, with last_seen
+-- now and its counters. An upsert, so a row someone removed (or that was
+-- removed as stale while the worker was cut off) comes back with the next
+-- heartbeat, and a row left by an earlier process of the same host:pid (a
+-- restarted container) is replaced. started_at NULL registers (now);
+-- heartbeats send the started_at that registration returned. Sent at most
+-- every --heartbeat, in the pipeline of an exchange when one goes out, alone
+-- otherwise. One row: started_at.
+INSERT INTO workers AS w (id, host, pid, version, queues, kinds, concurrency,
+                          heartbeat_seconds, lease_seconds, started_at, last_seen,
+                          running, done, failed)
+VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(queues)s::text[], %(kinds)s::text[],
+        %(concurrency)s, %(heartbeat)s, %(lease)s, coalesce(%(started_at)s, now()), now(),
+        %(running)s, %(done)s, %(failed)s)
+ON CONFLICT (id) DO UPDATE
+SET host = EXCLUDED.host, pid = EXCLUDED.pid, version = EXCLUDED.version,
+    queues = EXCLUDED.queues, kinds = EXCLUDED.kinds, concurrency = EXCLUDED.concurrency,
+    heartbeat_seconds = EXCLUDED.heartbeat_seconds, lease_seconds = EXCLUDED.lease_seconds,
+    started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen,
+    running = EXCLUDED.running, done = EXCLUDED.done, failed = EXCLUDED.failed
+RETURNING started_at;
+
+-- name: worker_unregister
+-- A clean stop: the worker's row goes. No rows.
+DELETE FROM workers WHERE id = %(id)s;
+
+-- name: workers_forget_stale
+-- Rows of workers gone for an hour (and for three of their heartbeats, for
+-- a worker whose --heartbeat is longer): killed or cut off for good. Run by
+-- every worker with its reap; a worker that was only cut off comes back
+-- with its next heartbeat. One row per worker removed: its id.
+DELETE FROM workers
+WHERE last_seen < now() - greatest(interval '1 hour',
+                                   3 * heartbeat_seconds * interval '1 second')
+RETURNING id;
+
 -- name: worker_listen
 -- Hear about new jobs (the jobs table's insert trigger notifies). No rows.
 LISTEN pgqctl_jobs;
+
+-- name: worker_listen_schedules
+-- Schedules added, changed or removed: the worker reads them again.
+LISTEN pgqctl_schedules;
 
 -- name: worker_listen_cancel
 -- Hear about running jobs an operator cancelled (`pgqctl cancel` notifies).

@@ -25,7 +25,12 @@ CREATE TABLE jobs (
     -- as tries. The tries used are attempts - handbacks, of max_attempts.
     handbacks     integer NOT NULL DEFAULT 0,
     -- At most one pending or running job per (queue, unique_key); NULL: no key.
-    unique_key    text
+    unique_key    text,
+    -- The schedule that enqueued the job and the tick it is for (see
+    -- schedules); NULL for jobs enqueued otherwise. `schedule run` sets
+    -- only the schedule.
+    schedule      text,
+    tick          timestamptz
 );
 
 -- Vacuumed and analyzed after a fixed number of rows, not a fraction of the
@@ -58,6 +63,10 @@ CREATE INDEX jobs_finished_idx ON jobs (status, finished_at)
 -- The live statuses are named, so a later finished status stays outside.
 CREATE UNIQUE INDEX jobs_unique_key_idx ON jobs (queue, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');
+
+-- One job per (schedule, tick), however many workers enqueue it at once.
+CREATE UNIQUE INDEX jobs_schedule_tick_idx ON jobs (schedule, tick)
+    WHERE schedule IS NOT NULL;
 
 -- Keep finished_at true to status for writers that do not set it (plain SQL
 -- such as `UPDATE jobs SET status = 'done' WHERE id = 3`), so purge sees
@@ -107,3 +116,46 @@ CREATE VIEW paused_queues_now AS
     SELECT queue, reason, paused_at, until
     FROM paused_queues
     WHERE until IS NULL OR until > now();
+
+-- Schedules (see 0008): a cron expression in a time zone, or an interval in
+-- whole seconds; ticked by the workers. last_tick (the latest tick
+-- enqueued, and last_job_id its job) keeps a purged tick from coming back;
+-- no tick at or before ticks_after is due.
+CREATE TABLE schedules (
+    name          text PRIMARY KEY,
+    cron          text,
+    every_seconds integer CHECK (every_seconds > 0),
+    timezone      text NOT NULL DEFAULT 'UTC',
+    kind          text NOT NULL,
+    payload       jsonb NOT NULL DEFAULT '{}',
+    queue         text NOT NULL DEFAULT 'default',
+    priority      integer NOT NULL DEFAULT 0,
+    max_attempts  integer NOT NULL DEFAULT 3 CHECK (max_attempts > 0),
+    paused        boolean NOT NULL DEFAULT false,
+    source        text NOT NULL DEFAULT 'cli' CHECK (source IN ('cli', 'file')),
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    ticks_after   timestamptz NOT NULL DEFAULT now(),
+    last_tick     timestamptz,
+    last_job_id   bigint,
+    CHECK ((cron IS NULL) <> (every_seconds IS NULL))
+);
+
+-- The workers that run (see 0007): one row per worker, id = host:pid as in
+-- locked_by before the slot; heartbeats rewrite last_seen and the counters.
+CREATE TABLE workers (
+    id                text PRIMARY KEY,
+    host              text NOT NULL,
+    pid               integer NOT NULL,
+    version           text NOT NULL,
+    queues            text[] NOT NULL DEFAULT '{}',
+    kinds             text[] NOT NULL DEFAULT '{}',
+    concurrency       integer NOT NULL,
+    heartbeat_seconds float8 NOT NULL,
+    lease_seconds     float8 NOT NULL,
+    started_at        timestamptz NOT NULL DEFAULT now(),
+    last_seen         timestamptz NOT NULL DEFAULT now(),
+    running           integer NOT NULL DEFAULT 0,
+    done              bigint NOT NULL DEFAULT 0,
+    failed            bigint NOT NULL DEFAULT 0
+);

@@ -24,9 +24,30 @@ from pgqctl.commands.options import (
     selection_option,
 )
 from pgqctl.errors import BadInput, NotFound
-from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, REQUEUED, STATUS_NAMES
+from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, REQUEUED, STATUS_NAMES, Job
 
-LIST_COLUMNS = ["id", "queue", "kind", "status", "attempt", "run_at", "finished_at", "error"]
+# `schedule`: the schedule and tick of a job a schedule enqueued (left out
+# of a table where no job has one).
+LIST_COLUMNS = [
+    "id",
+    "queue",
+    "kind",
+    "status",
+    "attempt",
+    "run_at",
+    "finished_at",
+    "schedule",
+    "error",
+]
+
+
+def list_columns(jobs: list[Job]) -> list[str]:
+    """The columns of `list`: `schedule` only when a job listed has one."""
+    if any(job.schedule is not None for job in jobs):
+        return LIST_COLUMNS
+    return [c for c in LIST_COLUMNS if c != "schedule"]
+
+
 LEASE_COLUMNS = ["id", "queue", "kind", "attempt", "locked_by", "locked_until", "left"]
 CHANGE_COLUMNS = ["id", "queue", "kind", "status", "attempt", "error"]
 REQUEUE_COLUMNS = ["id", "queue", "kind", "status", "attempt", "run_at", "error"]
@@ -247,7 +268,7 @@ def list_command(
             jobs = admin.select_jobs(conn, found, order=order, limit=limit or None)
             if limit and len(jobs) == limit:
                 matched = admin.count_jobs(conn, found)
-            output.emit_jobs(jobs, LIST_COLUMNS, fmt, FIELDS)
+            output.emit_jobs(jobs, list_columns(jobs), fmt, FIELDS)
             shown = len(jobs)
     if not shown:
         say("no jobs match")

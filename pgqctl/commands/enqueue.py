@@ -41,11 +41,9 @@ def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return names[0]  # "mail " is the queue a worker reads as mail
 
 
-@command("enqueue")
-@database_options
-@click.argument("kind", required=False)
-@click.argument("payload", required=False)
-@click.option(
+# The options of a job's fields, shared with `schedule add` (whose jobs
+# have the same fields).
+queue_option = click.option(
     "--queue",
     cls=OnceOption,
     default="default",
@@ -53,7 +51,7 @@ def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
     callback=_one_queue,
     help="Queue to put the job in.",
 )
-@click.option(
+priority_option = click.option(
     "--priority",
     cls=OnceOption,
     type=int,
@@ -61,6 +59,22 @@ def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
     show_default=True,
     help="Higher runs first.",
 )
+max_attempts_option = click.option(
+    "--max-attempts",
+    cls=OnceOption,
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Attempts before the job fails for good.",
+)
+
+
+@command("enqueue")
+@database_options
+@click.argument("kind", required=False)
+@click.argument("payload", required=False)
+@queue_option
+@priority_option
 @click.option(
     "--delay",
     cls=OnceOption,
@@ -74,14 +88,7 @@ def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
     type=Timestamp(),
     help="Due at this ISO 8601 time (without offset: local time).",
 )
-@click.option(
-    "--max-attempts",
-    cls=OnceOption,
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="Attempts before the job fails for good.",
-)
+@max_attempts_option
 @click.option(
     "--unique-key",
     cls=OnceOption,

@@ -1,5 +1,6 @@
-"""Being told: check (thresholds for alerting), metrics (Prometheus) and top
-(a live view) (library: pgqctl/monitor.py)."""
+"""Seeing the fleet and being told: workers (library: pgqctl/workers.py),
+check (thresholds for alerting), metrics (Prometheus) and top (a live
+view) (library: pgqctl/monitor.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import click
 
-from pgqctl import config, monitor, output
+from pgqctl import config, monitor, output, schedules
 from pgqctl.commands.options import (
     AGE,
     DURATION,
@@ -49,6 +50,47 @@ def _defaults_text() -> str:
     )
 
 
+@command("workers")
+@database_options
+@format_options
+def workers_command(database: Database, fmt: str) -> None:
+    """The registered workers: whether each is alive, what it serves, and
+    the jobs it holds now.
+
+    Every `pgqctl worker` registers itself when it starts and heartbeats
+    every --heartbeat (10s by default) on the statements it sends anyway;
+    a clean stop removes its row. A worker is active while its last
+    heartbeat is at most three of its own intervals old, and stale after
+    that: killed, or cut off from the database (its jobs' leases then run
+    out and are reaped). Any worker removes a row stale for an hour.
+
+    Queues and kinds `all`: the worker claims from every one. running, done
+    and failed are as of its last heartbeat (done and failed: attempts
+    since it started); jobs are the running jobs whose locked_by names it
+    now (locked_by is HOST:PID:SLOT). On a terminal the table fits its
+    width; --json has every field.
+
+    \b
+    Example:
+        pgqctl workers
+        pgqctl workers --json | jq -r '.[] | select(.state == "stale") | .id'
+    """
+    from pgqctl import workers
+
+    with database.connect() as conn:
+        found = workers.list_workers(conn)
+    output.emit_workers(found, fmt, workers.FIELDS)
+    if not found:
+        say("no workers registered")
+    elif output.is_human(fmt):
+        stale = sum(w.state == "stale" for w in found)
+        say(
+            f"{output.plural(len(found) - stale, 'worker')} active, {stale} stale"
+            if stale
+            else f"{output.plural(len(found), 'worker')} active"
+        )
+
+
 @command("check")
 @database_options
 @threshold_options
@@ -59,15 +101,25 @@ def _defaults_text() -> str:
     multiple=True,
     help="Check only this queue (repeatable), even if it has no jobs.",
 )
+@selection_option(
+    "--schedules",
+    "with_schedules",
+    is_flag=True,
+    help="Also hold every schedule to its ticks: a tick not enqueued within "
+    f"{schedules.MISSED_GRACE:g}s of its time is a breach (one line per schedule).",
+)
 @format_options
-def check_command(database: Database, queues: tuple[str, ...], fmt: str, **given: Any) -> None:
+def check_command(
+    database: Database, queues: tuple[str, ...], with_schedules: bool, fmt: str, **given: Any
+) -> None:
     """Hold every queue to thresholds, for cron, Nagios-style monitors and
     probes: exit 0 when all hold, 3 when one does not, 1 when the queue
     cannot be read (a check that cannot check never says OK).
 
     Each threshold applies to every queue on its own (only to those named
-    with --queue, when given), and a --max-* threshold is breached when the
-    figure is above it. Each breach is one line on stdout, and nothing else
+    with --queue, when given); a --max-* threshold is breached when the
+    figure is above it, --min-workers when fewer active workers serve the
+    queue. Each breach is one line on stdout, and nothing else
     is written there: `CRITICAL emails: oldest pending job waited 12m (max
     5m)`. --json gives every figure of every queue, its threshold and
     whether it holds ("ok"), per figure and overall, with the same exit
@@ -82,23 +134,32 @@ def check_command(database: Database, queues: tuple[str, ...], fmt: str, **given
     age. Every figure comes from the live jobs and those finished within
     --stalled, never from the history before it.
 
+    With --schedules, each schedule whose tick no worker enqueued in time
+    is one more breach line: `CRITICAL schedule nightly: tick ... missed`.
+
     \b
     Example:
         pgqctl check
         pgqctl check --max-pending-age 5m --max-failed 0 --stalled 10m
         pgqctl check --queue emails --max-pending 1000 --json
+        pgqctl check --schedules
         */5 * * * *  pgqctl check --stalled 15m || notify-team   # crontab
     """
     thresholds = monitor.applied(given)
     with database.connect() as conn:
-        result = monitor.check(conn, thresholds, queues)
+        result = monitor.check(conn, thresholds, queues, with_schedules=with_schedules)
     output.emit_check(result, fmt)
     breaches = result.breaches()
     if breaches:
         say(f"{output.plural(len(breaches), 'threshold')} breached")
         raise click.exceptions.Exit(EXIT_CHECK)
     held = ", ".join(f"--{n.replace('_', '-')}" for n in thresholds)
-    say(f"ok: {output.plural(len(result.queues), 'queue')} within {held}")
+    ticking = (
+        ""
+        if result.schedules is None
+        else f"; {output.plural(len(result.schedules), 'schedule')} on time"
+    )
+    say(f"ok: {output.plural(len(result.queues), 'queue')} within {held}{ticking}")
 
 
 # Said in --help from the one list of thresholds.
@@ -160,6 +221,8 @@ def metrics_command(
     pgqctl_oldest_pending_age_seconds{queue}    the oldest due pending job's wait
     pgqctl_expired_leases{queue}                leases over, not yet reaped
     pgqctl_jobs_finished_last_minute{queue,outcome}   throughput: done, failed
+    pgqctl_workers{state}                       workers active and stale
+    pgqctl_queue_workers{queue}                 active workers serving the queue
 
     The counts are those of `pgqctl stats`, exact, but for done jobs: they
     are the history, left out unless --exact counts them all (the throughput

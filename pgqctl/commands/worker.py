@@ -18,6 +18,7 @@ from pgqctl.commands.options import (
     database_options,
     debugging,
 )
+from pgqctl.schedules import CATCH_UP, CATCH_UP_MAX, MISSED_GRACE
 from pgqctl.worklog import LOG_FORMATS  # small; the options need it
 
 
@@ -122,6 +123,27 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     is_flag=True,
     help="Reclaim no expired leases; leave it to `pgqctl reap` from cron.",
 )
+@click.option(
+    "--no-schedules",
+    is_flag=True,
+    help="Enqueue no schedule's ticks; leave it to the other workers.",
+)
+@click.option(
+    "--catch-up",
+    type=click.Choice(CATCH_UP),
+    default="latest",
+    show_default=True,
+    help="Ticks missed while no worker ran (not enqueued within "
+    f"{MISSED_GRACE:g}s): enqueue the latest "
+    f"one, none, or all (at most the {CATCH_UP_MAX} most recent of each schedule).",
+)
+@click.option(
+    "--heartbeat",
+    type=DURATION,
+    default="10s",
+    show_default=True,
+    help="Heartbeat in `pgqctl workers` at least this often; shown stale after three missed.",
+)
 @click.option("--burst", is_flag=True, help="Exit once no job is due and none is running.")
 @click.option(
     "--max-jobs",
@@ -159,6 +181,9 @@ def worker_command(
     backoff: float,
     reap_every: float,
     no_reap: bool,
+    no_schedules: bool,
+    catch_up: str,
+    heartbeat: float,
     burst: bool,
     max_jobs: int | None,
     allow_shell: bool,
@@ -178,6 +203,16 @@ def worker_command(
     worker that died holding them) to the queue, as `pgqctl reap` does, so a
     fleet needs no cron for it; many workers reaping at once take each job
     once, and never one of a live worker (its lease is renewed).
+
+    Workers also enqueue the ticks of the schedules (`pgqctl schedule`): any
+    worker may, at most once a second, and the database keeps each tick to
+    one job however many try. A --burst worker enqueues the due ticks once,
+    when it starts.
+
+    Each worker registers itself in `pgqctl workers` (host, pid, queues,
+    what it runs) and heartbeats there every --heartbeat, on the exchanges
+    it makes anyway; a clean stop removes its row. Its connections are
+    named `pgqctl worker HOST:PID` in pg_stat_activity.
 
     SIGTERM, SIGINT or SIGHUP: claim nothing more, let running jobs finish for
     --grace, then stop them and hand them back; a second signal stops them
@@ -211,6 +246,9 @@ def worker_command(
         backoff=backoff,
         listen_dsn=listen_dsn,
         reap_every=None if no_reap else reap_every,
+        schedules=not no_schedules,
+        catch_up=catch_up,
+        heartbeat=heartbeat,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     return worker.serve(config, database.dsn, log)

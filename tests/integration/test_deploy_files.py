@@ -501,7 +501,7 @@ def wait_for(paths: list[Path], timeout: float = 30) -> None:
 
 def jobs(conn: psycopg.Connection[Any]) -> dict[int, tuple[Any, ...]]:
     rows = conn.execute(
-        "SELECT id, status, attempts, max_attempts, locked_until FROM jobs"
+        "SELECT id, status, attempts, max_attempts, locked_until, handbacks FROM jobs"
     ).fetchall()
     return {row[0]: tuple(row[1:]) for row in rows}
 
@@ -591,7 +591,7 @@ def test_a_stop_finishes_or_hands_back_every_job_within_the_stop_timeout(
         assert rows[job_id][:2] == ("done", 1), output
     for job_id in stubborn + long:
         # Back in the queue, the interrupted attempt not counted against it.
-        assert rows[job_id] == ("pending", 1, 4, None), output
+        assert rows[job_id] == ("pending", 1, 3, None, 1), output
     for job_id in waiting + other:
         assert rows[job_id][:2] == ("pending", 0), output
 

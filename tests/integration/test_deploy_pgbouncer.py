@@ -465,3 +465,27 @@ def test_worker_behind_a_session_pooler_hears_new_jobs(
     delays = _idle_start_delays(dsn, worker)
     assert statistics.median(delays) < 0.5 and max(delays) < 1, delays
     assert _listen_warnings(worker) == []
+
+
+@pytest.mark.slow
+def test_two_workers_behind_a_transaction_pooler_tick_a_schedule_once_per_tick(
+    dsn: str, txn_pooler: Pooler, start_pgqctl: Callable[..., Process]
+) -> None:
+    # No notification reaches them here, and no statement may lean on a
+    # session: the ticks still come, each one job.
+    pooled = txn_pooler.dsn(dsn)
+    ok(
+        pgqctl(
+            "schedule", "add", "beat", "--every", "1s", "k", '{"argv": ["true"]}', "--dsn", pooled
+        )
+    )
+    workers = [start_pgqctl("worker", "--dsn", pooled, "--no-reap") for _ in range(2)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        count = "SELECT count(*), count(DISTINCT tick) FROM jobs WHERE tick IS NOT NULL"
+        wait_until(lambda: (conn.execute(count).fetchone() or [0])[0] >= 5, 20, "five ticks")
+        for w in workers:
+            wait_until(lambda w=w: " started: " in w.log, 10, "the worker to start")
+            w.proc.send_signal(signal.SIGTERM)
+        assert wait_all(workers, 20) == [0, 0]
+        jobs, ticks = conn.execute(count).fetchone() or (0, 0)
+    assert jobs == ticks >= 5

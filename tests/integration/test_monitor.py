@@ -187,6 +187,7 @@ def test_check_json_gives_every_figure_its_threshold_and_whether_it_holds(
         "expired_leases",
         "oldest_running_age_seconds",
         "stalled_seconds",
+        "active_workers",
     }
     age = figures["oldest_pending_age_seconds"]
     assert 7200 <= age["value"] < 7300
@@ -202,6 +203,13 @@ def test_check_json_gives_every_figure_its_threshold_and_whether_it_holds(
         "value": 0,
         "threshold": None,
         "option": "--max-failed",
+        "ok": True,
+    }
+    # No worker registered: none serves it (a minimum breached only when given).
+    assert figures["active_workers"] == {
+        "value": 0,
+        "threshold": None,
+        "option": "--min-workers",
         "ok": True,
     }
     # Without --stalled the window's finished jobs are not read.

@@ -90,7 +90,7 @@ def run_top(pane: Pane, dsn: str, tmp_path: Path) -> None:
 def test_top_shows_the_queue_move_and_q_restores_the_terminal(
     dsn: str, pane: Pane, tmp_path: Path, start_pgqctl: object
 ) -> None:
-    insert_jobs(dsn, [["sleep", "0.05"]] * 60)
+    insert_jobs(dsn, [["sleep", "0.2"]] * 60)  # about 3 s of work for 4 slots
     run_top(pane, dsn, tmp_path)
     wait_until(lambda: queue_row(pane.screen()) is not None, 10, "the queue's row")
     first = queue_row(pane.screen())
@@ -107,6 +107,13 @@ def test_top_shows_the_queue_move_and_q_restores_the_terminal(
         return bool(row) and int(row[1]) < 60 and float(row[3]) > 0  # done/s
 
     wait_until(moved, 30, "top to show jobs being done")
+    # The worker's registry row, while it runs: its host:pid, active.
+    pid = worker.proc.pid  # type: ignore[attr-defined]
+    wait_until(
+        lambda: any(f":{pid}" in line and "active" in line for line in pane.screen().splitlines()),
+        10,
+        "the worker in top's workers",
+    )
     assert worker.wait(60) == 0  # type: ignore[attr-defined]
     wait_until(lambda: (queue_row(pane.screen()) or ["", "?"])[1] == "0", 10, "pending to reach 0")
 

@@ -293,7 +293,7 @@ def test_a_timeout_fires_on_time_while_the_worker_waits_on_a_locked_table(
         # timeout); the job's timeout must not wait with it.
         waiting = (
             "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = 'pgqctl worker' AND wait_event_type = 'Lock'"
+            "WHERE application_name LIKE 'pgqctl worker %' AND wait_event_type = 'Lock'"
         )
         wait_until(lambda: conn.execute(waiting).fetchone() == (1,), 3, "the worker to wait")
         assert gone(int(pidfile.read_text()), within=5)
@@ -617,7 +617,7 @@ def test_terminated_connections_are_retried_and_no_job_is_lost(
     wait_until(lambda: statuses(conn).get("done", 0) >= 2, 10, "some jobs to finish")
     terminated = conn.execute(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND application_name = 'pgqctl worker'"
+        "WHERE datname = current_database() AND application_name LIKE 'pgqctl worker %'"
     ).fetchone()
     assert terminated == (2,)  # the main connection and the listener
     wait_until(lambda: statuses(conn) == {"done": 16}, 20, "every job to finish")

@@ -118,7 +118,7 @@ def test_a_worker_survives_losing_its_connection_while_it_reaps(
     worker.wait_for_log("worker ")
     kill = (
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE application_name = 'pgqctl worker' AND datname = current_database()"
+        "WHERE application_name LIKE 'pgqctl worker %' AND datname = current_database()"
     )
     for _ in range(10):
         conn.execute(kill)

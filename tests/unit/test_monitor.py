@@ -8,7 +8,7 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgqctl import admin, monitor, output
+from pgqctl import admin, monitor, output, workers
 from pgqctl.jobs import FINISHED, STATUS_NAMES
 from tests.conftest import run_cli
 
@@ -54,6 +54,30 @@ def test_a_breach_is_above_the_limit_not_at_it() -> None:
     assert monitor.Figure(pending, pending.read(figures), 3).ok
     assert not monitor.Figure(pending, pending.read(figures), 2).ok
     assert monitor.Figure(pending, pending.read(figures), None).ok  # not applied
+
+
+def test_min_workers_is_breached_below_the_limit_not_at_it() -> None:
+    fewest = monitor.BY_NAME["min_workers"]
+    assert fewest.option == "--min-workers"
+    figures = monitor.QueueFigures(active_workers=2)
+    assert monitor.Figure(fewest, fewest.read(figures), 2).ok
+    assert not monitor.Figure(fewest, fewest.read(figures), 3).ok
+    assert fewest.breach(1, 2) == "1 active worker serving it (min 2)"
+
+
+def test_a_worker_with_no_queue_serves_every_queue() -> None:
+    fleet = workers.Fleet(active=3, stale=1, active_queues=((), ("emails",), ("sms", "emails")))
+    assert [fleet.serving(q) for q in ("emails", "sms", "other")] == [3, 2, 1]
+    snapshot = monitor.MetricsSnapshot({"other": admin.Counts()}, {}, fleet=fleet)
+    text = output.metrics_text(monitor.metrics_registry(snapshot)).decode()
+    found = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {s.labels["state"]: s.value for s in found["pgqctl_workers"].samples} == {
+        "active": 3,
+        "stale": 1,
+    }
+    assert [(s.labels["queue"], s.value) for s in found["pgqctl_queue_workers"].samples] == [
+        ("other", 1)
+    ]
 
 
 def test_every_status_is_a_series_of_pgqctl_jobs_and_every_finished_one_an_outcome() -> None:

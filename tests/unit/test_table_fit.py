@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pgqctl import admin, output
+from pgqctl import admin, output, workers
 from pgqctl.commands.admin import CHANGE_COLUMNS, LEASE_COLUMNS, LIST_COLUMNS, REQUEUE_COLUMNS
 from pgqctl.jobs import Job
 from pgqctl.runner import Outcome
@@ -41,6 +41,9 @@ def jobs() -> list[Job]:
             last_error=ERROR if i % 3 == 0 else None,
             # A long key: a listing does not show it (show and --json do).
             unique_key=f"webhook:customer-{i}:invoice-2026-12-01-a-rather-long-reference",
+            # Some jobs of a schedule: `list` shows which, and the tick.
+            schedule="nightly-report" if i % 2 else None,
+            tick=WHEN if i % 2 else None,
         )
         for i in range(6)
     ]
@@ -70,7 +73,33 @@ def listings() -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
         },
         estimated=True,
     )
+    fleet = [
+        workers.Worker(
+            id=f"{HOLDER.rpartition(':')[0]}{i}",
+            state=["active", "stale"][i % 2],
+            host=HOLDER.split(":")[0],
+            pid=4_194_000 + i,
+            version="0.1.0",
+            queues=(("emails", "a-queue-with-a-rather-long-name"), ())[i % 2],
+            kinds=(("resize_image_thumbnails_for_the_gallery",), ())[i % 2],
+            concurrency=64,
+            running=64,
+            done=48_210_334,
+            failed=12_345,
+            started_at=WHEN,
+            last_seen=WHEN,
+            seen_seconds_ago=12_345.6,
+            heartbeat_seconds=10.0,
+            lease_seconds=300.0,
+            jobs=tuple(range(434_011, 434_075)),
+        )
+        for i in range(4)
+    ]
     return {
+        "workers": (
+            [output._worker_cells(w.as_record()) for w in fleet],
+            output.WORKER_COLUMNS,
+        ),
         "list": ([output._job_cells(j.as_record()) for j in jobs()], LIST_COLUMNS),
         "leases": ([output._job_cells(r.as_record()) for r in leases], LEASE_COLUMNS),
         "reap": ([output._job_cells(r.as_record()) for r in reaped], CHANGE_COLUMNS),
@@ -108,7 +137,7 @@ def table_cells(lines: list[str]) -> list[dict[str, str]]:
 
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("fmt", ["table", "plain"])
-@pytest.mark.parametrize("name", ["list", "leases", "reap", "requeue", "stats"])
+@pytest.mark.parametrize("name", ["list", "leases", "reap", "requeue", "stats", "workers"])
 def test_a_listing_fits_the_width_and_breaks_no_value(width: int, fmt: str, name: str) -> None:
     rows, columns = listings()[name]
     out = io.StringIO()
@@ -124,9 +153,9 @@ def test_a_listing_fits_the_width_and_breaks_no_value(width: int, fmt: str, name
             value = row[column]
             if column == "id" or (name == "stats" and column != "queue"):
                 assert cell == str(value)  # never cut
-            elif column in ("run_at", "finished_at", "locked_until"):
+            elif column in ("run_at", "finished_at", "locked_until", "started_at"):
                 assert cell == "" if value is None else TIME.fullmatch(cell), cell
-            elif column in ("status", "attempt", "locked_by", "left"):
+            elif column in ("status", "attempt", "locked_by", "left", "pid", "state", "running"):
                 assert cell == output.human(value)
             else:  # text: whole, or cut with …
                 text = output.human(value)
@@ -135,6 +164,9 @@ def test_a_listing_fits_the_width_and_breaks_no_value(width: int, fmt: str, name
 
 def test_the_error_is_cut_first_and_times_shortened_before_columns_go() -> None:
     rows, columns = listings()["list"]
+    # Jobs of no schedule: that column is empty, and left out first.
+    rows = [{**r, "schedule": ""} for r in rows]
+    columns = [c for c in columns if c != "schedule"]
     wide = output.fit(rows, columns, 200)
     assert wide.columns == list(columns) and wide.style == "full"
     at_120 = output.fit(rows, columns, 120)
@@ -165,3 +197,55 @@ def test_the_error_column_reads_the_worker_s_last_error() -> None:
     assert output.error_summary(Outcome(exit_code=1).last_error()) == "exit status 1"
     assert output.error_summary("boom\nTraceback...") == "boom"
     assert output.error_summary(None) == ""
+
+
+def test_the_schedule_of_a_job_stays_before_when_it_finished() -> None:
+    rows, columns = listings()["list"]
+    at_120 = output.fit(rows, columns, 120)
+    assert "schedule" in at_120.columns and "finished_at" not in at_120.columns
+    cells = at_120.cells(rows)
+    shown = [row[at_120.columns.index("schedule")] for row in cells]
+    assert shown[1].startswith("nightly-") and shown[0] == ""
+
+
+def schedule_records() -> list[dict[str, Any]]:
+    base = {
+        "cron": "*/15 9-17 * * MON-FRI",
+        "every_seconds": None,
+        "timezone": "America/Argentina/Buenos_Aires",
+        "kind": "k",
+        "payload": {},
+        "queue": "default",
+        "priority": 0,
+        "max_attempts": 3,
+        "source": "file",
+        "created_at": WHEN,
+        "updated_at": WHEN,
+        "next_tick": WHEN,
+        "last_tick": WHEN,
+        "last_job_id": 48_210_334,
+        "last_job_status": "cancelled",
+    }
+    rows = [
+        {**base, "name": "weekday-digest-for-the-whole-sales-team", "paused": False},
+        {**base, "name": "beat", "cron": None, "every_seconds": 30, "paused": True},
+        {**base, "name": "missed", "missed_since": WHEN, "paused": False},
+    ]
+    return [{**r, "missed_since": r.get("missed_since")} for r in rows]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("fmt", ["table", "plain"])
+def test_the_schedule_listing_fits_and_keeps_names_and_ticks_readable(width: int, fmt: str) -> None:
+    rows = [output._schedule_cells(r) for r in schedule_records()]
+    out = io.StringIO()
+    output.emit_rows(rows, output.SCHEDULE_COLUMNS, fmt, stream=out, width=width)
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= width for line in lines), [len(line) for line in lines]
+    shown = table_cells(lines)
+    assert len(shown) == len(rows)
+    for cells in shown:
+        assert {"name", "next_tick", "missed_since"} <= set(cells)
+        assert TIME.fullmatch(cells["next_tick"]), cells
+    assert shown[2]["missed_since"] and shown[0]["missed_since"] == ""
+    assert shown[1]["paused"] == "paused"

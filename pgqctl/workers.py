@@ -1,0 +1,100 @@
+"""`pgqctl workers`: the registered workers, whether each is alive, and what it runs.
+
+Each worker writes its own row of `workers` (claims.Beat: it registers with
+its first exchange, heartbeats at least every --heartbeat, removes the row
+when it stops cleanly). A worker is active while its last heartbeat is at
+most three of its own intervals old, and stale after that: killed, or cut
+off from the database. Any worker removes a row stale for an hour. The SQL
+is the `workers` section of sql/queries.sql. Nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgqctl.db import atomic
+from pgqctl.sql import query
+
+Connection = psycopg.Connection[Any]
+
+STATES = ("active", "stale")
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One row of `workers`, with its state and the jobs it holds."""
+
+    id: str  # host:pid: `locked_by` of its jobs is id:slot
+    state: str  # one of STATES
+    host: str
+    pid: int
+    version: str
+    queues: tuple[str, ...]  # () for every queue
+    kinds: tuple[str, ...]  # () for every kind
+    concurrency: int
+    running: int  # as of its last heartbeat
+    done: int  # attempts done since it started
+    failed: int  # attempts failed (retried or not) since it started
+    started_at: dt.datetime
+    last_seen: dt.datetime
+    seen_seconds_ago: float
+    heartbeat_seconds: float
+    lease_seconds: float
+    jobs: tuple[int, ...]  # the running jobs it holds, by locked_by, now
+
+    def as_record(self) -> dict[str, Any]:
+        found = asdict(self)
+        found["queues"] = list(self.queues)
+        found["kinds"] = list(self.kinds)
+        found["jobs"] = list(self.jobs)
+        return found
+
+
+FIELDS = tuple(Worker.__dataclass_fields__)
+
+
+def list_workers(conn: Connection) -> list[Worker]:
+    """Every registered worker, by host and pid."""
+    with atomic(conn), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query("workers_list"), {})
+        rows = cur.fetchall()
+    return [
+        Worker(
+            **{
+                **{name: row[name] for name in FIELDS},
+                "queues": tuple(row["queues"]),
+                "kinds": tuple(row["kinds"]),
+                "jobs": tuple(row["jobs"]),
+            }
+        )
+        for row in rows
+    ]
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """How many workers are active and stale, and the queues each active one
+    serves: what check and metrics need."""
+
+    active: int
+    stale: int
+    active_queues: tuple[tuple[str, ...], ...]  # per active worker; () for every queue
+
+    def serving(self, queue: str) -> int:
+        """Active workers that claim from `queue` (one with no --queue claims from all)."""
+        return sum(1 for queues in self.active_queues if not queues or queue in queues)
+
+    def counts(self) -> dict[str, int]:
+        return {"active": self.active, "stale": self.stale}
+
+
+def fleet(conn: Connection) -> Fleet:
+    with atomic(conn):
+        rows = conn.execute(query("workers_states"), {}).fetchall()
+    active: list[tuple[str, ...]] = [tuple(queues) for queues, alive in rows if alive]
+    return Fleet(len(active), len(rows) - len(active), tuple(active))
