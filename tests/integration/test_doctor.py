@@ -102,8 +102,10 @@ def churn_in_sql(dsn: str, jobs: int) -> None:
 
 
 def vacuum(dsn: str) -> None:
+    """Vacuum every table of the queue (a worker's stop leaves a dead row in
+    `workers`, say), as an operator following doctor's advice would."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("VACUUM jobs")
+        conn.execute("VACUUM")
 
 
 def dead_tuples(dsn: str) -> int:
@@ -414,8 +416,14 @@ def test_a_queue_in_another_schema_is_examined_there(empty_dsn: str) -> None:
     assert pgqctl("migrate", "--schema", "staging", "--dsn", empty_dsn).returncode == 0
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE staging.jobs RESET (autovacuum_vacuum_threshold)")
+        made = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'staging' AND tablename <> 'jobs'"
+            " ORDER BY tablename"
+        ).fetchall()
     _, report = doctor_json(empty_dsn, "--schema", "staging")
-    assert [t["table"] for t in report["tables"]] == ["jobs", "paused_queues", "pgqctl_migrations"]
+    # Every table migrate made there, jobs first: none of another schema's.
+    assert [t["table"] for t in report["tables"]] == ["jobs", *(name for (name,) in made)]
+    assert {"workers", "schedules", "pgqctl_migrations"} <= {name for (name,) in made}
     (found,) = findings(report, "autovacuum_settings")
     assert found["sql"][0].startswith('ALTER TABLE "staging"."jobs" SET (')
 
