@@ -4,7 +4,7 @@
 
 DSN: --dsn, else PGQCTL_TEST_DSN, else an embedded PostgreSQL in a temporary
 data directory of its own (stopped and removed at the end). The bench creates
-a database of its own there and drops it at the end. Three measures, each
+a database of its own there and drops it at the end. Several measures, each
 over several rounds; a ratio is computed within a round (both sides measured
 back to back) and its median quoted, because these machines drift between
 rounds:
@@ -18,6 +18,13 @@ rounds:
   this machine, PostgreSQL's (every postgres process, so other databases'
   work counts too). On a saturated machine, pool CPU / (worker + server CPU)
   is about the best throughput ratio the worker could reach.
+- figures: the ratios the performance issue names, all sides in every
+  round: `true` at concurrency 4, the worker against the bare loop (both
+  claiming only for free slots), `--prefetch 4` against the bare loop 4
+  ahead and against the pool; `sleep 0.01` x 2,000 at concurrency 8 and
+  `sleep 0.1` x 500 at concurrency 16, the worker without prefetch against
+  the pool; CPU per job of each process outside its children and of the
+  server backends of its connections (see figures_rounds).
 - claims: the worker's own claims.py path (each process claims up to 4 jobs
   and reports the previous batch in the same statement, as the worker does
   with 4 slots), 4 processes, against the classic loop (claim LIMIT 1, then

@@ -44,8 +44,16 @@ to that queue and wake the wait (`_post`); the loop decides what to do.
 
 State of a job held by this worker: claimed and running in a slot (in
 `running`), then finished and waiting to be reported (in the report lists),
-then reported. A lease found lost (renewal or fenced report matched nothing)
-stops the child if it still runs and drops its result. So does a cancel: the
+then reported. With --prefetch N, up to N more are claimed ahead of a free
+slot and wait in `prefetched` (a local FIFO, in claim order; locked_by
+host:pid:prefetch), their leases renewed with the running ones'; each starts
+as soon as a slot frees, and the next exchange moves its locked_by to the
+slot (through the renewal) and claims its replacement. A graceful stop
+hands them back at once (the attempt not counted); a cancel or a lost lease
+drops them unstarted; a crash leaves them to reap.
+
+A lease found lost (renewal or fenced report matched nothing) stops the
+child if it still runs and drops its result. So does a cancel: the
 operator's cancel has already ended the job in the database (status
 cancelled, fenced like a report); a notification names it at once, and the
 renewal finds it otherwise. Either way the worker reads the job's row before
