@@ -6,11 +6,11 @@ renews the leases of those still held, and claims as many jobs as there
 are free slots (plus the room left in its local queue, with --prefetch). One
 statement is one round trip and one commit, and costs the client about half
 of what the same five updates cost pipelined (bench/worker_bench.py measures
-the whole path). Batches travel as JSON
-arrays: serializing them is far cheaper than adapting Python lists to
-PostgreSQL arrays. Its claim is the one for the worker's --queue and --kind
-(``worker_claim_*``, put in place by `exchange_statement`), so that each
-worker's statement holds only the claim it runs.
+the whole path). Batches travel as JSON arrays: serializing them is far
+cheaper than adapting Python lists to PostgreSQL arrays. Its claim is the
+one for the worker's --queue and --kind (``worker_claim_*``, put in place by
+`exchange_statement`), so that each worker's statement holds only the claim
+it runs.
 
 The worker's row in ``workers`` (the registry `pgqctl workers` lists) is
 written here too: `Beat` is a heartbeat, sent in the pipeline of an

@@ -981,9 +981,9 @@ DROP TABLE pg_temp.pgqctl_enqueue_load;
 -- `slots` (text: a slot number, or `prefetch` for a job claimed ahead of a
 -- free slot, which the worker keeps until one frees); a renewal that carries
 -- a slot moves the job's locked_by to it (a prefetched job now started).
--- Batches come in as JSON arrays of objects. The parts touch
--- disjoint rows (ended, running, pending), so one statement does them all;
--- every row returned says which part it answers.
+-- Batches come in as JSON arrays of objects. The parts touch disjoint rows
+-- (ended, running, pending), so one statement does them all; every row
+-- returned says which part it answers.
 --
 -- The worker runs this statement thousands of times a second, so it must run
 -- on one cached (generic) plan: planning it afresh costs more than running

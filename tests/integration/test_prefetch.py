@@ -160,6 +160,19 @@ def test_a_cancelled_prefetched_job_never_starts(
     assert job(conn, first)["status"] == "done"
 
 
+def test_a_job_prefetched_before_its_queue_was_paused_still_runs(
+    dsn: str, conn: psycopg.Connection[Any], start_worker: Any
+) -> None:
+    first, ahead, later = insert_jobs(conn, [sleeps(1.5), sleeps(0.1), sleeps(0.1)])
+    worker = start_worker(dsn, "--concurrency", "1", "--prefetch", "1", "--burst", *QUIET)
+    wait_until(lambda: len(holders(conn)) == 2, 10, "one running job and one prefetched")
+    assert run_cli("pause", "default", "--dsn", dsn).exit_code == 0
+    assert worker.proc.wait(20) == 0
+    # The README's promise: claimed before the pause, it runs; the claims that follow stop.
+    assert [e["job_id"] for e in worker.events("started")] == [first, ahead]
+    assert [job(conn, i)["status"] for i in (first, ahead, later)] == ["done", "done", "pending"]
+
+
 def test_renewal_keeps_prefetched_leases_past_the_lease(
     dsn: str, conn: psycopg.Connection[Any], start_worker: Any
 ) -> None:
