@@ -4,7 +4,7 @@
 
 DSN: --dsn, else PGQCTL_TEST_DSN, else an embedded PostgreSQL in a temporary
 data directory of its own (stopped and removed at the end). The bench creates
-a database of its own there and drops it at the end. Three measures, each
+a database of its own there and drops it at the end. Several measures, each
 over several rounds; a ratio is computed within a round (both sides measured
 back to back) and its median quoted, because these machines drift between
 rounds:
@@ -18,6 +18,13 @@ rounds:
   this machine, PostgreSQL's (every postgres process, so other databases'
   work counts too). On a saturated machine, pool CPU / (worker + server CPU)
   is about the best throughput ratio the worker could reach.
+- figures: the ratios the performance issue names, all sides in every
+  round: `true` at concurrency 4, the worker against the bare loop (both
+  claiming only for free slots), `--prefetch 4` against the bare loop 4
+  ahead and against the pool; `sleep 0.01` x 2,000 at concurrency 8 and
+  `sleep 0.1` x 500 at concurrency 16, the worker without prefetch against
+  the pool; CPU per job of each process outside its children and of the
+  server backends of its connections (see figures_rounds).
 - claims: the worker's own claims.py path (each process claims up to 4 jobs
   and reports the previous batch in the same statement, as the worker does
   with 4 slots), 4 processes, against the classic loop (claim LIMIT 1, then
@@ -48,6 +55,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -212,6 +220,259 @@ def bare_drain(dsn: str, count: int, ahead: int) -> float:
 # own and its children's, and the server's.
 BARE_CPU: dict[int, list[float]] = {0: [], 4: []}
 BARE_SERVER_CPU: dict[int, list[float]] = {0: [], 4: []}
+
+
+# ----------------------------------------------- prefetch and real work
+#
+# Item 2 of the performance issue, measured in one run: the worker (as a
+# user runs it: a subprocess, its own log) against the bare loop under the
+# same claiming rule, with and without claiming 4 ahead (`--prefetch 4`),
+# against a thread pool with no database, on `true` jobs at concurrency 4;
+# and on jobs that do real work (`sleep`) without prefetch against the pool.
+# Each side drains jobs inserted in one statement into an empty table while
+# it waits idle, so that neither start-up nor connecting is counted in its
+# CPU: the worker's process is read from /proc/<pid>/stat (utime and stime:
+# every thread, without its children) just before the insert and once every
+# job is done, while it still runs; the server's CPU is that of the backends
+# of its connections, read the same way (the WAL writer and other shared
+# processes are left out: other databases on the server would count there).
+
+
+def proc_cpu(pid: int) -> tuple[float, float]:
+    """(own, children's) CPU seconds of a live process, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks
+
+
+def backends_cpu(pids: list[int]) -> float | None:
+    """CPU seconds of these server backends, None if they cannot be read (another machine)."""
+    try:
+        return sum(proc_cpu(pid)[0] for pid in pids)
+    except OSError:
+        return None
+
+
+def insert_jobs(dsn: str, count: int, argv: list[str]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobs (kind, payload) "
+            "SELECT 'bench', %s::jsonb FROM generate_series(1, %s)",
+            (json.dumps({"argv": argv}), count),
+        )
+
+
+@dataclass
+class Drained:
+    """One side's run: jobs/s, and CPU microseconds per job (None: not read)."""
+
+    rate: float
+    own: float  # the process itself, without its children
+    children: float | None
+    server: float | None
+
+
+def pool_run(count: int, argv: list[str], threads: int) -> Drained:
+    """`threads` threads running subprocess.run(argv), `count` runs in all, no database."""
+    left = [count]
+    lock = threading.Lock()
+
+    def loop() -> None:
+        while True:
+            with lock:
+                if left[0] == 0:
+                    return
+                left[0] -= 1
+            subprocess.run(argv, check=False)
+
+    workers = [threading.Thread(target=loop) for _ in range(threads)]
+    own = cpu_seconds(resource.RUSAGE_SELF)
+    children = cpu_seconds(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    own = cpu_seconds(resource.RUSAGE_SELF) - own
+    children = cpu_seconds(resource.RUSAGE_CHILDREN) - children
+    return Drained(count / elapsed, own / count * 1e6, children / count * 1e6, None)
+
+
+def worker_run(
+    dsn: str, count: int, argv: list[str], concurrency: int, prefetch: int, workdir: Path
+) -> Drained:
+    """A `pgqctl worker` waiting idle drains `count` jobs inserted at once:
+    jobs/s from its first job start to the last finished_at."""
+    fill(dsn, 0, {})
+    log = workdir / f"figures-{concurrency}-{prefetch}.log"
+    args = ["--concurrency", str(concurrency), "--prefetch", str(prefetch), "--poll", f"{POLL}s"]
+    with log.open("w") as err:
+        worker = subprocess.Popen(worker_command(dsn, *args), stderr=err, stdout=subprocess.DEVNULL)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _wait_listening(conn)
+            backends = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name LIKE 'pgqctl worker %%'"
+                )
+            ]
+            own, children = proc_cpu(worker.pid)
+            server = backends_cpu(backends)
+            insert_jobs(dsn, count, argv)
+            deadline = time.monotonic() + 600
+            while conn.execute("SELECT count(*) FROM jobs WHERE status = 'done'").fetchone() != (
+                count,
+            ):
+                assert time.monotonic() < deadline, "jobs left undone"
+                assert worker.poll() is None, log.read_text()[-2000:]
+                time.sleep(0.05)
+            own_after, children_after = proc_cpu(worker.pid)
+            server_after = backends_cpu(backends)
+            row = conn.execute("SELECT extract(epoch FROM max(finished_at)) FROM jobs").fetchone()
+    finally:
+        worker.terminate()
+        worker.wait()
+    assert row is not None
+    first = epoch(log_events(log, "started")[0]["ts"])
+    return Drained(
+        count / (float(row[0]) - first),
+        (own_after - own) / count * 1e6,
+        (children_after - children) / count * 1e6,
+        None if server is None or server_after is None else (server_after - server) / count * 1e6,
+    )
+
+
+def bare_run(dsn: str, count: int, ahead: int) -> Drained:
+    """bench/bare_loop.py with 4 slots, claiming `ahead` jobs ahead, drains
+    `count` jobs of `true` inserted once it is connected."""
+    fill(dsn, 0, {})
+    loop = BareLoop(dsn, SLOTS, ahead)
+    try:
+        backend = [loop.conn.info.backend_pid]
+        insert_jobs(dsn, count, ["true"])
+        own = cpu_seconds(resource.RUSAGE_SELF)
+        children = cpu_seconds(resource.RUSAGE_CHILDREN)
+        server = backends_cpu(backend)
+        rate = loop.run()
+        own = cpu_seconds(resource.RUSAGE_SELF) - own
+        children = cpu_seconds(resource.RUSAGE_CHILDREN) - children
+        server_after = backends_cpu(backend)
+    finally:
+        loop.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM jobs WHERE status <> 'done'").fetchone()
+    assert row == (0,), f"{row} jobs not done"
+    return Drained(
+        rate,
+        own / count * 1e6,
+        children / count * 1e6,
+        None if server is None or server_after is None else (server_after - server) / count * 1e6,
+    )
+
+
+def load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def show_ratio(name: str, ratios: list[float], target: str) -> None:
+    """A ratio over the rounds, with its target and whether the median meets it."""
+    med = statistics.median(ratios)
+    verdict = ""
+    if target:
+        bound = float(target[2:])
+        met = med >= bound if target.startswith(">=") else med <= bound
+        verdict = f"  [target {target}: {'met' if met else 'not met'}]"
+    print(
+        f"ratio {name}: {med:.2f} x (median of {len(ratios)}; min {min(ratios):.2f}, "
+        f"max {max(ratios):.2f}){verdict}"
+    )
+
+
+def figures_rounds(dsn: str, rounds: int, jobs: int, workdir: Path, quick: bool) -> None:
+    """The ratios of item 2, every side measured in each round, in an order
+    that rotates from round to round."""
+    sleep_short, sleep_long = (500, 125) if quick else (2000, 500)
+    true = ["true"]
+    ways: dict[str, Callable[[], Drained]] = {
+        "worker": lambda: worker_run(dsn, jobs, true, SLOTS, 0, workdir),
+        "worker_prefetch_4": lambda: worker_run(dsn, jobs, true, SLOTS, 4, workdir),
+        "bare_loop": lambda: bare_run(dsn, jobs, 0),
+        "bare_loop_4_ahead": lambda: bare_run(dsn, jobs, 4),
+        "pool": lambda: pool_run(jobs, true, SLOTS),
+        "worker_sleep_0.01_c8": lambda: worker_run(
+            dsn, sleep_short, ["sleep", "0.01"], 8, 0, workdir
+        ),
+        "pool_sleep_0.01_c8": lambda: pool_run(sleep_short, ["sleep", "0.01"], 8),
+        # Not a target: what --prefetch does for the same real work.
+        "worker_prefetch_8_sleep_0.01_c8": lambda: worker_run(
+            dsn, sleep_short, ["sleep", "0.01"], 8, 8, workdir
+        ),
+        "worker_sleep_0.1_c16": lambda: worker_run(
+            dsn, sleep_long, ["sleep", "0.1"], 16, 0, workdir
+        ),
+        "pool_sleep_0.1_c16": lambda: pool_run(sleep_long, ["sleep", "0.1"], 16),
+    }
+    runs: dict[str, list[Drained]] = {name: [] for name in ways}
+    names = list(ways)
+    print(f"load before: {load()} (1, 5, 15 min)")
+    for n in range(rounds):
+        shift = n % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name].append(ways[name]())
+        print(f"round {n + 1} of {rounds} done, load {load()}", file=sys.stderr)
+    print(f"load after: {load()} (1, 5, 15 min)")
+    print(
+        f"figures: `true` x {jobs} at concurrency {SLOTS}; `sleep 0.01` x {sleep_short} at "
+        f"concurrency 8; `sleep 0.1` x {sleep_long} at concurrency 16; {rounds} rounds"
+    )
+    for name, found in runs.items():
+        show(name, [d.rate for d in found], "jobs/s")
+
+    def ratios(mine: str, base: str) -> list[float]:
+        return [a.rate / b.rate for a, b in zip(runs[mine], runs[base], strict=True)]
+
+    show_ratio("worker/bare_loop (true, c4)", ratios("worker", "bare_loop"), ">=0.9")
+    show_ratio(
+        "worker_prefetch_4/bare_loop_4_ahead (true, c4)",
+        ratios("worker_prefetch_4", "bare_loop_4_ahead"),
+        ">=0.9",
+    )
+    show_ratio("worker_prefetch_4/pool (true, c4)", ratios("worker_prefetch_4", "pool"), ">=0.75")
+    show_ratio("worker/pool (true, c4)", ratios("worker", "pool"), "")
+    show_ratio(
+        "worker/pool (sleep 0.01, c8)",
+        ratios("worker_sleep_0.01_c8", "pool_sleep_0.01_c8"),
+        ">=0.95",
+    )
+    show_ratio(
+        "worker_prefetch_8/pool (sleep 0.01, c8)",
+        ratios("worker_prefetch_8_sleep_0.01_c8", "pool_sleep_0.01_c8"),
+        "",
+    )
+    show_ratio(
+        "worker/pool (sleep 0.1, c16)",
+        ratios("worker_sleep_0.1_c16", "pool_sleep_0.1_c16"),
+        ">=0.95",
+    )
+    for name in ("worker", "worker_prefetch_4", "bare_loop", "bare_loop_4_ahead", "pool"):
+        show(f"cpu_own {name} (true)", [d.own for d in runs[name]], "us/job")
+        children = [d.children for d in runs[name] if d.children is not None]
+        if children:
+            show(f"cpu_children {name} (true)", children, "us/job")
+        server = [d.server for d in runs[name] if d.server is not None]
+        if server:
+            show(f"cpu_server {name} (true)", server, "us/job")
+    for mine, base in (("worker", "bare_loop"), ("worker_prefetch_4", "bare_loop_4_ahead")):
+        show_ratio(
+            f"cpu_own {mine}/{base} (true)",
+            [a.own / b.own for a, b in zip(runs[mine], runs[base], strict=True)],
+            "<=1.3",
+        )
 
 
 # ------------------------------------------------------------ claims path
@@ -382,9 +643,11 @@ def main() -> None:
     parser.add_argument("--dsn", help="admin DSN (default: PGQCTL_TEST_DSN, else embedded)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer jobs per round")
-    parser.add_argument("--only", choices=("e2e", "bare", "claims", "latency"), action="append")
+    parser.add_argument(
+        "--only", choices=("e2e", "bare", "figures", "claims", "latency"), action="append"
+    )
     args = parser.parse_args()
-    only = set(args.only or ("e2e", "bare", "claims", "latency"))
+    only = set(args.only or ("e2e", "bare", "figures", "claims", "latency"))
     e2e_jobs, claim_jobs, latency_jobs = (1000, 5000, 50) if args.quick else (4000, 20000, 200)
 
     with (
@@ -426,6 +689,8 @@ def main() -> None:
                 show("cpu ratio spawn_pool/(worker+server)", bound, "x", 2)
         if "bare" in only:
             bare_rounds(dsn, args.rounds, e2e_jobs)
+        if "figures" in only:
+            figures_rounds(dsn, args.rounds, e2e_jobs, workdir, args.quick)
         if "claims" in only:
             batched, seed, ratio = paired(
                 args.rounds,

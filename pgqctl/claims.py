@@ -2,14 +2,15 @@
 
 The worker's hot path is `exchange`: one statement (``worker_exchange`` in
 sql/queries.sql) that reports every job that ended since the last one,
-renews the leases of those still running, and claims as many jobs as there
-are free slots. One statement is one round trip and one commit, and costs
-the client about half of what the same five updates cost pipelined
-(bench/worker_bench.py measures the whole path). Batches travel as JSON
-arrays: serializing them is far cheaper than adapting Python lists to
-PostgreSQL arrays. Its claim is the one for the worker's --queue and --kind
-(``worker_claim_*``, put in place by `exchange_statement`), so that each
-worker's statement holds only the claim it runs.
+renews the leases of those still held, and claims as many jobs as there
+are free slots (plus the room left in its local queue, with --prefetch). One
+statement is one round trip and one commit, and costs the client about half
+of what the same five updates cost pipelined (bench/worker_bench.py measures
+the whole path). Batches travel as JSON arrays: serializing them is far
+cheaper than adapting Python lists to PostgreSQL arrays. Its claim is the
+one for the worker's --queue and --kind (``worker_claim_*``, put in place by
+`exchange_statement`), so that each worker's statement holds only the claim
+it runs.
 
 The worker's row in ``workers`` (the registry `pgqctl workers` lists) is
 written here too: `Beat` is a heartbeat, sent in the pipeline of an
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
@@ -111,8 +112,10 @@ def exchange(
     handed_back: Sequence[Held] = (),
     hand_back_reason: str = "",
     renew: Sequence[Held] = (),
+    started: Mapping[int, int] | None = None,
     claim: int = 0,
     slots: Sequence[int] = (),
+    prefetch: int = 0,
     lease: float,
     worker: str,
     queues: Sequence[str] = (),
@@ -125,20 +128,23 @@ def exchange(
 
     done: jobs that exited 0. failed: failed attempts. handed_back: jobs given
     back unfinished, with `hand_back_reason` as last_error. renew: leases to
-    extend to `lease` seconds from now. claim: how many due jobs (of these
-    queues and kinds, if any) to claim for `worker`, for `lease` seconds.
-    slots: the worker's slot of each job it may claim, in claim order; the
-    n-th claimed job is held by ``<worker>:<slots[n]>`` (by `worker` alone
-    without them).
+    extend to `lease` seconds from now; started: of those, the prefetched
+    jobs now running, by id, with their slot (locked_by becomes
+    ``<worker>:<slot>``). claim: how many due jobs (of these queues and
+    kinds, if any) to claim for `worker`, for `lease` seconds. slots: the
+    worker's slot of each job it may claim, in claim order; the n-th claimed
+    job is held by ``<worker>:<slots[n]>``, and up to `prefetch` more by
+    ``<worker>:prefetch`` (by `worker` alone without slots or prefetch).
     """
+    holders = [str(int(n)) for n in slots] + ["prefetch"] * prefetch
     params = {
         "done": _held_json(done),
         "failed": _failed_json(failed),
         "handed_back": _held_json(handed_back),
         "reason": hand_back_reason,
-        "renew": _held_json(renew),
+        "renew": _held_json(renew, started),
         "limit": claim,
-        "slots": "{" + ",".join(str(int(n)) for n in slots) + "}" if slots else None,
+        "slots": "{" + ",".join(holders) + "}" if holders else None,
         "lease": lease,
         "worker": worker,
         "queues": _names(queues),
@@ -278,7 +284,18 @@ def _names(names: Sequence[str]) -> list[str] | None:
     return list(dict.fromkeys(names)) or None
 
 
-def _held_json(held: Sequence[Held]) -> str:
+def _held_json(held: Sequence[Held], slots: Mapping[int, int] | None = None) -> str:
     # Two integers per job: formatting them directly is several times cheaper
     # than json.dumps of a list of dicts, on the worker's hottest path.
-    return "[" + ",".join(f'{{"id":{int(i)},"attempt":{int(a)}}}' for i, a in held) + "]"
+    if not slots:
+        return "[" + ",".join(f'{{"id":{int(i)},"attempt":{int(a)}}}' for i, a in held) + "]"
+    return (
+        "["
+        + ",".join(
+            f'{{"id":{int(i)},"attempt":{int(a)},"slot":{int(slots[i])}}}'
+            if i in slots
+            else f'{{"id":{int(i)},"attempt":{int(a)}}}'
+            for i, a in held
+        )
+        + "]"
+    )

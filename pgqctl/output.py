@@ -489,18 +489,20 @@ WORKER_COLUMNS = [
     "started_at",
     "last_seen",
     "jobs",
+    "prefetched",
 ]
 
 
 def _worker_cells(worker: Mapping[str, Any]) -> dict[str, Any]:
     """A worker as the table shows it: `all` for no --queue (--kind), when it
-    was last seen as an age, the jobs it holds as their ids."""
+    was last seen as an age, the jobs it holds (running, prefetched) as their ids."""
     return {
         **worker,
         "queues": ",".join(worker["queues"]) or "all",
         "kinds": ",".join(worker["kinds"]) or "all",
         "last_seen": format_seconds(max(float(worker["seen_seconds_ago"]), 0.0)) + " ago",
         "jobs": ", ".join(map(str, worker["jobs"])),
+        "prefetched": ", ".join(map(str, worker["prefetched"])),
     }
 
 
@@ -760,6 +762,7 @@ COLUMNS: dict[str, Column] = {
     "started_at": Column("time", 10),
     "last_seen": Column("whole", 35),
     "jobs": Column("text", 40, 6),
+    "prefetched": Column("text", 38, 6),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.

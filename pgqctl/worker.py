@@ -44,8 +44,16 @@ to that queue and wake the wait (`_post`); the loop decides what to do.
 
 State of a job held by this worker: claimed and running in a slot (in
 `running`), then finished and waiting to be reported (in the report lists),
-then reported. A lease found lost (renewal or fenced report matched nothing)
-stops the child if it still runs and drops its result. So does a cancel: the
+then reported. With --prefetch N, up to N more are claimed ahead of a free
+slot and wait in `prefetched` (a local FIFO, in claim order; locked_by
+host:pid:prefetch), their leases renewed with the running ones'; each starts
+as soon as a slot frees, and the next exchange moves its locked_by to the
+slot (through the renewal) and claims its replacement. A graceful stop
+hands them back at once (the attempt not counted); a cancel or a lost lease
+drops them unstarted; a crash leaves them to reap.
+
+A lease found lost (renewal or fenced report matched nothing) stops the
+child if it still runs and drops its result. So does a cancel: the
 operator's cancel has already ended the job in the database (status
 cancelled, fenced like a report); a notification names it at once, and the
 renewal finds it otherwise. Either way the worker reads the job's row before
@@ -55,6 +63,7 @@ it stops anything (anyone connected may send a notification), and logs
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import functools
@@ -183,8 +192,14 @@ class WorkerConfig:
     catch_up: str = "latest"
     # Heartbeat in `workers` at least this often.
     heartbeat: float = 10.0
+    # Jobs claimed ahead of a free slot, kept in a local queue (see Worker).
+    prefetch: int = 0
 
     def __post_init__(self) -> None:
+        if self.prefetch < 0:
+            raise BadInput(
+                "--prefetch must be 0 or more, e.g. --prefetch 4 (0: claim no jobs ahead)"
+            )
         if self.lease < 1:
             raise BadInput("--lease must be at least 1s (it is renewed every third of it)")
         if self.poll is not None and self.poll <= 0:
@@ -321,6 +336,7 @@ class _Running:
     stop: runner.Stop
     slot: int = -1  # which of the --concurrency slots it holds, for the logs
     lost: bool = False  # lease lost: stop the child, drop its result
+    prefetched: bool = False  # claimed ahead of a free slot, and not started yet
 
 
 @dataclass(frozen=True)
@@ -393,6 +409,13 @@ class Worker:
         self.done: list[_Finished] = []
         self.fails: list[tuple[_Finished, Failure]] = []
         self.handed_back: list[_Finished] = []
+        # Jobs claimed ahead of a free slot (--prefetch), in claim order: each
+        # starts as soon as a slot frees. Their leases are renewed with the
+        # running ones'.
+        self.prefetched: collections.deque[_Running] = collections.deque()
+        # Prefetched jobs started since the last exchange, with their slot:
+        # the next one moves their locked_by from :prefetch to the slot.
+        self.slotted: dict[Held, int] = {}
         # Held jobs a notification says were cancelled: checked, then stopped.
         self.cancel_notices: set[Held] = set()
         self.claimed = 0
@@ -461,7 +484,8 @@ class Worker:
         self.log.event(
             "worker_started",
             f"worker {self.worker_id} started: {c.concurrency} slot(s), "
-            f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
+            + (f"prefetch {c.prefetch}, " if c.prefetch else "")
+            + f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
             f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}, "
             + (f"reap every {seconds(c.reap_every)}" if c.reap_every else "no reap")
             + (f", schedules (catch-up {c.catch_up})" if c.schedules else ", no schedules")
@@ -469,6 +493,7 @@ class Worker:
             + (f", database {self.target}" if self.target else ""),
             worker=self.worker_id,
             concurrency=c.concurrency,
+            prefetch=c.prefetch,
             queues=list(c.queues),
             kinds=list(c.kinds),
             lease=c.lease,
@@ -572,9 +597,9 @@ class Worker:
             if self.conn is None:
                 return
         limit = self._claim_limit() if self._claim_due(now) else 0
-        renew = now >= self.next_renew and any(not r.lost for r in self.running.values())
+        renew = now >= self.next_renew and self._leases_held()
         beat = now >= self.next_heartbeat
-        if limit or renew or self.done or self.fails or self.handed_back:
+        if limit or renew or self.slotted or self.done or self.fails or self.handed_back:
             self._exchange(limit, renew, beat)
         elif beat:
             self._heartbeat()
@@ -601,13 +626,14 @@ class Worker:
         return (
             self.config.burst
             and not self.running
+            and not self.prefetched
             and not (self.done or self.fails or self.handed_back)
             and self.last_claim_short
             and not self.claim_wanted
         )
 
     def _should_exit(self) -> bool:
-        if self.running:
+        if self.running or self.prefetched:
             return False
         if self.done or self.fails or self.handed_back:
             return self._give_up_reporting()
@@ -647,8 +673,10 @@ class Worker:
             return min(deadlines)
         if self.done or self.fails or self.handed_back or self.cancel_notices:
             deadlines.append(now)
-        if any(not r.lost for r in self.running.values()):
+        if self._leases_held():
             deadlines.append(self.next_renew)
+        if self.slotted:
+            deadlines.append(now)
         deadlines.append(self.next_heartbeat)
         if self.config.reap_every is not None and not self.stopping:
             deadlines.append(self.next_reap)
@@ -671,9 +699,7 @@ class Worker:
             if self.ticker is not None:
                 self.ticker.changed()
         elif isinstance(event, _CancelNotice):
-            self.cancel_notices.update(
-                held for held in event.held if held in self.running and not self.running[held].lost
-            )
+            self.cancel_notices.update(held for held in event.held if self._holding(held))
         elif event in (_DEAF, _HEARING) and self.config.poll is None:
             # Until a notification can wake it, the loop looks for jobs often.
             self.poll = POLL_LISTENING if event == _HEARING else POLL_DEAF
@@ -691,7 +717,9 @@ class Worker:
     def _claim_limit(self) -> int:
         if self.stopping or self.conn is None:
             return 0
-        free = self.config.concurrency - len(self.running)
+        # Free slots, and the room left in the local queue.
+        free = self.config.concurrency + self.config.prefetch
+        free -= len(self.running) + len(self.prefetched)
         if self.config.max_jobs is not None:
             free = min(free, self.config.max_jobs - self.claimed)
         return max(free, 0)
@@ -705,9 +733,15 @@ class Worker:
         assert conn is not None
         c = self.config
         done, fails, handed_back = self.done, self.fails, self.handed_back
-        held = [r.job.held for r in self.running.values() if not r.lost] if renew else []
+        held = self._leased() if renew else []
+        # Prefetched jobs started since the last exchange (unless they have
+        # ended meanwhile: a row is changed once per statement) take their
+        # slot in locked_by, through the renewal.
+        slotted = {k: n for k, n in self.slotted.items() if k in self.running}
+        held += [k for k in slotted if k not in held]
         # The slots the jobs claimed now will take, in claim order, so that
-        # locked_by names each job's slot (the lowest free ones first).
+        # locked_by names each job's slot (the lowest free ones first); the
+        # jobs claimed beyond them wait in the local queue.
         slots = self._free_slots[::-1][:limit]
         sent = time.monotonic()
         if limit:
@@ -723,8 +757,10 @@ class Worker:
                 handed_back=[f.running.job.held for f in handed_back],
                 hand_back_reason=_HAND_BACK_REASON,
                 renew=held,
+                started={k[0]: n for k, n in slotted.items()},
                 claim=limit,
                 slots=slots,
+                prefetch=limit - len(slots),
                 lease=c.lease,
                 worker=self.worker_id,
                 queues=c.queues,
@@ -738,9 +774,10 @@ class Worker:
         if beat:
             self._beaten(changed.started_at, sent)
         self.done, self.fails, self.handed_back = [], [], []
+        self.slotted = {}
         # New jobs first: their slots wait on nothing else, the logs can.
         if limit:
-            self._start_jobs(changed.claimed, slots, sent)
+            self._start_jobs(changed.claimed, slots, limit, sent)
         fenced_out = self._log_reports(done, fails, handed_back, changed)
         if fenced_out:
             self._explain_fenced_out(fenced_out)
@@ -750,6 +787,7 @@ class Worker:
             self.claim_wanted = True
         if renew:
             self.next_renew = sent + c.lease / 3
+        if held:
             self._check_renewal(held, changed.renewed)
         if limit:
             self._find_next_due()
@@ -854,19 +892,59 @@ class Worker:
         if len(failed) < len(ids):
             self.claim_wanted = True  # back in the queue and due now
 
-    def _start_jobs(self, jobs: list[Job], slots: list[int], now: float) -> None:
+    def _start_jobs(self, jobs: list[Job], slots: list[int], limit: int, now: float) -> None:
+        """Start the jobs claimed for free slots; queue those claimed beyond them."""
         if jobs:
             self.burst_reaped = False  # reap again before deciding nothing is due
-        if jobs and not self.running:
+        if jobs and not self._leases_held():
             self.next_renew = now + self.config.lease / 3
-        del self._free_slots[len(self._free_slots) - len(jobs) :]
+        started = min(len(jobs), len(slots))
+        del self._free_slots[len(self._free_slots) - started :]
         for job, slot in zip(jobs, slots, strict=False):
             running = _Running(job, runner.Stop(), slot)
             self.running[job.held] = running
             self._launch(running)
+        self.prefetched.extend(
+            _Running(job, runner.Stop(), prefetched=True) for job in jobs[started:]
+        )
         self.claimed += len(jobs)
-        self.last_claim_short = len(jobs) < len(slots)
+        self.last_claim_short = len(jobs) < limit
         self.next_due = None
+
+    def _start_prefetched(self) -> None:
+        """A slot is free: start the job prefetched first, if any."""
+        if self.stopping or not self.prefetched or not self._free_slots:
+            return
+        running = self.prefetched.popleft()
+        running.prefetched = False
+        running.slot = self._free_slots.pop()
+        self.running[running.job.held] = running
+        self.slotted[running.job.held] = running.slot
+        self._launch(running)
+
+    def _leased(self) -> list[Held]:
+        """The jobs whose leases this worker renews: running (unless lost) and prefetched."""
+        held = [r.job.held for r in self.running.values() if not r.lost]
+        return held + [r.job.held for r in self.prefetched]
+
+    def _leases_held(self) -> bool:
+        return bool(self.prefetched) or any(not r.lost for r in self.running.values())
+
+    def _holding(self, key: Held) -> _Running | None:
+        """The job this worker holds under `key`, running (unless lost) or prefetched."""
+        running = self.running.get(key)
+        if running is not None:
+            return None if running.lost else running
+        return next((r for r in self.prefetched if r.job.held == key), None)
+
+    def _drop_prefetched(self, running: _Running) -> None:
+        with contextlib.suppress(ValueError):
+            self.prefetched.remove(running)
+
+    def _hand_back_prefetched(self) -> None:
+        """Stopping: hand the prefetched jobs back at once, without using an attempt."""
+        while self.prefetched:
+            self.handed_back.append(_Finished(self.prefetched.popleft(), runner.Outcome()))
 
     def _find_next_due(self) -> None:
         """After a short claim: when is the next delayed job due? (Sleep until then.)"""
@@ -883,7 +961,7 @@ class Worker:
         """Stop the held jobs a notification said were cancelled, once their
         rows confirm it."""
         assert self.conn is not None
-        held = [k for k in self.cancel_notices if k in self.running and not self.running[k].lost]
+        held = [k for k in self.cancel_notices if self._holding(k)]
         self.cancel_notices.clear()
         if not held:
             return
@@ -894,16 +972,31 @@ class Worker:
             self._connection_failed(exc)
             return
         for key in held:
-            if key[0] in found:
-                self._stop_cancelled(self.running[key], found[key[0]], "notification")
+            running = self._holding(key)
+            if running is not None and key[0] in found:
+                self._stop_cancelled(running, found[key[0]], "notification")
 
     def _stop_cancelled(self, running: _Running, error: str | None, noticed: str) -> None:
         """An operator cancelled a job this worker runs: stop its process
         group (SIGTERM, then SIGKILL) and drop its result; the database
-        already says cancelled."""
+        already says cancelled. A prefetched one leaves the local queue unstarted."""
+        job = running.job
+        if running.prefetched:
+            self._drop_prefetched(running)
+            self.log.event(
+                "cancelled",
+                f"job {job.id} cancelled ({error or 'by an operator'}) before it started "
+                f"(prefetched): attempt {job.tries} dropped; it is not retried",
+                job_id=job.id,
+                kind=job.kind,
+                attempt=job.tries,
+                reason=error,
+                noticed=noticed,
+                prefetched=True,
+            )
+            return
         running.lost = True
         running.stop.request("cancelled")
-        job = running.job
         self.log.event(
             "cancelled",
             f"job {job.id} cancelled ({error or 'by an operator'}): stopping attempt "
@@ -916,11 +1009,7 @@ class Worker:
         )
 
     def _check_renewal(self, held: list[Held], kept: set[int]) -> None:
-        gone = [
-            key
-            for key in held
-            if key in self.running and not self.running[key].lost and key[0] not in kept
-        ]
+        gone = [key for key in held if key[0] not in kept and self._holding(key)]
         if not gone:
             return
         # Lost, or cancelled by an operator (also without a notification,
@@ -931,9 +1020,23 @@ class Worker:
         except (psycopg.Error, PgqctlError):
             cancelled = {}  # said as a lost lease; either way the job is stopped
         for key in gone:
-            running = self.running[key]
+            running = self._holding(key)
+            if running is None:
+                continue
             if key[0] in cancelled:
                 self._stop_cancelled(running, cancelled[key[0]], "renewal")
+                continue
+            if running.prefetched:
+                self._drop_prefetched(running)
+                self.log.event(
+                    "lease_lost",
+                    f"job {running.job.id} lease lost before it started (prefetched): "
+                    f"attempt {running.job.tries} is no longer this worker's; dropped",
+                    job_id=running.job.id,
+                    attempt=running.job.tries,
+                    reason="renewal",
+                    prefetched=True,
+                )
                 continue
             running.lost = True
             running.stop.request("lease lost")
@@ -1020,6 +1123,7 @@ class Worker:
         self.exit_code = 1
         self.stopping = True
         self.stop_now = True
+        self.prefetched.clear()  # nothing can be handed back there: reap returns them
         if self.conn is not None:
             _close_quietly(self.conn)
             self.conn = None
@@ -1070,6 +1174,7 @@ class Worker:
         if running.slot >= 0:
             self._free_slots.append(running.slot)
             running.slot = -1
+            self._start_prefetched()
         self.claim_wanted = True
         if running.lost:
             return  # said when the lease was found lost
@@ -1111,12 +1216,18 @@ class Worker:
         for finished in handed_back:
             job = finished.running.job
             if job.id in changed.handed_back:
+                what = (
+                    "not started (prefetched)"
+                    if finished.running.prefetched
+                    else "stopped by the shutdown"
+                )
                 self.log.event(
                     "handed_back",
-                    f"job {job.id} handed back: attempt {job.tries} stopped by the "
-                    "shutdown; it runs again without using up an attempt",
+                    f"job {job.id} handed back: attempt {job.tries} {what}; it runs again "
+                    "without using up an attempt",
                     job_id=job.id,
                     attempt=job.tries,
+                    prefetched=finished.running.prefetched,
                 )
             else:
                 fenced_out.append((finished, "handed back"))
@@ -1220,15 +1331,22 @@ class Worker:
         self.signals += 1
         name = signal.Signals(signum).name
         count = len(self.running)
+        # Jobs not started yet go back at once: another worker may run them
+        # while ours finish.
+        ahead = len(self.prefetched)
+        self._hand_back_prefetched()
+        back = f"; handing back {ahead} prefetched job(s)" if ahead else ""
         if self.signals == 1 and self.config.grace > 0 and count:
             self.stopping = True
             self.grace_deadline = time.monotonic() + self.config.grace
             self.log.event(
                 "stopping",
-                f"{name}: claiming no more jobs; waiting up to {seconds(self.config.grace)} "
-                f"for {count} running job(s) (signal again to stop them now)",
+                f"{name}: claiming no more jobs{back}; waiting up to "
+                f"{seconds(self.config.grace)} for {count} running job(s) "
+                "(signal again to stop them now)",
                 signal=name,
                 running=count,
+                prefetched=ahead,
                 grace=self.config.grace,
             )
             return
@@ -1236,9 +1354,11 @@ class Worker:
         self.stop_now = True
         self.log.event(
             "stopping",
-            f"{name}: stopping {count} running job(s) now" if count else f"{name}: stopping",
+            (f"{name}: stopping {count} running job(s) now" if count else f"{name}: stopping")
+            + back,
             signal=name,
             running=count,
+            prefetched=ahead,
         )
 
     def _supervisor_failed(self, failure: BaseException) -> None:
@@ -1250,6 +1370,7 @@ class Worker:
         self.stopping = True
         self.stop_now = True
         self.children_stopped = True
+        self._hand_back_prefetched()
 
     def _stop_children(self) -> None:
         self.children_stopped = True

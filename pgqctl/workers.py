@@ -29,7 +29,7 @@ STATES = ("active", "stale")
 class Worker:
     """One row of `workers`, with its state and the jobs it holds."""
 
-    id: str  # host:pid: `locked_by` of its jobs is id:slot
+    id: str  # host:pid: `locked_by` of its jobs is id:slot, or id:prefetch
     state: str  # one of STATES
     host: str
     pid: int
@@ -45,13 +45,15 @@ class Worker:
     seen_seconds_ago: float
     heartbeat_seconds: float
     lease_seconds: float
-    jobs: tuple[int, ...]  # the running jobs it holds, by locked_by, now
+    jobs: tuple[int, ...]  # the running jobs it holds in its slots, by locked_by, now
+    prefetched: tuple[int, ...]  # those it holds claimed ahead, not started (--prefetch)
 
     def as_record(self) -> dict[str, Any]:
         found = asdict(self)
         found["queues"] = list(self.queues)
         found["kinds"] = list(self.kinds)
         found["jobs"] = list(self.jobs)
+        found["prefetched"] = list(self.prefetched)
         return found
 
 
@@ -70,6 +72,7 @@ def list_workers(conn: Connection) -> list[Worker]:
                 "queues": tuple(row["queues"]),
                 "kinds": tuple(row["kinds"]),
                 "jobs": tuple(row["jobs"]),
+                "prefetched": tuple(row["prefetched"]),
             }
         )
         for row in rows

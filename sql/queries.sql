@@ -650,13 +650,16 @@ SELECT current_setting('autovacuum') = 'on' AS enabled,
 
 -- name: workers_list
 -- Every registered worker, by host and pid, with its state (stale: no
--- heartbeat for three of its intervals) and the ids of the jobs it holds.
+-- heartbeat for three of its intervals) and the ids of the jobs it holds:
+-- running in its slots (jobs), and claimed ahead of a free slot (prefetched).
 -- The running jobs are read once, through jobs_lease_idx (status =
 -- 'running'), and grouped by holder: `locked_by` is host:pid:slot, the
--- worker's id and the slot. One row per worker.
+-- worker's id and the slot, or host:pid:prefetch for a prefetched job (see
+-- worker_exchange). One row per worker.
 WITH held AS (
-    SELECT regexp_replace(locked_by, ':[0-9]+$', '') AS worker,
-           array_agg(id ORDER BY id) AS jobs
+    SELECT regexp_replace(locked_by, ':([0-9]+|prefetch)$', '') AS worker,
+           array_agg(id ORDER BY id) FILTER (WHERE locked_by !~ ':prefetch$') AS jobs,
+           array_agg(id ORDER BY id) FILTER (WHERE locked_by ~ ':prefetch$') AS prefetched
     FROM jobs
     WHERE status = 'running' AND locked_by IS NOT NULL
     GROUP BY 1
@@ -665,7 +668,8 @@ SELECT w.*,
        CASE WHEN w.last_seen >= now() - 3 * w.heartbeat_seconds * interval '1 second'
             THEN 'active' ELSE 'stale' END AS state,
        extract(epoch FROM now() - w.last_seen)::float8 AS seen_seconds_ago,
-       coalesce(h.jobs, '{}') AS jobs
+       coalesce(h.jobs, '{}') AS jobs,
+       coalesce(h.prefetched, '{}') AS prefetched
 FROM workers AS w
 LEFT JOIN held AS h ON h.worker = w.id
 ORDER BY w.host, w.pid, w.id;
@@ -972,10 +976,14 @@ DROP TABLE pg_temp.pgqctl_enqueue_load;
 -- One round trip of a worker: report the jobs that ended (done, failed: back
 -- to pending after a delay, or failed for good when out of attempts or never
 -- runnable; handed back: pending now, the interrupted attempt not counted),
--- renew the leases of those still running, and claim up to `limit` due jobs
--- in claim order. Batches come in as JSON arrays of objects. The parts touch
--- disjoint rows (ended, running, pending), so one statement does them all;
--- every row returned says which part it answers.
+-- renew the leases of those still held, and claim up to `limit` due jobs in
+-- claim order. A claimed job is held by `worker`:slot, slot the n-th of
+-- `slots` (text: a slot number, or `prefetch` for a job claimed ahead of a
+-- free slot, which the worker keeps until one frees); a renewal that carries
+-- a slot moves the job's locked_by to it (a prefetched job now started).
+-- Batches come in as JSON arrays of objects. The parts touch disjoint rows
+-- (ended, running, pending), so one statement does them all; every row
+-- returned says which part it answers.
 --
 -- The worker runs this statement thousands of times a second, so it must run
 -- on one cached (generic) plan: planning it afresh costs more than running
@@ -1042,8 +1050,9 @@ WITH done AS (
     RETURNING j.id
 ), renewed AS (
     UPDATE jobs AS j
-    SET locked_until = now() + %(lease)s * interval '1 second'
-    FROM jsonb_to_recordset(%(renew)s::jsonb) AS r(id bigint, attempt int)
+    SET locked_until = now() + %(lease)s * interval '1 second',
+        locked_by = COALESCE(%(worker)s || ':' || r.slot, j.locked_by)
+    FROM jsonb_to_recordset(%(renew)s::jsonb) AS r(id bigint, attempt int, slot int)
     WHERE j.id = ANY(ARRAY(SELECT (e ->> 'id')::bigint
                            FROM jsonb_array_elements(%(renew)s::jsonb) AS e))
       AND j.id = r.id
@@ -1060,7 +1069,7 @@ WITH done AS (
         attempts = j.attempts + 1,
         locked_until = now() + %(lease)s * interval '1 second',
         locked_by = %(worker)s || COALESCE(
-            ':' || (%(slots)s::int[])[array_position((SELECT ids FROM picked), j.id)], '')
+            ':' || (%(slots)s::text[])[array_position((SELECT ids FROM picked), j.id)], '')
     WHERE j.id = ANY((SELECT ids FROM picked)::bigint[])
     RETURNING j.id, j.queue, j.kind, j.payload, j.attempts, j.max_attempts,
               j.handbacks, j.priority, j.run_at, j.schedule, j.tick

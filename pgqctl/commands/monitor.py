@@ -67,8 +67,10 @@ def workers_command(database: Database, fmt: str) -> None:
     Queues and kinds `all`: the worker claims from every one. running, done
     and failed are as of its last heartbeat (done and failed: attempts
     since it started); jobs are the running jobs whose locked_by names it
-    now (locked_by is HOST:PID:SLOT). On a terminal the table fits its
-    width; --json has every field.
+    now (locked_by is HOST:PID:SLOT), and prefetched the jobs it claimed
+    ahead of a free slot and has not started yet (worker --prefetch;
+    locked_by HOST:PID:prefetch). On a terminal the table fits its width;
+    --json has every field.
 
     \b
     Example:

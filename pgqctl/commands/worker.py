@@ -71,6 +71,14 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     help="Jobs run at the same time.",
 )
 @click.option(
+    "--prefetch",
+    type=click.IntRange(min=0, max=10_000),
+    default=0,
+    show_default=True,
+    help="Claim up to this many jobs beyond the free slots, each started as soon as a slot "
+    "frees: for many short jobs (see the README).",
+)
+@click.option(
     "--lease",
     type=DURATION,
     default="5m",
@@ -173,6 +181,7 @@ def worker_command(
     queues: tuple[str, ...],
     kinds: tuple[str, ...],
     concurrency: int,
+    prefetch: int,
     lease: float,
     poll: float | None,
     listen_dsn: str | None,
@@ -224,6 +233,7 @@ def worker_command(
     \b
     Example:
         pgqctl worker --concurrency 8
+        pgqctl worker --concurrency 4 --prefetch 4
         pgqctl worker --queue emails --handler 'send_receipt=bin/send-receipt' --burst
         pgqctl worker --kind report --timeout 10m --log-format json
     """
@@ -235,6 +245,7 @@ def worker_command(
         queues=queues,
         kinds=kinds,
         concurrency=concurrency,
+        prefetch=prefetch,
         lease=lease,
         poll=poll,
         timeout=timeout,

@@ -92,6 +92,7 @@ def listings() -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
             heartbeat_seconds=10.0,
             lease_seconds=300.0,
             jobs=tuple(range(434_011, 434_075)),
+            prefetched=tuple(range(434_075, 434_079)),
         )
         for i in range(4)
     ]
