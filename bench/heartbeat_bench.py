@@ -32,11 +32,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from dataclasses import replace
 
 import throwaway_db
+from report import say, summary
 
 from pgqctl import __version__, claims, db
 from pgqctl.jobs import Held
@@ -134,17 +134,6 @@ def main() -> None:
     for name in names[1:]:
         ratios = [t / base for t, base in zip(cpus[name], cpus["none"], strict=True)]
         print(f"ratio drain.{name}/none (client CPU): {summary(ratios, 'x', digits=3)}")
-
-
-def summary(values: list[float], unit: str, digits: int | None = None) -> str:
-    med, low, high = statistics.median(values), min(values), max(values)
-    if digits is None:
-        digits = 0 if med >= 100 else 3 if med < 1 else 2
-    return f"{med:.{digits}f} {unit} ({low:.{digits}f} .. {high:.{digits}f})"
-
-
-def say(message: str) -> None:
-    print(f"# {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import throwaway_db
+from report import say, summary
 
 from pgqctl import claims, db
 from pgqctl.jobs import Held
@@ -153,17 +153,6 @@ def main() -> None:
             met = statistics.median(values) <= 1.1
             line += f"  [target <= 1.1: {'met' if met else 'missed'}]"
         print(line)
-
-
-def summary(values: list[float], unit: str, digits: int | None = None) -> str:
-    med, low, high = statistics.median(values), min(values), max(values)
-    if digits is None:
-        digits = 0 if med >= 100 else 3 if med < 1 else 2
-    return f"{med:.{digits}f} {unit} ({low:.{digits}f} .. {high:.{digits}f})"
-
-
-def say(message: str) -> None:
-    print(f"# {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -46,13 +46,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import throwaway_db
+from report import say, summary
 
 from pgqctl import claims, db, enqueue_many, migrate
 from pgqctl.jobs import Held
@@ -315,17 +315,6 @@ def vacuum(conn: db.QueueConnection) -> None:
 def rotated(items: list[Any], round_no: int) -> list[Any]:
     shift = round_no % len(items)
     return items[shift:] + items[:shift]
-
-
-def summary(values: list[float], unit: str, digits: int | None = None) -> str:
-    med, low, high = statistics.median(values), min(values), max(values)
-    if digits is None:
-        digits = 0 if med >= 100 else 3 if med < 1 else 2
-    return f"{med:.{digits}f} {unit} ({low:.{digits}f} .. {high:.{digits}f})"
-
-
-def say(message: str) -> None:
-    print(f"# {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import time
 
 import psycopg
 import throwaway_db
+from report import say, summary
 
 SCHEDULES = 100
 FILL = """
@@ -115,17 +116,6 @@ def main() -> None:
             met = statistics.median(values) >= 0.95
             line += f"  [target >= 0.95: {'met' if met else 'missed'}]"
         print(line)
-
-
-def summary(values: list[float], unit: str, digits: int | None = None) -> str:
-    med, low, high = statistics.median(values), min(values), max(values)
-    if digits is None:
-        digits = 0 if med >= 100 else 3 if med < 1 else 2
-    return f"{med:.{digits}f} {unit} ({low:.{digits}f} .. {high:.{digits}f})"
-
-
-def say(message: str) -> None:
-    print(f"# {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -983,29 +983,20 @@ class Worker:
         job = running.job
         if running.prefetched:
             self._drop_prefetched(running)
-            self.log.event(
-                "cancelled",
-                f"job {job.id} cancelled ({error or 'by an operator'}) before it started "
-                f"(prefetched): attempt {job.tries} dropped; it is not retried",
-                job_id=job.id,
-                kind=job.kind,
-                attempt=job.tries,
-                reason=error,
-                noticed=noticed,
-                prefetched=True,
-            )
-            return
-        running.lost = True
-        running.stop.request("cancelled")
+            what = f" before it started (prefetched): attempt {job.tries} dropped"
+        else:
+            running.lost = True
+            running.stop.request("cancelled")
+            what = f": stopping attempt {job.tries}"
         self.log.event(
             "cancelled",
-            f"job {job.id} cancelled ({error or 'by an operator'}): stopping attempt "
-            f"{job.tries}; it is not retried",
+            f"job {job.id} cancelled ({error or 'by an operator'}){what}; it is not retried",
             job_id=job.id,
             kind=job.kind,
             attempt=job.tries,
             reason=error,
             noticed=noticed,
+            **({"prefetched": True} if running.prefetched else {}),
         )
 
     def _check_renewal(self, held: list[Held], kept: set[int]) -> None:

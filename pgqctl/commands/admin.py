@@ -20,6 +20,9 @@ from pgqctl.commands.options import (
     command,
     database_options,
     format_options,
+    id_filter,
+    kind_filter,
+    queue_filter,
     say,
     selection_option,
 )
@@ -187,21 +190,9 @@ def leases_command(database: Database, expired: bool, fmt: str) -> None:
     multiple=True,
     help="Only jobs in this status (repeatable: any of them).",
 )
-@selection_option(
-    "--queue",
-    "queues",
-    metavar="QUEUE",
-    multiple=True,
-    help="Only jobs of this queue (repeatable: any of them).",
-)
-@selection_option(
-    "--kind",
-    "kinds",
-    metavar="KIND",
-    multiple=True,
-    help="Only jobs of this kind (repeatable: any of them).",
-)
-@selection_option("--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable).")
+@queue_filter
+@kind_filter
+@id_filter
 @selection_option(
     "--since",
     type=AGE,
@@ -356,21 +347,9 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
     is_flag=True,
     help="Pending jobs (all, or as narrowed): due now, attempts untouched.",
 )
-@selection_option("--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable).")
-@selection_option(
-    "--kind",
-    "kinds",
-    metavar="KIND",
-    multiple=True,
-    help="Only jobs of this kind (repeatable: any of them).",
-)
-@selection_option(
-    "--queue",
-    "queues",
-    metavar="QUEUE",
-    multiple=True,
-    help="Only jobs of this queue (repeatable: any of them).",
-)
+@id_filter
+@kind_filter
+@queue_filter
 @selection_option(
     "--since",
     type=AGE,
@@ -514,21 +493,9 @@ def requeue_command(
 
 @command("cancel")
 @database_options
-@selection_option("--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable).")
-@selection_option(
-    "--queue",
-    "queues",
-    metavar="QUEUE",
-    multiple=True,
-    help="Only jobs of this queue (repeatable: any of them).",
-)
-@selection_option(
-    "--kind",
-    "kinds",
-    metavar="KIND",
-    multiple=True,
-    help="Only jobs of this kind (repeatable: any of them).",
-)
+@id_filter
+@queue_filter
+@kind_filter
 @selection_option(
     "--status",
     "statuses",

@@ -201,6 +201,34 @@ def selection_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     )
 
 
+# The filters `list`, `requeue` and `cancel` share: each narrows the
+# selection, and one given several times matches any of its values.
+def id_filter(f: F) -> F:
+    return selection_option(
+        "--id", "ids", type=JOB_ID, multiple=True, help="This job (repeatable)."
+    )(f)
+
+
+def queue_filter(f: F) -> F:
+    return selection_option(
+        "--queue",
+        "queues",
+        metavar="QUEUE",
+        multiple=True,
+        help="Only jobs of this queue (repeatable: any of them).",
+    )(f)
+
+
+def kind_filter(f: F) -> F:
+    return selection_option(
+        "--kind",
+        "kinds",
+        metavar="KIND",
+        multiple=True,
+        help="Only jobs of this kind (repeatable: any of them).",
+    )(f)
+
+
 # --- option types ------------------------------------------------------------
 
 

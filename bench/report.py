@@ -1,0 +1,18 @@
+"""How the single-subject benches print: figures as `median unit (min .. max)`
+on stdout, notes prefixed with `#` on stderr."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+
+def summary(values: list[float], unit: str, digits: int | None = None) -> str:
+    med, low, high = statistics.median(values), min(values), max(values)
+    if digits is None:
+        digits = 0 if med >= 100 else 3 if med < 1 else 2
+    return f"{med:.{digits}f} {unit} ({low:.{digits}f} .. {high:.{digits}f})"
+
+
+def say(message: str) -> None:
+    print(f"# {message}", file=sys.stderr, flush=True)
