@@ -104,7 +104,8 @@ def stats_command(
 
     On a terminal the table fits its width: a long queue name is cut with …;
     no count is, but the cancelled column is left out when it cannot fit
-    (--json has every count).
+    (--json has every count); a pause, which a narrow table cuts, is also
+    said whole on stderr.
 
     --metric prints one figure as a whole number: the count of a status,
     expired_leases, or oldest_pending_age_seconds (0 when no job is due), of
@@ -154,6 +155,10 @@ def _show_stats(stats: admin.Stats, fmt: str, ts: dt.datetime | None = None) -> 
     note = output.estimate_note(stats)
     if note and output.is_human(fmt):
         say(note)
+    if output.is_human(fmt):
+        # Whole here: a narrow terminal's table cuts or leaves out the column.
+        for pause in stats.paused.values():
+            say(f"queue {pause.queue} paused {output.pause_summary(pause.until, pause.reason)}")
 
 
 @command("leases")
