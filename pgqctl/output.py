@@ -1141,8 +1141,17 @@ def emit_doctor(report: Report, fmt: str) -> None:
 # --- top --------------------------------------------------------------------------
 
 
+def _top_pause(until: dt.datetime | None) -> str:
+    """A pause in top's narrow column: when it ends, in UTC (`stats` has the
+    reason)."""
+    if until is None:
+        return "until resumed"
+    return until.astimezone(dt.timezone.utc).strftime("%m-%d %H:%MZ")
+
+
 def top_render(view: TopView, where: str, interval: float) -> Any:
     """One frame of `top` as a rich renderable."""
+    from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -1152,9 +1161,38 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
         f"every {format_seconds(interval)}  (q quits)",
         style="bold",
     )
-    queues = Table(title="queues", title_justify="left", header_style="bold", expand=False)
-    for name in ("queue", "pending", "running", "done/s", "failed/s", "oldest due", "paused"):
-        queues.add_column(name, justify="left" if name in ("queue", "paused") else "right")
+
+    # The whole width of a column whose values are wider than its header.
+    wide = {"paused": len("until resumed")}
+
+    def table(title: str, names: tuple[str, ...], left: tuple[str, ...] = ()) -> Table:
+        # One line per row whatever the width: the text columns (`left`) are
+        # cut to fit (at most 14 wide, never narrower than 8), so that the
+        # figures and times, which stay whole, fit 80 columns.
+        made = Table(
+            title=title,
+            title_justify="left",
+            header_style="bold",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            collapse_padding=True,
+        )
+        for name in names:
+            made.add_column(
+                name,
+                justify="left" if name in left else "right",
+                no_wrap=True,
+                overflow="ellipsis",
+                min_width=min(len(name), 8) if name in left else max(len(name), wide.get(name, 0)),
+                max_width=14 if name in left else None,
+            )
+        return made
+
+    queues = table(
+        "queues",
+        ("queue", "pending", "running", "done/s", "failed/s", "oldest due", "paused"),
+        left=("queue",),
+    )
     for name in view.queues():
         c = view.counts.get(name)
         pending = c.by_status["pending"] if c else 0
@@ -1168,11 +1206,13 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
             f"{view.rate(name, 'done'):.1f}",
             f"{view.rate(name, 'failed'):.1f}",
             "-" if age is None else format_seconds(age),
-            Text(printable(pause_summary(pause.until, pause.reason))) if pause else "",
+            _top_pause(pause.until) if pause else "",
         )
-    leases = Table(title="leases ending soonest", title_justify="left", header_style="bold")
-    for name in ("id", "queue", "kind", "attempt", "holder", "left"):
-        leases.add_column(name)
+    leases = table(
+        "leases ending soonest",
+        ("id", "queue", "kind", "attempt", "holder", "left"),
+        left=("queue", "kind", "holder", "left"),
+    )
     for lease in view.leases:
         job = lease.job
         left = "none" if lease.seconds_left is None else format_seconds(lease.seconds_left)
@@ -1180,13 +1220,15 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
             str(job.id),
             Text(printable(job.queue)),
             Text(printable(job.kind)),
-            str(job.attempts),
+            f"{job.tries}/{job.max_attempts}",
             Text(printable(job.locked_by or "")),
             left + (" (expired)" if lease.expired else ""),
         )
-    workers = Table(title="workers", title_justify="left", header_style="bold")
-    for name in ("worker", "state", "jobs", "queues", "last seen"):
-        workers.add_column(name)
+    workers = table(
+        "workers",
+        ("worker", "state", "jobs", "queues", "last seen"),
+        left=("worker", "state", "queues"),
+    )
     for w in view.workers:
         workers.add_row(
             Text(printable(w.id)),

@@ -67,9 +67,9 @@ def pane(tmp_path: Path) -> Iterator[Pane]:
 def queue_row(screen: str) -> list[str] | None:
     """The cells of the `default` queue's row: queue, pending, running, done/s, ..."""
     for line in screen.splitlines():
-        cells = [c.strip() for c in line.split("│")]
-        if len(cells) > 2 and cells[1] == "default":
-            return cells[1:-1]
+        cells = line.split()  # the columns are apart by spaces; no value here has one
+        if len(cells) > 2 and cells[0] == "default":
+            return cells
     return None
 
 
