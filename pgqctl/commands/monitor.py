@@ -304,8 +304,10 @@ def metrics_command(
 def top_command(database: Database, interval: float, lease_count: int) -> None:
     """A live view of the queue on the whole terminal, refreshed in place:
     per queue the pending and running jobs, the jobs done and failed per
-    second since the last refresh, the oldest due job's wait and any pause;
-    the running jobs whose leases end soonest; the workers holding them.
+    second since the last refresh, the oldest due job's wait and when any
+    pause ends; the running jobs whose leases end soonest; the registered
+    workers, active or stale. Each row stays on one line: on a narrow
+    terminal, names are cut with ….
 
     q or Ctrl-C leaves it, the terminal as it was. Every refresh reads what
     `metrics` reads (the live jobs and those finished since the last
