@@ -103,15 +103,41 @@ def main() -> int:
                     f"({time.time() - began:.0f} s)"
                 )
         meta = describe_run(args, sizes, dsns["pgqctl"], server_kind, started)
+        # The benches of their own, on the same server, for RESULTS.md.
+        extras = [run_extra(argv, admin_dsn) for argv in EXTRAS] if args.results_md else []
     ratios = [ratio for workload in workloads for ratio in workload.ratios]
     doc = build_document(meta, record, ratios)
     print(render_text(doc))
     path = write_json(doc)
     say(f"wrote {path.relative_to(ROOT)}")
     if args.results_md:
-        RESULTS_MD.write_text(render_markdown(doc))
+        RESULTS_MD.write_text(render_markdown(doc, extras))
         say(f"wrote {RESULTS_MD.relative_to(ROOT)}")
     return 1 if record.failed else 0
+
+
+# Run after the comparison by `--results-md`, their output kept whole: the
+# worker's figures against the bare loop and the pool (each ratio with its
+# target), and a worker near its capacity while a session holds the horizon.
+EXTRAS = (
+    ("worker_bench.py", "--only", "figures"),
+    ("horizon_bench.py",),
+)
+
+
+def run_extra(argv: tuple[str, ...], dsn: str) -> tuple[str, str]:
+    """One bench script's stdout, run on the comparison's server."""
+    say(f"running bench/{' '.join(argv)}")
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / argv[0]), *argv[1:], "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"bench/{argv[0]} exited {done.returncode}: {tail[0]}")
+    return "python bench/" + " ".join(argv), done.stdout
 
 
 def parse_args() -> argparse.Namespace:
@@ -393,7 +419,7 @@ def write_json(doc: dict[str, Any]) -> Path:
     return path
 
 
-def render_markdown(doc: dict[str, Any]) -> str:
+def render_markdown(doc: dict[str, Any], extras: list[tuple[str, str]]) -> str:
     meta = doc["meta"]
     pg, box = meta["postgresql"], meta["machine"]
     out = [
@@ -439,6 +465,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         )
     out += ["", "## Notes", ""]
     out += [f"- {text}" for text in (*doc["notes"], *doc["closing"])]
+    for command, stdout in extras:
+        out += ["", f"## `{command}`", ""]
+        out += ["Run after the comparison, on the same server; its output whole:", ""]
+        out += ["```text", stdout.rstrip(), "```"]
     if doc["failed"]:
         out += ["", "## Failures", ""]
         out += [f"- {line}" for line in failures(doc)]

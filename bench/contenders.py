@@ -124,6 +124,21 @@ def enqueue_pgqctl_api(cfg: dict[str, Any]) -> None:
         report(elapsed=time.time() - began, count=len(ids))
 
 
+def enqueue_raw_copy(cfg: dict[str, Any]) -> None:
+    """The database's own limit for the same jobs: one COPY of (kind, payload),
+    each payload made JSON text inside the timed part, nothing returned."""
+    payloads = [{"n": i} for i in range(cfg["n"])]
+    with psycopg.connect(cfg["dsn"], autocommit=True) as conn:
+        ready_then_go(cfg)
+        began = time.time()
+        with conn.cursor() as cur, cur.copy("COPY jobs (kind, payload) FROM STDIN") as copy:
+            for payload in payloads:
+                copy.write_row(("bench", json.dumps(payload)))
+        elapsed = time.time() - began
+        count = conn.execute("SELECT count(*) FROM jobs").fetchone()
+        report(elapsed=elapsed, count=count[0] if count else 0)
+
+
 def _asyncpg_args(dsn: str) -> dict[str, Any]:
     """asyncpg takes URLs only: pass a libpq conninfo's parts as keywords."""
     parts = psycopg.conninfo.conninfo_to_dict(dsn)

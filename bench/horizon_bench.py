@@ -1,6 +1,6 @@
 """A worker near its capacity while a session holds an xid, then released.
 
-    python bench/horizon_bench.py [--dsn DSN] [--warmup 30] [--baseline 60] [--hold 120]
+    python bench/horizon_bench.py [--dsn DSN] [--warmup 90] [--baseline 60] [--hold 120]
                                   [--after 60] [--concurrency 4] [--load 0.8 | --rate R]
 
 DSN: --dsn, else PGQCTL_TEST_DSN, else an embedded PostgreSQL of its own
@@ -9,8 +9,9 @@ DSN: --dsn, else PGQCTL_TEST_DSN, else an embedded PostgreSQL of its own
 
 1. Capacity: `pgqctl worker --burst --concurrency N` drains 3,000 `true`
    jobs; its rate is the worker's capacity here.
-2. A steady load of `--load` times that capacity is offered (jobs inserted
-   every 100 ms, due at once) to a running `pgqctl worker --concurrency N`,
+2. A steady load of `--load` times that capacity is offered (jobs enqueued
+   through `pgqctl.enqueue_many` every 100 ms, due at once) to a running
+   `pgqctl worker --concurrency N`,
    for `--warmup` seconds not measured, then three phases: `--baseline`
    seconds clean, `--hold` seconds while another session sits idle in a
    transaction that holds an xid (`BEGIN; SELECT txid_current();`), and
@@ -49,8 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import throwaway_db
 
+from pgqctl import enqueue_many
+
 REPO = Path(__file__).resolve().parent.parent
 TRUE_JOB = json.dumps({"argv": ["true"]})
+LOAD_JOB = {"kind": "load", "payload": {"argv": ["true"]}}
 
 
 def pgqctl(dsn: str, *args: str) -> list[str]:
@@ -81,7 +85,8 @@ def capacity(dsn: str, concurrency: int, jobs: int = 3000) -> float:
 
 
 class Producer(threading.Thread):
-    """Inserts `rate` jobs a second, in batches every 100 ms, due at once."""
+    """Enqueues `rate` jobs a second through pgqctl's API, in batches every
+    100 ms, due at once (each batch notifies the workers, as a user's would)."""
 
     def __init__(self, dsn: str, rate: float) -> None:
         super().__init__(daemon=True)
@@ -96,11 +101,7 @@ class Producer(threading.Thread):
                 owed += self.rate * 0.1
                 n, owed = int(owed), owed - int(owed)
                 if n:
-                    conn.execute(
-                        "INSERT INTO jobs (kind, payload) SELECT 'load', %s::jsonb"
-                        " FROM generate_series(1, %s)",
-                        (TRUE_JOB, n),
-                    )
+                    enqueue_many(conn, [LOAD_JOB] * n, schema="public")
                 next_tick += 0.1
                 time.sleep(max(0.0, next_tick - time.monotonic()))
 
@@ -180,7 +181,9 @@ def recovery(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn")
-    parser.add_argument("--warmup", type=float, default=30, help="seconds of load not measured")
+    parser.add_argument(
+        "--warmup", type=float, default=90, help="seconds of load not measured (over a naptime)"
+    )
     parser.add_argument("--baseline", type=float, default=60)
     parser.add_argument("--hold", type=float, default=120)
     parser.add_argument("--after", type=float, default=60)
@@ -190,6 +193,9 @@ def main() -> None:
         "--rate",
         type=float,
         help="jobs/s offered, instead of --load (capacity varies on a shared machine)",
+    )
+    parser.add_argument(
+        "--series", action="store_true", help="also print jobs done and dead tuples every 5 s"
     )
     args = parser.parse_args()
 
@@ -213,7 +219,7 @@ def main() -> None:
                 stdout=subprocess.DEVNULL,
             )
         producer, sampler = Producer(dsn, rate), Sampler(dsn)
-        t0 = time.time()
+        started = time.time()
         producer.start()
         sampler.start()
         time.sleep(args.warmup)  # the worker started, autovacuum's first visit due
@@ -275,19 +281,52 @@ def main() -> None:
                 str(p["autovacuums"]),
             )
             print("  ".join(f"{c:>10}" for c in cells))
+        if args.series:
+            print_series(
+                done, sampler.samples, started, t3, marks={t0: "baseline", t1: "hold", t2: "after"}
+            )
         base = phases["baseline"]
         for name in ("hold", "after"):
             p = phases[name]
+            throughput = p["jobs_per_s"] / base["jobs_per_s"]
+            latency = p["p99_latency_s"] / base["p99_latency_s"]
             print(
-                f"{name}/baseline: throughput {p['jobs_per_s'] / base['jobs_per_s']:.2f}x, "
-                f"p99 latency {p['p99_latency_s'] / base['p99_latency_s']:.2f}x"
+                f"{name}/baseline: throughput {throughput:.2f}x{verdict(throughput, '>=', 0.8)}, "
+                f"p99 latency {latency:.2f}x{verdict(latency, '<=', 3)}"
             )
         back = recovery(done, base, t2, t3)
         print(
             "back to baseline: "
             + (f"{back:.0f} s after the release" if back is not None else "not within the run")
+            + verdict(back if back is not None else float("inf"), "<=", 60, " s")
             + f"; {left[0] if left else '?'} load jobs still pending at the end"
         )
+
+
+def print_series(
+    done: list[tuple[float, float]],
+    samples: list[tuple[float, int, int, int]],
+    start: float,
+    end: float,
+    marks: dict[float, str],
+) -> None:
+    """Jobs done, p99 latency and the peak of dead tuples in each 5-second bucket."""
+    t = start
+    while t < end:
+        inside = [lat for f, lat in done if t <= f < t + 5]
+        dead = max((s[1] for s in samples if t <= s[0] < t + 5), default=0)
+        mark = " ".join(name for at, name in marks.items() if t <= at < t + 5)
+        print(
+            f"  +{t - start:5.0f} s  {len(inside) / 5:6.0f} jobs/s  p99 "
+            f"{percentile(inside, 0.99):7.3f} s  dead {dead:>9,}  {mark}"
+        )
+        t += 5
+
+
+def verdict(value: float, sense: str, bound: float, unit: str = "") -> str:
+    """The issue's target for a figure, and whether this run met it."""
+    met = value >= bound if sense == ">=" else value <= bound
+    return f" [target {sense} {bound:g}{unit}: {'met' if met else 'not met'}]"
 
 
 if __name__ == "__main__":

@@ -48,20 +48,6 @@ SHORTFALLS: dict[str, str] = {
         "payload per claimed row, a JSON object per reported job), or more jobs per "
         "exchange when more slots are free."
     ),
-    "e2e.c4.pgqctl_worker/spawn_limit": (
-        "between one job's exit and the next job's start, a worker slot waits for the "
-        "exchange that reports the one and claims the other (claims are only for free "
-        "slots), then for the spawn; on 2 cores shared with PostgreSQL and four children "
-        "that round trip takes most of a millisecond, about as long as `true` lives, while "
-        "the pool refills a slot with nothing in between. CPU tells the same story: "
-        "bench/worker_bench.py --only e2e prints CPU per job of the pool, of the worker with "
-        "its children and of the server, and their ratio, the best the worker could reach on "
-        "a saturated machine (about 0.6 on these machines): the worker spends about 0.25 ms "
-        "of Python and the server about 0.15 ms per job on top of the child. What would "
-        "close it: claiming ahead of free slots (prefetch), so that a slot's refill does not "
-        "wait on a round trip, which the claiming rule rules out today; then less Python per "
-        "job (one thread doing the work of two)."
-    ),
     "purge.claim_stall/batch_time": (
         "the purge takes only finished rows, FOR UPDATE SKIP LOCKED, and claims read only "
         "the pending partial index, so the workers are not meant to wait on its row locks; "

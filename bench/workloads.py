@@ -109,17 +109,30 @@ def pgqctl_in_process(*args: str) -> str:
 class BulkEnqueue:
     name = "bulk_enqueue"
     ratios = (
+        # Against the database's own limit: a raw COPY of the same jobs.
+        Ratio(
+            "bulk_enqueue.pgqctl_api/raw_copy",
+            "bulk_enqueue.pgqctl_api",
+            "bulk_enqueue.raw_copy",
+            (">=", 0.8),
+        ),
+        Ratio(
+            "bulk_enqueue.pgqctl_cli/raw_copy",
+            "bulk_enqueue.pgqctl_cli",
+            "bulk_enqueue.raw_copy",
+            (">=", 0.6),
+        ),
         Ratio(
             "bulk_enqueue.pgqctl_cli/pgqueuer",
             "bulk_enqueue.pgqctl_cli",
             "bulk_enqueue.pgqueuer",
-            (">=", 2),
+            (">=", 2.5),
         ),
         Ratio(
             "bulk_enqueue.pgqctl_api/pgqueuer",
             "bulk_enqueue.pgqctl_api",
             "bulk_enqueue.pgqueuer",
-            (">=", 2),
+            (">=", 2.5),
         ),
         Ratio(
             "bulk_enqueue.pgqctl_cli/procrastinate",
@@ -146,6 +159,7 @@ class BulkEnqueue:
         contenders: dict[str, Callable[[Env], float]] = {
             "pgqctl_cli": self.pgqctl_cli,
             "pgqctl_api": self.pgqctl_api,
+            "raw_copy": self.raw_copy,
             "pgqueuer": self.pgqueuer,
             "procrastinate": self.procrastinate,
         }
@@ -179,6 +193,13 @@ class BulkEnqueue:
         dsn = env.dsns["pgqctl"]
         truncate_all(dsn, "jobs")
         result = run_child("enqueue_pgqctl_api", {"dsn": dsn, "n": self.n}, timeout=600)
+        self.check_count(result["count"])
+        return self.n / float(result["elapsed"])
+
+    def raw_copy(self, env: Env) -> float:
+        dsn = env.dsns["pgqctl"]
+        truncate_all(dsn, "jobs")
+        result = run_child("enqueue_raw_copy", {"dsn": dsn, "n": self.n}, timeout=600)
         self.check_count(result["count"])
         return self.n / float(result["elapsed"])
 
@@ -302,12 +323,9 @@ class EndToEnd:
 
     name = "e2e"
     ratios = (
-        Ratio(
-            "e2e.c4.pgqctl_worker/spawn_limit",
-            "e2e.c4.pgqctl_worker",
-            "e2e.c4.spawn_limit",
-            (">=", 0.75),
-        ),
+        # The worker's targets against the spawn limit are bench/worker_bench.py's
+        # (--only figures), measured against the bare loop as well.
+        Ratio("e2e.c4.pgqctl_worker/spawn_limit", "e2e.c4.pgqctl_worker", "e2e.c4.spawn_limit"),
         Ratio("e2e.c1.pgqctl_worker/spawn_limit", "e2e.c1.pgqctl_worker", "e2e.c1.spawn_limit"),
         Ratio("e2e.c8.pgqctl_worker/spawn_limit", "e2e.c8.pgqctl_worker", "e2e.c8.spawn_limit"),
         Ratio("e2e.c4.pgqctl_worker/seed_loop", "e2e.c4.pgqctl_worker", "e2e.c4.seed_loop"),

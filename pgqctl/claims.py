@@ -25,6 +25,7 @@ Nothing here prints, sleeps or retries: the worker decides what failures mean.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 from collections.abc import Mapping, Sequence
@@ -91,6 +92,60 @@ class Beat:
         return found
 
 
+@dataclass(frozen=True)
+class Floor:
+    """Where a claim may start its walk of the claim index: the job at this
+    priority, run_at and id in claim order (higher priorities and lower ones
+    are walked from their start).
+
+    The jobs already claimed lie ahead of every pending job in that index
+    until vacuum removes them, and nothing removes them while a transaction
+    holds back the xmin horizon; a claim from a floor passes over none of
+    those. A job of the floor's priority due before `run_at` is not seen from
+    it: the worker walks from the start now and then to find such jobs.
+    """
+
+    priority: int
+    run_at: datetime
+    id: int
+
+
+# A worker's claims walk from where its claims stood FLOOR_LAG seconds ago,
+# not from the last one: a producer's transaction that commits a little late
+# has its jobs due from when it began, behind jobs claimed since, and they
+# are still seen. Once every FULL_WALK_EVERY seconds a claim walks from the
+# start of the claim index, for the jobs due behind the floor.
+FLOOR_LAG = 1.0
+FULL_WALK_EVERY = 1.0
+
+
+class Floors:
+    """Where a worker's next claim starts its walk (see worker_claim_all_from):
+    None (from the start) for a worker of some queues or kinds, for the
+    first claim and once every FULL_WALK_EVERY seconds; else the last
+    claimed position at least FLOOR_LAG seconds old."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.current: Floor | None = None
+        self.recent: collections.deque[tuple[float, Floor]] = collections.deque()
+        self.next_full_walk = 0.0
+
+    def floor(self, now: float) -> Floor | None:
+        """Where a claim sent at `now` (monotonic seconds) starts."""
+        while self.recent and self.recent[0][0] <= now - FLOOR_LAG:
+            self.current = self.recent.popleft()[1]
+        if not self.enabled or self.current is None or now >= self.next_full_walk:
+            self.next_full_walk = now + FULL_WALK_EVERY
+            return None
+        return self.current
+
+    def claimed(self, sent: float, last: Floor | None) -> None:
+        """A claim sent at `sent` took jobs up to `last` (None: took nothing)."""
+        if self.enabled and last is not None:
+            self.recent.append((sent, last))
+
+
 @dataclass
 class Exchanged:
     """What an exchange changed; a reported job missing here was fenced out."""
@@ -102,6 +157,8 @@ class Exchanged:
     renewed: set[int] = field(default_factory=set)
     # The worker's started_at, when a heartbeat went with the exchange.
     started_at: datetime | None = None
+    # Where the last job claimed stands in claim order.
+    last_claimed: Floor | None = None
 
 
 def exchange(
@@ -120,6 +177,7 @@ def exchange(
     worker: str,
     queues: Sequence[str] = (),
     kinds: Sequence[str] = (),
+    floor: Floor | None = None,
     beat: Beat | None = None,
 ) -> Exchanged:
     """Report, renew and claim in one statement: in a transaction of its own,
@@ -135,6 +193,8 @@ def exchange(
     worker's slot of each job it may claim, in claim order; the n-th claimed
     job is held by ``<worker>:<slots[n]>``, and up to `prefetch` more by
     ``<worker>:prefetch`` (by `worker` alone without slots or prefetch).
+    floor: where the claim starts its walk (None: from the start); a worker
+    of some queues or kinds always walks from the start of each.
     """
     holders = [str(int(n)) for n in slots] + ["prefetch"] * prefetch
     params = {
@@ -150,7 +210,13 @@ def exchange(
         "queues": _names(queues),
         "kinds": _names(kinds),
     }
-    statement = exchange_statement(queues, kinds)
+    from_floor = floor is not None and not queues and not kinds
+    if from_floor:
+        assert floor is not None
+        params["floor_priority"] = floor.priority
+        params["floor_run_at"] = floor.run_at
+        params["floor_id"] = floor.id
+    statement = exchange_statement(queues, kinds, from_floor=from_floor)
     beaten = None
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         rows = conn.execute(statement, params).fetchall()  # the caller's
@@ -194,6 +260,9 @@ def exchange(
             result.failed[job_id] = FailResult(status, run_at)
         elif part == "handed_back":
             result.handed_back.add(job_id)
+        elif part == "floor":
+            # The floor arm carries the priority in the attempts column.
+            result.last_claimed = Floor(attempts, run_at, job_id)
         else:
             result.renewed.add(job_id)
     return result
@@ -264,11 +333,16 @@ def _failed_json(failed: Sequence[Failure]) -> str:
     )
 
 
-def exchange_statement(queues: Sequence[str] = (), kinds: Sequence[str] = ()) -> str:
-    """worker_exchange with the claim of a worker of these queues and kinds."""
-    return _exchange_with(
-        "worker_claim_queues" if queues else "worker_claim_kinds" if kinds else "worker_claim_all"
-    )
+def exchange_statement(
+    queues: Sequence[str] = (), kinds: Sequence[str] = (), *, from_floor: bool = False
+) -> str:
+    """worker_exchange with the claim of a worker of these queues and kinds
+    (of all of them: walking from a floor when `from_floor`)."""
+    if queues:
+        return _exchange_with("worker_claim_queues")
+    if kinds:
+        return _exchange_with("worker_claim_kinds")
+    return _exchange_with("worker_claim_all_from" if from_floor else "worker_claim_all")
 
 
 @functools.cache

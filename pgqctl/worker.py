@@ -419,6 +419,7 @@ class Worker:
         # Held jobs a notification says were cancelled: checked, then stopped.
         self.cancel_notices: set[Held] = set()
         self.claimed = 0
+        self.floors = claims.Floors(enabled=not config.queues and not config.kinds)
 
         now = time.monotonic()
         self.claim_wanted = True
@@ -765,6 +766,7 @@ class Worker:
                 worker=self.worker_id,
                 queues=c.queues,
                 kinds=c.kinds,
+                floor=self.floors.floor(sent) if limit else None,
                 beat=self._current_beat() if beat else None,
             )
         except (psycopg.Error, PgqctlError) as exc:
@@ -773,6 +775,7 @@ class Worker:
             return
         if beat:
             self._beaten(changed.started_at, sent)
+        self.floors.claimed(sent, changed.last_claimed)
         self.done, self.fails, self.handed_back = [], [], []
         self.slotted = {}
         # New jobs first: their slots wait on nothing else, the logs can.

@@ -1094,7 +1094,12 @@ UNION ALL SELECT 'renewed', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL F
 UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attempts, handbacks,
                   schedule, tick
            FROM claimed
-           ORDER BY priority DESC, run_at, id);
+           ORDER BY priority DESC, run_at, id)
+-- The last job claimed, in claim order: its id, priority (in the attempts
+-- column) and run_at, where a later claim may start its walk (claims.Floor).
+UNION ALL (SELECT 'floor', id, NULL, NULL, NULL, priority, NULL, NULL, NULL, run_at
+           FROM claimed
+           ORDER BY priority, run_at DESC, id DESC LIMIT 1);
 
 -- The claims, one for each kind of worker, each the `picked` part of
 -- worker_exchange: the ids of up to `limit` due jobs in claim order
@@ -1129,6 +1134,42 @@ SELECT ARRAY(
         ORDER BY priority DESC, run_at, id
         LIMIT 10000 FOR UPDATE SKIP LOCKED
     ) AS walk LIMIT %(limit)s
+) AS ids;
+
+-- name: worker_claim_all_from
+-- worker_claim_all, starting its walk at the worker's floor: the priority
+-- and run_at of the last job it claimed, less a margin (claims.Floor). The
+-- jobs a worker claimed stay in jobs_claim_idx, ahead of every pending job,
+-- until vacuum removes them; the walk from the index's start visits each
+-- of them (a heap fetch), and while a transaction anywhere holds back the
+-- xmin horizon vacuum cannot remove them: a claim then costs more with
+-- every job run since that transaction began (bench/horizon_bench.py).
+-- From the floor, a claim reads what it takes however many there are.
+-- Three walks, in claim order, each read only as far as the cut needs
+-- (an Append reads its arms in turn): higher priorities from their start
+-- (a job of a higher priority is taken at once), the floor's priority from
+-- the floor, lower priorities from their start. A job due before the floor
+-- and still pending (a producer's transaction that ran longer than the
+-- margin, a --run-at in the past, a queue's pause ended) is left to the
+-- worker's next full walk, at most a second later (worker.FULL_WALK_EVERY).
+SELECT ARRAY(
+    SELECT id FROM (
+        SELECT id FROM (SELECT id FROM jobs
+         WHERE status = 'pending' AND run_at <= now() AND priority > %(floor_priority)s
+           AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
+         ORDER BY priority DESC, run_at, id LIMIT 10000 FOR UPDATE SKIP LOCKED) AS a
+        UNION ALL
+        SELECT id FROM (SELECT id FROM jobs
+         WHERE status = 'pending' AND run_at <= now() AND priority = %(floor_priority)s
+           AND (run_at, id) >= (%(floor_run_at)s, %(floor_id)s)
+           AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
+         ORDER BY run_at, id LIMIT 10000 FOR UPDATE SKIP LOCKED) AS a
+        UNION ALL
+        SELECT id FROM (SELECT id FROM jobs
+         WHERE status = 'pending' AND run_at <= now() AND priority < %(floor_priority)s
+           AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
+         ORDER BY priority DESC, run_at, id LIMIT 10000 FOR UPDATE SKIP LOCKED) AS a
+    ) AS w LIMIT %(limit)s
 ) AS ids;
 
 -- name: worker_claim_queues

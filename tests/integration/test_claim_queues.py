@@ -236,7 +236,8 @@ def plan_of(conn: Any, text: str, params: dict[str, Any], plan: str) -> list[dic
     """
     with conn.transaction(force_rollback=True):
         if plan == "custom":
-            cur = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text, params, prepare=False)
+            explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+            cur = conn.execute(explain + text, params, prepare=False)
             row = cur.fetchone()
         else:
             names: list[str] = []
@@ -251,7 +252,7 @@ def plan_of(conn: Any, text: str, params: dict[str, Any], plan: str) -> list[dic
             conn.execute(f"PREPARE probe AS {positional}")
             args = sql.SQL(", ").join(sql.Literal(params[n]) for n in names)
             row = conn.execute(
-                sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE probe ({})").format(args)
+                sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE probe ({})").format(args)
             ).fetchone()
             conn.execute("DEALLOCATE probe")
     assert row is not None

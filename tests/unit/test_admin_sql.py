@@ -13,7 +13,7 @@ def test_every_status_has_its_arm_in_the_list_filters(name: str) -> None:
     # One arm per status, so each is read through its own partial index.
     text = " ".join(query(name).split())
     for status in STATUS_NAMES:
-        assert f"(status = '{status}' AND '{status}' = ANY(%(statuses)s::text[]))" in text
+        assert f"(status='{status}' AND '{status}'=ANY(%(statuses)s::text[]))" in text
 
 
 def test_cancel_takes_the_statuses_the_state_machine_lets_it() -> None:
@@ -24,5 +24,5 @@ def test_cancel_takes_the_statuses_the_state_machine_lets_it() -> None:
 def test_every_status_cancel_takes_has_its_arm(name: str) -> None:
     text = " ".join(query(name).split())
     for status in CANCELLABLE:
-        assert f"(status = '{status}' AND '{status}' = ANY(%(statuses)s::text[]))" in text
+        assert f"(status='{status}' AND '{status}'=ANY(%(statuses)s::text[]))" in text
     assert text.count("ANY(%(statuses)s::text[])") == len(CANCELLABLE)

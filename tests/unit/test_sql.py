@@ -25,3 +25,13 @@ def test_the_worker_exchange_fits_psycopgs_parse_cache() -> None:
         statement = claims.exchange_statement(queues, kinds)
         assert "{claim}" in query("worker_exchange") and "{claim}" not in statement
         assert len(statement.encode()) <= limit, (queues, kinds)
+    assert len(claims.exchange_statement(from_floor=True).encode()) <= limit
+
+
+def test_spaces_are_dropped_after_commas_and_around_equals_but_not_in_literals() -> None:
+    from pgqctl.sql import _without_comment_lines
+
+    body = "-- a comment\n  SELECT a, b\n  FROM t WHERE c = 'x, y = z' AND d = 'it''s, = ok', e\n"
+    assert _without_comment_lines(body) == (
+        "SELECT a,b\nFROM t WHERE c='x, y = z' AND d='it''s, = ok',e"
+    )
