@@ -371,6 +371,7 @@ ACTIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "install_pgqueuer": install_pgqueuer,
     "install_procrastinate": install_procrastinate,
     "enqueue_pgqctl_api": enqueue_pgqctl_api,
+    "enqueue_raw_copy": enqueue_raw_copy,
     "enqueue_pgqueuer": enqueue_pgqueuer,
     "enqueue_procrastinate": enqueue_procrastinate,
     "drain_pgqctl": drain_pgqctl,
