@@ -27,7 +27,7 @@ _AGAINST_COPY = (
     "fails the load before anything is written), COPYs into a temporary staging table and "
     "moves the rows with one INSERT ... SELECT that draws the ids and returns them in input "
     "order: the jobs are written twice on the server, once to the staging table and once to "
-    "jobs with its five indexes (the raw COPY maintains the same indexes). The CLI adds "
+    "jobs and its indexes (the raw COPY maintains the same indexes). The CLI adds "
     "about 0.15 s of interpreter start-up and imports and reads and decodes the file. What "
     "would close it: COPY straight into jobs when the caller does not need the ids (the "
     "CLI without --json), which needs USAGE on the id sequence, a privilege an "
