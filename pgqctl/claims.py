@@ -10,7 +10,10 @@ the whole path). Batches travel as JSON arrays: serializing them is far
 cheaper than adapting Python lists to PostgreSQL arrays. Its claim is the
 one for the worker's --queue and --kind (``worker_claim_*``, put in place by
 `exchange_statement`), so that each worker's statement holds only the claim
-it runs.
+it runs. A worker of every queue walks from a floor (`Floor`, kept by
+`Floors`): where its claims stood a second before, so that the entries of
+jobs already claimed, which vacuum cannot remove while the xmin horizon is
+held, are not walked again by every claim.
 
 The worker's row in ``workers`` (the registry `pgqctl workers` lists) is
 written here too: `Beat` is a heartbeat, sent in the pipeline of an
