@@ -190,31 +190,22 @@ class BulkEnqueue:
 
     def pgqctl_api(self, env: Env) -> float:
         env.require_api("api")
-        dsn = env.dsns["pgqctl"]
-        truncate_all(dsn, "jobs")
-        result = run_child("enqueue_pgqctl_api", {"dsn": dsn, "n": self.n}, timeout=600)
-        self.check_count(result["count"])
-        return self.n / float(result["elapsed"])
+        return self.child_rate("enqueue_pgqctl_api", env.dsns["pgqctl"], "jobs")
 
     def raw_copy(self, env: Env) -> float:
-        dsn = env.dsns["pgqctl"]
-        truncate_all(dsn, "jobs")
-        result = run_child("enqueue_raw_copy", {"dsn": dsn, "n": self.n}, timeout=600)
-        self.check_count(result["count"])
-        return self.n / float(result["elapsed"])
+        return self.child_rate("enqueue_raw_copy", env.dsns["pgqctl"], "jobs")
 
     def pgqueuer(self, env: Env) -> float:
         dsn = env.dsns["pgqueuer"]
-        truncate_all(dsn, "pgqueuer")
-        config = {"dsn": dsn, "n": self.n, "driver": "asyncpg"}
-        result = run_child("enqueue_pgqueuer", config, timeout=600)
-        self.check_count(result["count"])
-        return self.n / float(result["elapsed"])
+        return self.child_rate("enqueue_pgqueuer", dsn, "pgqueuer", driver="asyncpg")
 
     def procrastinate(self, env: Env) -> float:
-        dsn = env.dsns["procrastinate"]
-        truncate_all(dsn, "procrastinate_")
-        result = run_child("enqueue_procrastinate", {"dsn": dsn, "n": self.n}, timeout=600)
+        return self.child_rate("enqueue_procrastinate", env.dsns["procrastinate"], "procrastinate_")
+
+    def child_rate(self, action: str, dsn: str, tables: str, **config: Any) -> float:
+        """Jobs/s of one contender's child enqueueing n jobs into emptied `tables`."""
+        truncate_all(dsn, tables)
+        result = run_child(action, {"dsn": dsn, "n": self.n, **config}, timeout=600)
         self.check_count(result["count"])
         return self.n / float(result["elapsed"])
 

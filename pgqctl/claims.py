@@ -214,11 +214,8 @@ def exchange(
         "kinds": _names(kinds),
     }
     from_floor = floor is not None and not queues and not kinds
-    if from_floor:
-        assert floor is not None
-        params["floor_priority"] = floor.priority
-        params["floor_run_at"] = floor.run_at
-        params["floor_id"] = floor.id
+    if floor is not None and from_floor:
+        params.update(floor_priority=floor.priority, floor_run_at=floor.run_at, floor_id=floor.id)
     statement = exchange_statement(queues, kinds, from_floor=from_floor)
     beaten = None
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

@@ -21,9 +21,9 @@ from pathlib import Path
 from pgqctl.errors import PgqctlError
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-# A comma's trailing spaces and an equals sign's spaces: no other operator,
-# since `a - -b` without them would begin a comment.
-_COMMA_SPACE = re.compile(r",[ \t]+|[ \t]+(=)[ \t]+")
+# Spaces only readers need: after a comma, around an equals sign (no other
+# operator: `a - -b` without its spaces would begin a comment).
+_SPARE_SPACES = re.compile(r",[ \t]+|[ \t]+(=)[ \t]+")
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 
@@ -53,16 +53,16 @@ def queries() -> dict[str, str]:
 
 def _without_comment_lines(body: str) -> str:
     """The block without its whole-line comments, its indentation and the
-    spaces after its commas and around its equals signs: they are for readers, the shorter text is
-    cheaper to send, and psycopg caches its parse of a query only up to 4 kB
-    (no block has a string literal that spans lines, whose spaces this would
-    change; literals keep theirs)."""
+    spaces after its commas and around its equals signs: they are for
+    readers, the shorter text is cheaper to send, and psycopg caches its
+    parse of a query only up to 4 kB (no block has a string literal that
+    spans lines, whose spaces this would change; literals keep theirs)."""
     lines = (line.strip() for line in body.splitlines())
     text = "\n".join(line for line in lines if line and not line.startswith("--"))
     # Between quotes (the odd pieces) is a literal; '' inside one splits it
     # into two odd pieces around an empty even one, which is left as it is.
     pieces = text.split("'")
-    pieces[::2] = [_COMMA_SPACE.sub(lambda m: m.group(1) or ",", piece) for piece in pieces[::2]]
+    pieces[::2] = [_SPARE_SPACES.sub(lambda m: m.group(1) or ",", piece) for piece in pieces[::2]]
     return "'".join(pieces)
 
 

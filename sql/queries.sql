@@ -1137,21 +1137,22 @@ SELECT ARRAY(
 ) AS ids;
 
 -- name: worker_claim_all_from
--- worker_claim_all, starting its walk at the worker's floor: the priority
--- and run_at of the last job it claimed, less a margin (claims.Floor). The
--- jobs a worker claimed stay in jobs_claim_idx, ahead of every pending job,
--- until vacuum removes them; the walk from the index's start visits each
--- of them (a heap fetch), and while a transaction anywhere holds back the
--- xmin horizon vacuum cannot remove them: a claim then costs more with
--- every job run since that transaction began (bench/horizon_bench.py).
+-- worker_claim_all, starting its walk at the worker's floor (claims.Floor):
+-- the priority, run_at and id of the last job it claimed a second or more
+-- before. The jobs a worker claimed stay in jobs_claim_idx, ahead of every
+-- pending job, until vacuum removes them; the walk from the index's start
+-- visits each of them (a heap fetch), and while a transaction anywhere holds
+-- back the xmin horizon vacuum cannot remove them: a claim then costs more
+-- with every job run since that transaction began (bench/horizon_bench.py).
 -- From the floor, a claim reads what it takes however many there are.
 -- Three walks, in claim order, each read only as far as the cut needs
 -- (an Append reads its arms in turn): higher priorities from their start
 -- (a job of a higher priority is taken at once), the floor's priority from
 -- the floor, lower priorities from their start. A job due before the floor
--- and still pending (a producer's transaction that ran longer than the
--- margin, a --run-at in the past, a queue's pause ended) is left to the
--- worker's next full walk, at most a second later (worker.FULL_WALK_EVERY).
+-- and still pending (a producer's transaction that ran for more than that
+-- second, a --run-at in the past, a queue's pause ended) is left to the
+-- worker's next walk from the start, at most a second later
+-- (claims.FULL_WALK_EVERY).
 SELECT ARRAY(
     SELECT id FROM (
         SELECT id FROM (SELECT id FROM jobs
