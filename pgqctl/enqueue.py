@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     import psycopg
     from psycopg import sql
 
+    from pgqctl.policy import Policy
+
 # The keys a job record may have (a JSON line, or a mapping given to enqueue_many).
 FIELDS = ("kind", "payload", "queue", "priority", "run_at", "delay", "max_attempts", "unique_key")
 _FIELD_SET = frozenset(FIELDS)
@@ -272,6 +274,18 @@ def check_command(payload: Mapping[str, Any], kind: str) -> None:
         raise BadInput(f"payload cannot run: {exc}") from None
 
 
+def check_policy(kind: str, payload: object, policy: Policy) -> None:
+    """BadInput for a job a worker under `policy` would refuse (see
+    `payload.check_policy`): ``pgqctl enqueue --policy``."""
+    from pgqctl.payload import PayloadRejected
+    from pgqctl.payload import check_policy as check
+
+    try:
+        check({} if payload is None else payload, kind, policy)
+    except PayloadRejected as exc:
+        raise BadInput(f"refused by the policy in {policy.source}: {exc}") from None
+
+
 class _NotYetImported(Exception):
     """What check_command catches until pgqctl.payload is imported."""
 
@@ -357,12 +371,14 @@ def read_rows(
     *,
     source: str = "input",
     defaults: Mapping[str, Any] | None = None,
+    policy: Policy | None = None,
 ) -> Iterator[str]:
     """The COPY rows (see `insert_rows`) of a JSON-lines input, lazily.
 
     Each line is validated as `job_from_record` validates a record, with
-    ``defaults`` filling what it leaves out; blank lines are skipped.
-    BadInput names the first bad line (counting every physical line from 1).
+    ``defaults`` filling what it leaves out, then checked against `policy`
+    when one is given; blank lines are skipped. BadInput names the first bad
+    line (counting every physical line from 1).
     """
     fast = _simple_defaults(defaults)
     for number, raw in enumerate(lines, start=1):
@@ -373,6 +389,10 @@ def read_rows(
             row = None if fast is None else _simple_line_row(number, text, fast)
             if row is None:
                 row = _job_row(number, job_from_record(_decode_text(text), defaults))
+            if policy is not None:
+                # A valid job by now; its kind and payload are never defaults.
+                record = _decode_text(text)
+                check_policy(record["kind"], record.get("payload"), policy)
         except BadInput as exc:
             raise BadInput(f"{source}, line {number}: {exc}") from None
         yield row
@@ -707,6 +727,7 @@ def load(
     on_progress: Callable[[int], None] | None = None,
     read_first: bool = True,
     on_conflict: str = "skip",
+    policy: Policy | None = None,
 ) -> Ids:
     """Check every job of a JSON-lines input and insert them all in one
     transaction; their ids in input order. An input with no job never
@@ -719,10 +740,12 @@ def load(
     idle_in_transaction_session_timeout would end it). Without it, for a
     regular file that is read as fast as the disk goes, rows stream to the
     server as they are checked, and a bad one aborts the transaction.
+
+    `policy`: also refuse a job a worker under it would refuse.
     """
     try:
         with _gc_skips_older_objects():
-            rows = read_rows(lines, source=source, defaults=defaults)
+            rows = read_rows(lines, source=source, defaults=defaults, policy=policy)
             if read_first:
                 rows = _read_all(rows)
             # The first job is read before connecting, so an empty or plainly

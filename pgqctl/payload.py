@@ -33,11 +33,13 @@ import datetime as dt
 import difflib
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 
 from pgqctl.config import LIBPQ_SELECTORS
 from pgqctl.durations import UNITS_TEXT, parse_duration
 from pgqctl.errors import BadInput
+from pgqctl.policy import Policy
 from pgqctl.runner import Command
 
 _SHELL = "/bin/sh"
@@ -94,15 +96,32 @@ def command_for_job(
     handlers: Mapping[str, Sequence[str]],
     allow_shell: bool,
     default_timeout: float | None,
+    policy: Policy | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Command:
-    """The command a job runs, or `PayloadRejected` if it can never run."""
+    """The command a job runs, or `PayloadRejected` if it can never run.
+
+    Under a `policy`, also `PayloadRejected` for a job it refuses; `environ`
+    is the environment every job gets (`without_credentials`), in which the
+    program a payload names is looked up. Handlers are not checked here:
+    `Policy.check_handlers` checks them once, when the worker starts.
+    """
     handler = handlers.get(kind)
     if handler is not None:
         text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
         return Command(tuple(handler), stdin=text.encode(), timeout=default_timeout)
-    return command_for_payload(
+    if policy is not None:
+        why = policy.kind_refusal(kind, has_handler=False)
+        if why is not None:
+            raise PayloadRejected(why)
+    command = command_for_payload(
         payload, kind=kind, allow_shell=allow_shell, default_timeout=default_timeout
     )
+    if policy is not None:
+        why = policy.command_refusal(command, {} if environ is None else environ)
+        if why is not None:
+            raise PayloadRejected(why)
+    return command
 
 
 def command_for_payload(
@@ -203,6 +222,29 @@ def check_payload(payload: Mapping[str, object], kind: str) -> None:
     elif "argv" not in payload and "shell" not in payload:
         return
     command_for_payload(payload, kind=kind, allow_shell=True, default_timeout=None)
+
+
+def check_policy(payload: object, kind: str, policy: Policy) -> None:
+    """`PayloadRejected` for a job a worker under `policy` would refuse,
+    checked where it is enqueued (``pgqctl enqueue --policy``): the kinds
+    with a handler are those of the policy file's [handlers], and programs
+    are looked up in this process's PATH. A payload with neither ``argv``
+    nor ``shell`` of a kind the file gives no handler is a handler's, and
+    passes unless the policy runs only handler kinds.
+    """
+    is_command = isinstance(payload, dict) and ("argv" in payload or "shell" in payload)
+    handlers = policy.handler_map
+    if not is_command and kind not in handlers and not policy.handlers_only:
+        return
+    command_for_job(
+        payload,
+        kind=kind,
+        handlers=handlers,
+        allow_shell=True,
+        default_timeout=None,
+        policy=policy,
+        environ=os.environ,
+    )
 
 
 def _options(payload: Mapping[str, object]) -> bool:

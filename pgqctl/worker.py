@@ -91,6 +91,7 @@ from pgqctl.db import reason
 from pgqctl.errors import BadInput, PgqctlError, PrivilegeMissing, ReadOnlyServer
 from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
+from pgqctl.policy import Policy
 from pgqctl.schedules import CATCH_UP
 from pgqctl.sql import query
 from pgqctl.worklog import WorkLog, seconds, timestamp
@@ -194,6 +195,9 @@ class WorkerConfig:
     heartbeat: float = 10.0
     # Jobs claimed ahead of a free slot, kept in a local queue (see Worker).
     prefetch: int = 0
+    # What jobs may run (pgqctl/policy.py); None: anything. Its file's
+    # handlers are in `handlers` already.
+    policy: Policy | None = None
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
@@ -218,6 +222,9 @@ class WorkerConfig:
         for kind in kinds:
             if kinds.count(kind) > 1:
                 raise BadInput(f"--handler given twice for kind {kind!r}: keep one")
+        if self.policy is not None:
+            # The programs handlers run are the operator's, checked once here.
+            self.policy.check_handlers(self.handlers, os.environ)
 
     @functools.cached_property
     def handler_map(self) -> Mapping[str, tuple[str, ...]]:
@@ -1385,6 +1392,8 @@ class Worker:
                 handlers=c.handler_map,
                 allow_shell=c.allow_shell,
                 default_timeout=c.timeout,
+                policy=c.policy,
+                environ=self.environ,
             )
             env = payload.job_environment(
                 self.environ,

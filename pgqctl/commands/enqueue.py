@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import stat
 import sys
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
@@ -21,7 +22,18 @@ from pgqctl.commands.options import (
     format_options,
     say,
 )
-from pgqctl.enqueue import ON_CONFLICT, check_defaults, insert_jobs, load, make_job, parse_payload
+from pgqctl.enqueue import (
+    ON_CONFLICT,
+    check_defaults,
+    check_policy,
+    insert_jobs,
+    load,
+    make_job,
+    parse_payload,
+)
+
+if TYPE_CHECKING:
+    from pgqctl.policy import Policy
 
 
 def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -113,6 +125,15 @@ max_attempts_option = click.option(
     allow_from_autoenv=False,  # a PGQCTL_FILE in the environment would hijack every enqueue
     help="Bulk-load JSON lines from this file (- for stdin).",
 )
+@click.option(
+    "--policy",
+    "policy_file",
+    cls=OnceOption,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Refuse (exit 2, nothing enqueued) a job that workers with this policy file "
+    "would refuse, e.g. --policy /etc/pgqctl/policy.toml.",
+)
 @format_options
 def enqueue_command(
     database: Database,
@@ -126,6 +147,7 @@ def enqueue_command(
     unique_key: str | None,
     on_conflict: str,
     path: str | None,
+    policy_file: str | None,
     fmt: str,
 ) -> None:
     """Add a job (KIND, with a JSON object PAYLOAD, default {}) and print its id.
@@ -143,16 +165,25 @@ def enqueue_command(
     with a key wins, and under error nothing is added. The key is free again
     once its job is done or failed.
 
+    With --policy FILE, a job that a worker started with the same --policy
+    would refuse is refused here (see the worker's policy in the README).
+
     \b
     Example:
         pgqctl enqueue hello '{"argv": ["echo", "hello"]}'
         pgqctl enqueue report '{"argv": ["./report.sh"]}' --delay 5m --queue slow
         pgqctl enqueue sync '{"argv": ["./sync.sh", "7"]}' --unique-key user:7
         pgqctl enqueue --file jobs.jsonl
+        pgqctl enqueue --policy /etc/pgqctl/policy.toml --file jobs.jsonl
         printf '%s\\n' '{"kind": "ping", "payload": {"argv": ["true"]}}' | pgqctl enqueue --file -
     """
     if delay is not None and run_at is not None:
         raise click.UsageError("give --delay or --run-at, not both")
+    rules = None
+    if policy_file is not None:
+        from pgqctl.policy import read_policy
+
+        rules = read_policy(policy_file)
     options = {
         "queue": queue,
         "priority": priority,
@@ -171,16 +202,14 @@ def enqueue_command(
         source = click.get_current_context().get_parameter_source
         given = {k: v for k, v in options.items() if source(k) is not ParameterSource.DEFAULT}
         check_defaults(given)
-        _enqueue_file(database, path, given, on_conflict, fmt)
+        _enqueue_file(database, path, given, on_conflict, fmt, rules)
         return
     if kind is None:
         raise click.UsageError("missing KIND (or --file F to load many jobs)")
-    job = make_job(
-        kind,
-        parse_payload(payload) if payload is not None else None,
-        unique_key=unique_key,
-        **options,
-    )
+    value = parse_payload(payload) if payload is not None else None
+    job = make_job(kind, value, unique_key=unique_key, **options)
+    if rules is not None:
+        check_policy(job.kind, value, rules)
     with database.connect(writes=True) as conn:
         ids = insert_jobs(conn, [job], on_conflict=on_conflict)
     if ids.existing:
@@ -199,7 +228,12 @@ def _regular_file(f: object) -> bool:
 
 
 def _enqueue_file(
-    database: Database, path: str, defaults: dict[str, object], on_conflict: str, fmt: str
+    database: Database,
+    path: str,
+    defaults: dict[str, object],
+    on_conflict: str,
+    fmt: str,
+    policy: Policy | None,
 ) -> None:
     source = "stdin" if path == "-" else path
     with click.open_file(path, "rb") as f, output.file_progress(f) as progress:
@@ -213,6 +247,7 @@ def _enqueue_file(
             # before the transaction. A regular file streams.
             read_first=not _regular_file(f),
             on_conflict=on_conflict,
+            policy=policy,
         )
     if not ids:
         say(f"nothing to enqueue: {source} has no jobs")

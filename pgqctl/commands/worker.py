@@ -170,6 +170,36 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     help="Run COMMAND for jobs of KIND, with the payload as JSON on stdin (repeatable).",
 )
 @click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Run only what this policy file allows (TOML; see the README), "
+    "e.g. --policy /etc/pgqctl/policy.toml.",
+)
+@click.option(
+    "--handlers-only",
+    is_flag=True,
+    help="Run only jobs whose kind has a handler; refuse argv and shell payloads.",
+)
+@click.option(
+    "--allow-program",
+    "allow_programs",
+    type=click.Path(),  # PGQCTL_ALLOW_PROGRAM splits on ":", as PATH does
+    multiple=True,
+    metavar="PATH",
+    help="Run only programs that are this file or lie under this directory, once "
+    "resolved (repeatable), e.g. --allow-program /usr/local/lib/jobs/.",
+)
+@click.option(
+    "--allow-env",
+    "allow_env",
+    multiple=True,
+    metavar="NAME",
+    help="Let a payload's env set this loader variable (PATH, LD_*, PYTHONPATH...), "
+    "which a policy otherwise refuses (repeatable).",
+)
+@click.option(
     "--log-format",
     type=click.Choice(LOG_FORMATS),
     default="text",
@@ -197,13 +227,19 @@ def worker_command(
     max_jobs: int | None,
     allow_shell: bool,
     handlers: tuple[tuple[str, tuple[str, ...]], ...],
+    policy_file: str | None,
+    handlers_only: bool,
+    allow_programs: tuple[str, ...],
+    allow_env: tuple[str, ...],
     log_format: str,
 ) -> int:
     """Run jobs: claim them, run each as a child process, record how it ended.
 
     A payload {"argv": [...]} runs that program directly; {"shell": "..."}
     needs --allow-shell; with --handler KIND=COMMAND, jobs of KIND run
-    COMMAND with their payload as JSON on stdin. Exit 0: done; anything
+    COMMAND with their payload as JSON on stdin. A policy (--policy FILE,
+    --handlers-only, --allow-program, --allow-env) narrows what may run: a
+    job it refuses fails at once, saying which rule refused it. Exit 0: done; anything
     else: retried with exponential backoff until max_attempts, then failed.
     The child gets PGQCTL_JOB_ID (an idempotency key), PGQCTL_JOB_KIND,
     PGQCTL_JOB_QUEUE and PGQCTL_JOB_ATTEMPT, and no database credentials.
@@ -236,9 +272,23 @@ def worker_command(
         pgqctl worker --concurrency 4 --prefetch 4
         pgqctl worker --queue emails --handler 'send_receipt=bin/send-receipt' --burst
         pgqctl worker --kind report --timeout 10m --log-format json
+        pgqctl worker --policy /etc/pgqctl/policy.toml
+        pgqctl worker --allow-program /usr/local/lib/jobs/ --handler 'mail=/usr/bin/mailer'
     """
-    from pgqctl import worker
+    from pgqctl import policy, worker
     from pgqctl.worklog import WorkLog
+
+    rules = policy.read_policy(policy_file) if policy_file is not None else None
+    if rules is not None:
+        for kind, _ in rules.handlers:
+            if kind in dict(handlers):
+                raise click.UsageError(
+                    f"kind {kind!r} has a handler in {policy_file} and a --handler: keep one"
+                )
+        handlers = (*rules.handlers, *handlers)
+    rules = policy.with_flags(
+        rules, handlers_only=handlers_only, programs=allow_programs, allow_env=allow_env
+    )
 
     config = worker.WorkerConfig(
         schema=database.schema,
@@ -260,6 +310,7 @@ def worker_command(
         schedules=not no_schedules,
         catch_up=catch_up,
         heartbeat=heartbeat,
+        policy=rules,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     return worker.serve(config, database.dsn, log)
