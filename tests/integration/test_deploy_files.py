@@ -39,6 +39,7 @@ import psycopg
 import pytest
 
 from pgqctl.durations import parse_duration
+from pgqctl.policy import is_loader_variable, read_policy
 from tests.conftest import alive
 from tests.integration.jobrows import add_jobs, ago, expired
 
@@ -50,10 +51,12 @@ WORKER_ENV = DEPLOY / "worker.env.example"
 CRON = DEPLOY / "pgqctl.cron"
 K8S_WORKER = DEPLOY / "kubernetes" / "worker.yaml"
 K8S_CRONJOBS = DEPLOY / "kubernetes" / "cronjobs.yaml"
+POLICY = DEPLOY / "policy.toml"
 
 # Where deploy/README.md installs the environment files.
 DSN_ENV_PATH = "/etc/pgqctl/pgqctl.env"
 WORKER_ENV_PATH = "/etc/pgqctl/worker-{instance}.env"
+POLICY_PATH = "/etc/pgqctl/policy.toml"
 STATE_DIR = "/var/lib/pgqctl"
 
 INSTANCE = "default"  # the queue jobs go to when none is named
@@ -433,9 +436,9 @@ def deployment_launch(dsn: str) -> Launch:
     )
 
 
-def scaled_launch(how: str, dsn: str) -> Launch:
+def scaled_launch(how: str, dsn: str, policy: str) -> Launch:
     """`how`'s launch with the test's grace, its stop timeout as far above it
-    as the shipped files put it."""
+    as the shipped files put it, and the `policy` file in place of the shipped one."""
     if how == "systemd":
         shipped = unit_launch(shipped_env_files())
         files = shipped_env_files()
@@ -449,6 +452,8 @@ def scaled_launch(how: str, dsn: str) -> Launch:
         launch.env["PGQCTL_GRACE"] = f"{TEST_GRACE:g}s"
         launch.grace = TEST_GRACE
     assert launch.grace == TEST_GRACE and launch.env["PGQCTL_DSN"] == dsn
+    assert launch.env["PGQCTL_POLICY"] == POLICY_PATH
+    launch.env["PGQCTL_POLICY"] = policy
     launch.stop_timeout = shipped.stop_timeout - shipped.grace + TEST_GRACE
     return launch
 
@@ -522,7 +527,7 @@ def reaper() -> Iterator[list[bytes]]:
 def test_a_stop_finishes_or_hands_back_every_job_within_the_stop_timeout(
     how: str, dsn: str, conn: psycopg.Connection[Any], tmp_path: Path, reaper: list[bytes]
 ) -> None:
-    launch = scaled_launch(how, dsn)
+    launch = scaled_launch(how, dsn, policy_allowing(tmp_path, "/bin/sh"))
     slots = int(launch.env["PGQCTL_CONCURRENCY"])
     queue = launch.env["PGQCTL_QUEUE"]
     assert slots >= 4 and queue == INSTANCE
@@ -620,6 +625,7 @@ def test_an_instance_serves_its_queue_or_what_its_file_says(
     queues = [INSTANCE, "reports", "mail"]
     ids = {queue: add_jobs(conn, queue=queue)[0] for queue in queues}
     env = {**launch.env, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env["PGQCTL_POLICY"] = policy_allowing(tmp_path, shutil.which("true") or "/bin/true")
     result = subprocess.run(
         [sys.executable, "-m", "pgqctl", *launch.argv[1:], "--burst"],
         env=env,
@@ -888,3 +894,105 @@ def test_the_deployment_outlasts_the_grace_and_reads_the_dsn_from_a_secret() -> 
         doc["spec"]["selector"]["matchLabels"].items()
         <= doc["spec"]["template"]["metadata"]["labels"].items()
     )
+
+
+# -- what the workers may run ------------------------------------------------------------
+
+
+def policy_allowing(tmp_path: Path, *programs: str) -> str:
+    """A copy of the shipped policy with `programs` as its allowlist (the
+    shipped one names /opt/app/bin/, which the test host lacks)."""
+    text, count = re.subn(
+        r"^programs = .*$",
+        f"programs = {json.dumps(list(programs))}",
+        POLICY.read_text(),
+        flags=re.M,
+    )
+    assert count == 1, "the shipped policy should set programs on one line"
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_shipped_policy_parses_and_allows_no_shell_interpreter_or_loader_variable() -> None:
+    policy = read_policy(str(POLICY))
+    assert policy.programs, "the example must restrict programs"
+    assert all(p.startswith("/opt/app/") for p in policy.programs), policy.programs
+    for program in ("/bin/sh", sys.executable, shutil.which("env") or "/usr/bin/env"):
+        assert policy.program_refusal(program, "/usr/bin:/bin", None) is not None, program
+    assert not [name for name in policy.allow_env if is_loader_variable(name)]
+    # deploy/README.md installs it where the unit, the cron line and the pod read it.
+    assert f"deploy/policy.toml {POLICY_PATH}" in (DEPLOY / "README.md").read_text()
+
+
+def test_every_worker_the_deploy_files_start_runs_under_the_policy() -> None:
+    assert unit_launch(shipped_env_files()).env["PGQCTL_POLICY"] == POLICY_PATH
+    for path in (DSN_ENV, WORKER_ENV):
+        assert "PGQCTL_POLICY" not in read_env_file(path.read_text()), path
+
+    pod = deployment()["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container_env(container, "unused")["PGQCTL_POLICY"] == POLICY_PATH
+    [mount] = [
+        m for m in container["volumeMounts"] if m["mountPath"] == str(Path(POLICY_PATH).parent)
+    ]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == "pgqctl-policy"
+    made = "kubectl create configmap pgqctl-policy --from-file=policy.toml=deploy/policy.toml"
+    assert made in K8S_WORKER.read_text()
+
+    # Cron runs no worker unless one is uncommented, and that one has the policy too.
+    workers = [line for line in CRON.read_text().splitlines() if " pgqctl worker" in line]
+    assert workers
+    for line in workers:
+        assert f"pgqctl worker --burst --policy {POLICY_PATH}" in line, line
+
+
+@pytest.mark.parametrize("how", ["systemd", "kubernetes", "cron"])
+def test_a_worker_started_as_deployed_refuses_what_the_policy_forbids(
+    how: str, dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    allowed = tmp_path / "app-bin"
+    allowed.mkdir()
+    report = allowed / "report"
+    report.write_text(f"#!/bin/sh\necho ran > {tmp_path}/ran\n")
+    report.chmod(0o755)
+    policy = policy_allowing(tmp_path, f"{allowed}/")
+    touched = tmp_path / "touched"
+    [by_sh] = add_jobs(conn, 1, payload=json.dumps({"argv": ["sh", "-c", f"touch {touched}"]}))
+    [preloaded] = add_jobs(
+        conn, 1, payload=json.dumps({"argv": [str(report)], "env": {"LD_PRELOAD": ""}})
+    )
+    [fine] = add_jobs(conn, 1, payload=json.dumps({"argv": [str(report)]}))
+
+    env_file = tmp_path / "pgqctl.env"
+    env_file.write_text(replace_setting(DSN_ENV.read_text(), "PGQCTL_DSN", dsn))
+    if how == "cron":
+        [line] = [line for line in CRON.read_text().splitlines() if " pgqctl worker" in line]
+        _, [cron_line] = read_crontab(line.lstrip("#") + "\n")
+        command = cron_line.command.replace(DSN_ENV_PATH, str(env_file))
+        command = command.replace(STATE_DIR + "/", f"{tmp_path}/").replace(POLICY_PATH, policy)
+        bin_dir = stand_in_bin(tmp_path)
+        argv = ["/bin/sh", "-c", command]
+        env = {"HOME": str(tmp_path), "PATH": f"{bin_dir}:{CRON_PATH}"}
+    else:
+        if how == "systemd":
+            launch = unit_launch({DSN_ENV_PATH: env_file.read_text()})
+        else:
+            launch = deployment_launch(dsn)
+        assert launch.env["PGQCTL_POLICY"] == POLICY_PATH
+        env = {**launch.env, "PGQCTL_POLICY": policy, "HOME": str(tmp_path)}
+        env["PYTHONPATH"] = str(ROOT)
+        argv = [sys.executable, "-m", "pgqctl", *launch.argv[1:], "--burst"]
+    result = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+    rows = jobs(conn)
+    assert rows[fine][:2] == ("done", 1), result.stderr
+    assert (tmp_path / "ran").exists() and not touched.exists()
+    for job_id in (by_sh, preloaded):
+        assert rows[job_id][:2] == ("failed", 1), result.stderr
+    errors = dict(conn.execute("SELECT id, last_error FROM jobs").fetchall())
+    assert "is not on the policy's allowlist (programs)" in errors[by_sh]
+    assert '"env" sets LD_PRELOAD' in errors[preloaded]
