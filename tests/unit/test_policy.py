@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from pgqctl.errors import BadInput
 from pgqctl.payload import PayloadRejected, check_policy, command_for_job
-from pgqctl.policy import Policy, read_policy, with_flags
+from pgqctl.policy import LOADER_PREFIXES, LOADER_VARIABLES, Policy, read_policy, with_flags
 from pgqctl.runner import Command
 
 SH = os.path.realpath("/bin/sh")
@@ -265,3 +266,10 @@ def test_flags_add_to_the_file_and_no_rule_means_no_policy() -> None:
     assert with_flags(None, allow_env=["PATH"]) == Policy(allow_env=frozenset({"PATH"}))
     with pytest.raises(BadInput, match="--allow-program: 'jobs' is not an absolute path"):
         with_flags(None, programs=["jobs"])
+
+
+def test_the_readme_lists_every_loader_variable() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [row] = [line for line in readme.splitlines() if line.startswith("| loader variables")]
+    listed = set(re.findall(r"`([A-Z_][A-Z0-9_]*)\*?`", row))
+    assert listed == LOADER_VARIABLES | {prefix.rstrip("_") + "_" for prefix in LOADER_PREFIXES}
