@@ -106,6 +106,11 @@ class Policy:
     # Where the rules come from, for messages: a file name, or None for flags only.
     source: str | None = None
 
+    @property
+    def name(self) -> str:
+        """What the worker's start line calls it: its file, or its flags."""
+        return self.source or "from the worker's options"
+
     @functools.cached_property
     def handler_map(self) -> Mapping[str, tuple[str, ...]]:
         """The command of each kind the file gives a handler."""

@@ -498,6 +498,7 @@ class Worker:
             + (f"reap every {seconds(c.reap_every)}" if c.reap_every else "no reap")
             + (f", schedules (catch-up {c.catch_up})" if c.schedules else ", no schedules")
             + f", heartbeat {seconds(c.heartbeat)}"
+            + (f", policy {c.policy.name}" if c.policy else "")
             + (f", database {self.target}" if self.target else ""),
             worker=self.worker_id,
             concurrency=c.concurrency,
@@ -511,6 +512,7 @@ class Worker:
             catch_up=c.catch_up,
             heartbeat=c.heartbeat,
             schema=c.schema,
+            policy=c.policy.name if c.policy else None,
         )
 
     def _start_threads(self) -> None:

@@ -19,13 +19,16 @@ from tests.integration.test_worker import insert_jobs, job, statuses
 SH = os.path.realpath("/bin/sh")
 
 
-def run_worker(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_worker(
+    dsn: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`pgqctl worker --burst` in a process of its own."""
     return subprocess.run(
         [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn, "--burst", *args],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -72,6 +75,7 @@ def test_an_allowlist_refuses_sh_symlinks_out_and_loader_variables_and_runs_the_
     result = run_worker(dsn, "--policy", policy)
 
     assert result.returncode == 0, result.stderr
+    assert f"heartbeat 10s, policy {policy}, database " in result.stderr
     assert not touched.exists()
     assert marks(jobs_dir) == ["ran"]
     assert job(conn, allowed)["status"] == "done"
@@ -94,7 +98,7 @@ def test_an_allowlist_refuses_sh_symlinks_out_and_loader_variables_and_runs_the_
         assert f"job {job_id} failed permanently (it can never run): " in result.stderr
 
 
-def test_flags_alone_make_a_policy_and_allow_what_they_name(
+def test_options_alone_make_a_policy_and_allow_what_they_name(
     conn: psycopg.Connection[Any], dsn: str, jobs_dir: Path
 ) -> None:
     mark = str(jobs_dir / "mark")
@@ -105,10 +109,12 @@ def test_flags_alone_make_a_policy_and_allow_what_they_name(
             {"argv": ["sh", "-c", f"{mark} via-sh"]},
         ],
     )
-    allow = ("--allow-program", str(jobs_dir), "--allow-program", "/bin/sh")
-    result = run_worker(dsn, *allow, "--allow-env", "LD_PRELOAD")
+    # PGQCTL_ALLOW_PROGRAM holds paths as PATH does, separated by ":".
+    allow = {"PGQCTL_ALLOW_PROGRAM": f"{jobs_dir}:/bin/sh"}
+    result = run_worker(dsn, "--allow-env", "LD_PRELOAD", env=allow)
     assert result.returncode == 0, result.stderr
-    assert statuses(conn) == {"done": 2}
+    assert statuses(conn) == {"done": 2}, result.stderr
+    assert "policy from the worker's options" in result.stderr
     assert sorted(marks(jobs_dir)) == ["preloaded", "via-sh"]
 
 
