@@ -80,6 +80,25 @@ max_attempts_option = click.option(
     help="Attempts before the job fails for good.",
 )
 
+policy_option = click.option(
+    "--policy",
+    "policy_file",
+    cls=OnceOption,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Refuse (exit 2, nothing written) a job that workers with this policy file "
+    "would refuse, e.g. --policy /etc/pgqctl/policy.toml.",
+)
+
+
+def read_policy_option(path: str | None) -> Policy | None:
+    """The policy --policy names, read before anything is written."""
+    if path is None:
+        return None
+    from pgqctl.policy import read_policy
+
+    return read_policy(path)
+
 
 @command("enqueue")
 @database_options
@@ -125,15 +144,7 @@ max_attempts_option = click.option(
     allow_from_autoenv=False,  # a PGQCTL_FILE in the environment would hijack every enqueue
     help="Bulk-load JSON lines from this file (- for stdin).",
 )
-@click.option(
-    "--policy",
-    "policy_file",
-    cls=OnceOption,
-    type=click.Path(dir_okay=False),
-    metavar="FILE",
-    help="Refuse (exit 2, nothing enqueued) a job that workers with this policy file "
-    "would refuse, e.g. --policy /etc/pgqctl/policy.toml.",
-)
+@policy_option
 @format_options
 def enqueue_command(
     database: Database,
@@ -179,11 +190,7 @@ def enqueue_command(
     """
     if delay is not None and run_at is not None:
         raise click.UsageError("give --delay or --run-at, not both")
-    rules = None
-    if policy_file is not None:
-        from pgqctl.policy import read_policy
-
-        rules = read_policy(policy_file)
+    rules = read_policy_option(policy_file)
     options = {
         "queue": queue,
         "priority": priority,

@@ -8,7 +8,13 @@ from typing import IO
 import click
 
 from pgqctl import output, schedules
-from pgqctl.commands.enqueue import max_attempts_option, priority_option, queue_option
+from pgqctl.commands.enqueue import (
+    max_attempts_option,
+    policy_option,
+    priority_option,
+    queue_option,
+    read_policy_option,
+)
 from pgqctl.commands.options import (
     CONTEXT,
     Database,
@@ -19,7 +25,8 @@ from pgqctl.commands.options import (
     say,
     selection_option,
 )
-from pgqctl.enqueue import parse_payload
+from pgqctl.enqueue import check_policy, parse_payload
+from pgqctl.errors import BadInput
 from pgqctl.payload import iso_utc
 
 
@@ -63,6 +70,7 @@ def schedule_group() -> None:
 @priority_option
 @max_attempts_option
 @selection_option("--paused", is_flag=True, help="Add it paused (`schedule resume` starts it).")
+@policy_option
 @format_options
 def add_command(
     database: Database,
@@ -76,6 +84,7 @@ def add_command(
     priority: int,
     max_attempts: int,
     paused: bool,
+    policy_file: str | None,
     fmt: str,
 ) -> None:
     """Add schedule NAME: a job of KIND (with the JSON object PAYLOAD,
@@ -85,6 +94,8 @@ def add_command(
     expression and the zone by the cron library and the system's time zone
     data (daylight-saving changes included: a time skipped by the change
     runs just after it, a time repeated runs once). Ticks start from now.
+    With --policy FILE, a job that workers with that policy would refuse is
+    refused here, as `enqueue --policy` refuses it.
 
     \b
     Example:
@@ -105,6 +116,9 @@ def add_command(
         max_attempts=max_attempts,
         paused=paused,
     )
+    rules = read_policy_option(policy_file)
+    if rules is not None:
+        check_policy(definition.kind, definition.payload, rules)
     with database.connect(writes=True) as conn:
         added = schedules.add(conn, definition)
     output.emit_schedule(added, fmt)
@@ -246,9 +260,15 @@ def run_command(database: Database, name: str, fmt: str) -> None:
     is_flag=True,
     help="Also remove schedules made by `schedule add` that FILE does not name.",
 )
+@policy_option
 @format_options
 def sync_command(
-    database: Database, path: IO[bytes], dry_run: bool, prune_all: bool, fmt: str
+    database: Database,
+    path: IO[bytes],
+    dry_run: bool,
+    prune_all: bool,
+    policy_file: str | None,
+    fmt: str,
 ) -> None:
     """Make the schedules match a TOML file: add, update and remove.
 
@@ -259,7 +279,8 @@ def sync_command(
     `schedule add` that the file names becomes the file's. A `paused` the
     file leaves out leaves a schedule's pause as it is. Syncing the same
     file again changes nothing. The whole file is checked first: a bad one
-    changes nothing (exit 2, naming the schedule and the key). Prints the
+    changes nothing (exit 2, naming the schedule and the key), and so does
+    a job that workers with the --policy FILE would refuse. Prints the
     changes (--dry-run: that would be made).
 
     \b
@@ -269,6 +290,13 @@ def sync_command(
     """
     source = "stdin" if path.name == "-" else path.name
     wanted = schedules.read_file(path.read(), source)
+    rules = read_policy_option(policy_file)
+    if rules is not None:
+        for definition in wanted:
+            try:
+                check_policy(definition.kind, definition.payload, rules)
+            except BadInput as exc:
+                raise BadInput(f"{source}: schedule {definition.name!r}: {exc}") from None
     with database.connect(writes=True) as conn:
         changes = schedules.sync(conn, wanted, dry_run=dry_run, prune_all=prune_all)
     output.emit_sync(changes, fmt)

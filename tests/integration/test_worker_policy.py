@@ -220,3 +220,39 @@ def test_enqueue_refuses_a_malformed_policy_before_connecting(tmp_path: Path) ->
         f"pgqctl: error: policy file {policy}: programs must be an array of strings, "
         'e.g. ["/usr/local/lib/jobs/"]\n'
     )
+
+
+def test_schedule_add_and_sync_with_a_policy_refuse_what_workers_would(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Path, jobs_dir: Path
+) -> None:
+    policy = policy_file(tmp_path, f'programs = ["{jobs_dir}"]\n')
+    mark = str(jobs_dir / "mark")
+    result = run_cli(
+        "schedule", "add", "nightly", "--every", "1h", "--dsn", dsn, "--policy", policy,
+        "report", '{"argv": ["/bin/sh", "-c", "id"]}',
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"pgqctl: error: refused by the policy in {policy}: program /bin/sh ({SH}) is not on "
+        f"the policy's allowlist (programs): allow it with --allow-program {SH} or programs "
+        f"in {policy}\n"
+    )
+
+    schedules = tmp_path / "schedules.toml"
+    schedules.write_text(
+        f'[schedules.fine]\nevery = "1h"\nkind = "report"\npayload = {{argv = ["{mark}"]}}\n'
+        '[schedules.preload]\nevery = "1h"\nkind = "report"\n'
+        f'payload = {{argv = ["{mark}"], env = {{LD_PRELOAD = "x.so"}}}}\n'
+    )
+    result = run_cli("schedule", "sync", str(schedules), "--dsn", dsn, "--policy", policy)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        f"pgqctl: error: {schedules}: schedule 'preload': refused by the policy in {policy}: "
+        '"env" sets LD_PRELOAD'
+    )
+    assert conn.execute("SELECT count(*) FROM schedules").fetchone() == (0,)
+
+    schedules.write_text(schedules.read_text().split("[schedules.preload]")[0])
+    result = run_cli("schedule", "sync", str(schedules), "--dsn", dsn, "--policy", policy)
+    assert result.exit_code == 0, result.stderr
+    assert conn.execute("SELECT name FROM schedules").fetchall() == [("fine",)]
