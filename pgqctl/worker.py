@@ -195,8 +195,8 @@ class WorkerConfig:
     heartbeat: float = 10.0
     # Jobs claimed ahead of a free slot, kept in a local queue (see Worker).
     prefetch: int = 0
-    # What jobs may run (pgqctl/policy.py); None: anything. Its file's
-    # handlers are in `handlers` already.
+    # What jobs may run (pgqctl/policy.py); None: anything. The [handlers]
+    # of its file add to `handlers`.
     policy: Policy | None = None
 
     def __post_init__(self) -> None:
@@ -223,13 +223,19 @@ class WorkerConfig:
             if kinds.count(kind) > 1:
                 raise BadInput(f"--handler given twice for kind {kind!r}: keep one")
         if self.policy is not None:
+            for kind, _ in self.policy.handlers:
+                if kind in kinds:
+                    raise BadInput(
+                        f"kind {kind!r} has a handler in {self.policy.source} and a "
+                        "--handler: keep one"
+                    )
             # The programs handlers run are the operator's, checked once here.
-            self.policy.check_handlers(self.handlers, os.environ)
+            self.policy.check_handlers(self.handler_map.items(), os.environ)
 
     @functools.cached_property
     def handler_map(self) -> Mapping[str, tuple[str, ...]]:
-        """The command of each kind that has a handler."""
-        return dict(self.handlers)
+        """The command of each kind that has a handler (--handler, or the policy file's)."""
+        return dict((*(self.policy.handlers if self.policy else ()), *self.handlers))
 
 
 def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:

@@ -279,13 +279,6 @@ def worker_command(
     from pgqctl.worklog import WorkLog
 
     rules = policy.read_policy(policy_file) if policy_file is not None else None
-    if rules is not None:
-        for kind, _ in rules.handlers:
-            if kind in dict(handlers):
-                raise click.UsageError(
-                    f"kind {kind!r} has a handler in {policy_file} and a --handler: keep one"
-                )
-        handlers = (*rules.handlers, *handlers)
     rules = policy.with_flags(
         rules, handlers_only=handlers_only, programs=allow_programs, allow_env=allow_env
     )

@@ -147,6 +147,7 @@ def test_a_handlers_only_worker_refuses_kinds_without_a_handler(
         ("programs = ['/usr/bin']\nallow_shell = true\n", (), "unknown key 'allow_shell'"),
         ("programs = ['/usr/lib/jobs']\n", ("--handler", "mail=sh -c x"), "the handler of kind"),
         ("handlers_only = true\n", (), "handlers_only), and the worker has none"),
+        ("[handlers]\nmail = 'true'\n", ("--handler", "mail=true"), "and a --handler: keep one"),
     ],
 )
 def test_a_bad_policy_stops_the_worker_at_start_with_exit_2_and_one_line(
