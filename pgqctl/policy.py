@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import os
 import shlex
 import sys
@@ -163,19 +164,19 @@ class Policy:
         try:
             found = find_program(program, {"PATH": path})
         except FileNotFoundError:
-            return f"command not found: {program} (a program must exist to be checked)"
+            return f"command not found: {_shown(program)} (a program must exist to be checked)"
         except OSError as exc:
-            return f"cannot run {program}: {exc.strerror or exc}"
+            return f"cannot run {_shown(program)}: {exc.strerror or exc}"
         if not os.path.isabs(found):  # relative to the job's cwd, as the child sees it
             found = os.path.join(os.getcwd(), cwd or "", found)
         real = _real_path(found)
         files, dirs = self._allowed
         if real in files or real.startswith(dirs):
             return None
-        shown = real if program == real else f"{program} ({real})"
+        shown = _shown(real) if program == real else f"{_shown(program)} ({_shown(real)})"
         return (
             f"program {shown} is not on the policy's allowlist (programs): allow it with "
-            f"--allow-program {shlex.quote(real)}{self._or_file('programs')}"
+            f"--allow-program {_shown(shlex.quote(real))}{self._or_file('programs')}"
         )
 
     def check_handlers(
@@ -196,6 +197,12 @@ class Policy:
 
     def _or_file(self, key: str) -> str:
         return f" or {key} in {self.source}" if self.source else ""
+
+
+def _shown(text: str) -> str:
+    """`text` for a one-line message: as it is, or as a JSON string when it
+    holds a line end or another control character."""
+    return text if text.isprintable() else json.dumps(text)
 
 
 def _real_path(path: str) -> str:

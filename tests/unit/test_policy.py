@@ -273,3 +273,16 @@ def test_the_readme_lists_every_loader_variable() -> None:
     [row] = [line for line in readme.splitlines() if line.startswith("| loader variables")]
     listed = set(re.findall(r"`([A-Z_][A-Z0-9_]*)\*?`", row))
     assert listed == LOADER_VARIABLES | {prefix.rstrip("_") + "_" for prefix in LOADER_PREFIXES}
+
+
+def test_a_program_name_with_a_line_end_stays_on_one_line(jobs_dir: Path) -> None:
+    policy = Policy(programs=(str(jobs_dir),))
+    assert refusal({"argv": ["sh\nCRITICAL fake"]}, policy).startswith(
+        'command not found: "sh\\nCRITICAL fake"'
+    )
+    odd = jobs_dir.parent / "odd\nname"
+    odd.write_text("#!/bin/sh\n")
+    odd.chmod(0o755)
+    assert f'program "{jobs_dir.parent}/odd\\nname" is not on' in refusal(
+        {"argv": [str(odd)]}, policy
+    )
