@@ -131,6 +131,8 @@ class Outcome:
     signal on its own) or `exit_code`. `exit_code` and `signal` also say how
     a timed-out or stopped child finally ended. `output_tail` is the end of
     stdout and stderr together; `output_bytes` counts all of it.
+    `never_starts`: the start error comes from the command itself (no such
+    program, arguments over the system's limit), so trying again cannot help.
     """
 
     exit_code: int | None = None
@@ -139,6 +141,7 @@ class Outcome:
     stopped: bool = False
     stop_reason: str | None = None
     start_error: str | None = None
+    never_starts: bool = False
     output_tail: str = ""
     output_bytes: int = 0
     duration: float = 0.0
@@ -486,7 +489,9 @@ class _Submission:
 
 def _ended_before_start(command: Command, stop: Stop | None) -> Outcome | None:
     if not command.argv:
-        return Outcome(start_error="empty command: nothing to run", timeout=command.timeout)
+        return Outcome(
+            start_error="empty command: nothing to run", never_starts=True, timeout=command.timeout
+        )
     if stop is not None and stop.requested:
         return Outcome(stopped=True, stop_reason=stop.reason, timeout=command.timeout)
     return None
@@ -649,6 +654,7 @@ class _Child:
         self.drain_until: float | None = None
         self.complete = False  # nothing more to wait for: `finish` may reap it
         self.start_error: str | None = None
+        self.never_starts = False
         self.error: BaseException | None = None  # raised by on_line
         self.subscribed = False  # counted in its reactor's `stops`
 
@@ -659,7 +665,8 @@ class _Child:
             self._spawn(env)
         except (OSError, ValueError) as exc:
             self._close_all()
-            self.start_error = _start_error(exc, self.command)
+            self.start_error = _start_error(exc, self.command, env)
+            self.never_starts = _never_starts(exc, self.command)
             self.complete = True
             return
         if self.reactor.guard is not None:
@@ -796,6 +803,7 @@ class _Child:
         if self.start_error is not None:
             return Outcome(
                 start_error=self.start_error,
+                never_starts=self.never_starts,
                 duration=time.monotonic() - self.started,
                 timeout=self.command.timeout,
             )
@@ -1067,13 +1075,13 @@ def _poke(fd: int) -> None:
         os.write(fd, _ONE)
 
 
-def _start_error(exc: Exception, command: Command) -> str:
-    program = command.argv[0] if command.argv else ""
+def _start_error(exc: Exception, command: Command, env: Mapping[str, str]) -> str:
+    program = _shown(command.argv[0] if command.argv else "")
     if isinstance(exc, ValueError):
         return f"cannot start {program}: {exc}"
     assert isinstance(exc, OSError)
     where = command.cwd
-    if where is not None and exc.filename == where and exc.filename != program:
+    if where is not None and exc.filename == where and exc.filename != command.argv[0]:
         if isinstance(exc, FileNotFoundError):
             return f"working directory not found: {where}"
         if isinstance(exc, NotADirectoryError):
@@ -1083,7 +1091,7 @@ def _start_error(exc: Exception, command: Command) -> str:
         return f"cannot enter working directory {where}: {exc.strerror}"
     if isinstance(exc, FileNotFoundError):
         # The file that failed: the program as given, or as found on PATH.
-        file = exc.filename if isinstance(exc.filename, str) else program
+        file = exc.filename if isinstance(exc.filename, str) else command.argv[0]
         if "/" in file and os.path.exists(file):
             return f"cannot run {program}: its #! interpreter was not found"
         return f"command not found: {program}"
@@ -1091,7 +1099,50 @@ def _start_error(exc: Exception, command: Command) -> str:
         return f"permission denied: {program} (is it executable?)"
     if exc.errno == errno.ENOEXEC:
         return f"cannot run {program}: not an executable (missing #! line?)"
+    if exc.errno == errno.E2BIG:
+        return (
+            f"cannot start {program}: its arguments and environment are too long for the "
+            f"system ({_exec_bytes(command.argv, env):,} bytes; the limit is "
+            f"{_arg_max():,}, and {_MAX_ARG_BYTES:,} for any one of them): "
+            "pass large data on stdin or in a file"
+        )
     return f"cannot start {program}: {exc.strerror or exc}"
+
+
+def _never_starts(exc: Exception, command: Command) -> bool:
+    """Whether a start error is the command's own, the same at every try: a
+    program that is not there, or arguments the system refuses. A missing
+    working directory or a permission may be fixed between two tries."""
+    if isinstance(exc, ValueError):  # a NUL in an argument or variable
+        return True
+    if isinstance(exc, FileNotFoundError):
+        return exc.filename is None or exc.filename != command.cwd
+    return isinstance(exc, OSError) and exc.errno in (errno.E2BIG, errno.ENAMETOOLONG)
+
+
+# The most of a program's name a message shows: it may be anything a payload holds.
+_SHOWN_CHARS = 200
+# Linux refuses any single argument or variable longer than this (MAX_ARG_STRLEN).
+_MAX_ARG_BYTES = 32 * 4096
+
+
+def _shown(program: str) -> str:
+    if len(program) <= _SHOWN_CHARS:
+        return program
+    return f"{program[:_SHOWN_CHARS]}... ({len(program):,} characters)"
+
+
+def _exec_bytes(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """What exec copies for the new program: each argument and NAME=value, NUL-ended."""
+    size = sum(len(os.fsencode(arg)) + 1 for arg in argv)
+    return size + sum(len(os.fsencode(k)) + len(os.fsencode(v)) + 2 for k, v in env.items())
+
+
+def _arg_max() -> int:
+    try:
+        return os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        return 131072
 
 
 def _decode_tail(tail: bytearray, total: int) -> str:

@@ -1177,6 +1177,9 @@ class Worker:
         if finished.rejected is not None:
             failure = Failure(job.id, job.attempts, finished.rejected, 0.0, permanent=True)
             self.fails.append((finished, failure))
+        elif outcome.never_starts:  # no such program, arguments too long: same every time
+            failure = Failure(job.id, job.attempts, outcome.last_error(), 0.0, permanent=True)
+            self.fails.append((finished, failure))
         elif outcome.succeeded:
             self.done.append(finished)
         elif outcome.stopped:  # only a shutdown stops a child whose lease we hold

@@ -147,6 +147,20 @@ def test_command_not_found() -> None:
     assert outcome.start_error == "command not found: pgqctl-no-such-command"
     assert (outcome.exit_code, outcome.signal, outcome.succeeded) == (None, None, False)
     assert outcome.describe() == outcome.last_error() == "command not found: pgqctl-no-such-command"
+    assert outcome.never_starts
+
+
+def test_arguments_too_long_never_start_and_say_so() -> None:
+    outcome = run(Command(("echo", "x" * 200_000)), ENV)
+    assert outcome.never_starts
+    assert outcome.start_error is not None
+    assert outcome.start_error.startswith(
+        "cannot start echo: its arguments and environment are too long for the system ("
+    )
+    # A program name of any size is shown cut.
+    outcome = run(Command(("y" * 300_000,)), ENV)
+    assert outcome.never_starts
+    assert outcome.start_error is not None and len(outcome.start_error) < 400
 
 
 def test_program_looked_up_in_the_child_path(tmp_path: Path) -> None:
