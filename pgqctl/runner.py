@@ -86,10 +86,12 @@ def open_files_needed(children: int) -> int:
 # The longest one wait in the children's poll() may last.
 _MAX_POLL_MS = 60_000
 _READ_SIZE = 65536
-# Output read from one child per turn of the poll loop: every line of it is
-# handed to `on_line` (a log line each, in the worker) before the loop turns
-# again, so a child printing as fast as it can gets no more than this much
-# attention before the others are looked at; its pipe fills and it waits.
+# Output read from one child per turn of the poll loop while its lines go to
+# `on_line` (a log line each, in the worker): every line of it is handed
+# over before the loop turns again, so a child printing as fast as it can
+# gets no more than this much attention before the others are looked at.
+# Output nobody takes line by line (past the `OutputCap`) is only counted,
+# and read `_READ_SIZE` at a time: the child's pipe never waits on it.
 _OUTPUT_READ_SIZE = 4096
 
 _pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
@@ -123,6 +125,20 @@ class Command:
 
 
 @dataclass(frozen=True)
+class OutputCap:
+    """How much of a child's output reaches `on_line`: its first `lines`
+    lines (a piece of a long line counts as one), holding at most `bytes`
+    bytes together, newlines included; the rest is counted in `Outcome.left_out_bytes` and
+    `left_out_lines`, at the cost of reading it."""
+
+    lines: int
+    bytes: int
+
+
+NO_CAP = OutputCap(sys.maxsize, sys.maxsize)
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How a child ended.
 
@@ -133,6 +149,8 @@ class Outcome:
     stdout and stderr together; `output_bytes` counts all of it.
     `never_starts`: the start error comes from the command itself (no such
     program, arguments over the system's limit), so trying again cannot help.
+    `left_out_bytes` and `left_out_lines`: the output `on_line` did not get
+    (past its `OutputCap`); a line counts when any of it was left out.
     """
 
     exit_code: int | None = None
@@ -144,6 +162,8 @@ class Outcome:
     never_starts: bool = False
     output_tail: str = ""
     output_bytes: int = 0
+    left_out_bytes: int = 0
+    left_out_lines: int = 0
     duration: float = 0.0
     timeout: float | None = None
 
@@ -312,6 +332,7 @@ class Supervisor:
         *,
         stop: Stop | None = None,
         on_line: Callable[[str], None] | None = None,
+        cap: OutputCap = NO_CAP,
     ) -> None:
         """Start `command` soon; `on_done(key, ...)` says how it ended.
 
@@ -321,9 +342,11 @@ class Supervisor:
         with replacement characters and without its newline (a final
         unterminated line too; a line over `MAX_LINE_BYTES` in pieces), on
         the thread watching the children; if it raises, the child's group is
-        killed and `on_done` gets the exception.
+        killed and `on_done` gets the exception. `cap`: how much of the
+        output `on_line` gets; the rest is read as fast as it comes, and
+        counted.
         """
-        submission = _Submission(key, command, env, stop, on_line, time.monotonic())
+        submission = _Submission(key, command, env, stop, on_line, cap, time.monotonic())
         if threading.get_ident() == self._guest and self._baton.acquire(blocking=False):
             # The driving thread, between two turns: start it now.
             try:
@@ -465,7 +488,13 @@ class Supervisor:
             return
         try:
             child = self._reactor.start(
-                s.command, s.env, stop=s.stop, on_line=s.on_line, started=s.started, key=s.key
+                s.command,
+                s.env,
+                stop=s.stop,
+                on_line=s.on_line,
+                cap=s.cap,
+                started=s.started,
+                key=s.key,
             )
         except Exception as exc:  # never lose a job's report
             self._on_done(s.key, Outcome(), exc)
@@ -484,6 +513,7 @@ class _Submission:
     env: Mapping[str, str]
     stop: Stop | None
     on_line: Callable[[str], None] | None
+    cap: OutputCap
     started: float
 
 
@@ -546,8 +576,9 @@ class _Reactor:
         on_line: Callable[[str], None] | None,
         started: float,
         key: object = None,
+        cap: OutputCap = NO_CAP,
     ) -> _Child:
-        child = _Child(self, command, stop, on_line, started, key)
+        child = _Child(self, command, stop, on_line, started, key, cap)
         try:
             child.start(env)
         except BaseException:
@@ -627,6 +658,7 @@ class _Child:
         on_line: Callable[[str], None] | None,
         started: float,
         key: object,
+        cap: OutputCap = NO_CAP,
     ) -> None:
         self.reactor = reactor
         self.command = command
@@ -638,7 +670,16 @@ class _Child:
         self.deadline = None if command.timeout is None else started + command.timeout
         self.tail = bytearray()
         self.output_bytes = 0
+        self.newlines = 0
+        self.ends_open = False  # the output so far ends in an unterminated line
         self.partial = b""
+        # What `on_line` may still get, and what it got; once the cap is
+        # reached (or with no `on_line`), output is only counted.
+        self.lines_allowed = cap.lines if on_line is not None else 0
+        self.bytes_allowed = cap.bytes
+        self.forwarded_lines = 0  # whole lines, their newline included
+        self.forwarded_bytes = 0
+        self.capped = on_line is None
         self.fds: set[int] = set()  # every fd we own; closed at the end
         self.out_fd = -1
         self.in_fd = -1
@@ -816,8 +857,9 @@ class _Child:
             if self.error is None:
                 try:
                     self._drain()
-                    if self.partial:
-                        self._emit(self.partial)
+                    # The last line, unterminated: whole if the cap allows.
+                    if self.partial and not self.capped and self._emit(self.partial, whole=False):
+                        self.forwarded_lines += 1
                 except Exception as exc:  # on_line raised
                     self.fail(exc)
             returncode = self._reap()
@@ -831,6 +873,8 @@ class _Child:
             stop_reason=self.stop.reason if self.ending == "stop" and self.stop else None,
             output_tail=_decode_tail(self.tail, self.output_bytes),
             output_bytes=self.output_bytes,
+            left_out_bytes=self.output_bytes - self.forwarded_bytes,
+            left_out_lines=self._lines_seen() - self.forwarded_lines,
             duration=time.monotonic() - self.started,
             timeout=self.command.timeout,
         )
@@ -860,7 +904,7 @@ class _Child:
 
     def _read(self) -> None:
         try:
-            chunk = os.read(self.out_fd, _OUTPUT_READ_SIZE)
+            chunk = os.read(self.out_fd, _READ_SIZE if self.capped else _OUTPUT_READ_SIZE)
         except BlockingIOError:
             return
         if not chunk:
@@ -885,32 +929,60 @@ class _Child:
 
     def _keep(self, chunk: bytes) -> None:
         self.output_bytes += len(chunk)
+        self.newlines += chunk.count(b"\n")
+        self.ends_open = chunk[-1:] != b"\n"
         if len(chunk) >= TAIL_BYTES:
             self.tail[:] = chunk[-TAIL_BYTES:]
         else:
             self.tail += chunk
             if len(self.tail) > TAIL_BYTES:
                 del self.tail[:-TAIL_BYTES]
-        if self.on_line is not None:
+        if not self.capped:
             self._lines(chunk)
+
+    def _lines_seen(self) -> int:
+        return self.newlines + (1 if self.output_bytes and self.ends_open else 0)
 
     def _lines(self, chunk: bytes) -> None:
         data = self.partial + chunk if self.partial else chunk
+        self.partial = b""
         start = 0
         while (end := data.find(b"\n", start)) >= 0:
-            self._emit(data[start:end])
+            if not self._emit(data[start:end], whole=True):
+                return
             start = end + 1
         rest = data[start:]
         while len(rest) > MAX_LINE_BYTES:
-            self._emit(rest[:MAX_LINE_BYTES])
+            if not self._emit(rest[:MAX_LINE_BYTES], whole=False):
+                return
             rest = rest[MAX_LINE_BYTES:]
         self.partial = rest
 
-    def _emit(self, line: bytes) -> None:
+    def _emit(self, line: bytes, *, whole: bool) -> bool:
+        """Hand `line` to `on_line`, in pieces of MAX_LINE_BYTES, as far as
+        the cap allows; False once it allows no more (the rest is left out).
+        `whole`: the line's newline came with it."""
         assert self.on_line is not None
         for i in range(0, max(len(line), 1), MAX_LINE_BYTES):
-            self.on_line(line[i : i + MAX_LINE_BYTES].decode("utf-8", "replace"))
-        self.partial = b""
+            piece = line[i : i + MAX_LINE_BYTES]
+            if self.lines_allowed <= 0 or self.bytes_allowed < len(piece):
+                if self.lines_allowed > 0 and self.bytes_allowed > 0:
+                    self._forward(piece[: self.bytes_allowed])  # what still fits
+                self.capped = True
+                return False
+            self._forward(piece)
+        if whole:  # its newline counts too
+            self.forwarded_lines += 1
+            self.forwarded_bytes += 1
+            self.bytes_allowed -= 1
+        return True
+
+    def _forward(self, piece: bytes) -> None:
+        assert self.on_line is not None
+        self.lines_allowed -= 1
+        self.bytes_allowed -= len(piece)
+        self.forwarded_bytes += len(piece)
+        self.on_line(piece.decode("utf-8", "replace"))
 
     def _write(self) -> None:
         try:

@@ -93,7 +93,7 @@ from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
 from pgqctl.schedules import CATCH_UP
 from pgqctl.sql import query
-from pgqctl.worklog import WorkLog, seconds, timestamp
+from pgqctl.worklog import LOG_OUTPUT_BYTES, LOG_OUTPUT_LINES, WorkLog, seconds, timestamp
 
 CHANNEL = "pgqctl_jobs"
 CANCEL_CHANNEL = "pgqctl_cancel"
@@ -194,6 +194,10 @@ class WorkerConfig:
     heartbeat: float = 10.0
     # Jobs claimed ahead of a free slot, kept in a local queue (see Worker).
     prefetch: int = 0
+    # How much of each job's output the log takes: its first lines, up to
+    # this many bytes in all; a line at the job's end says what was left out.
+    log_output_lines: int = LOG_OUTPUT_LINES
+    log_output_bytes: int = LOG_OUTPUT_BYTES
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
@@ -386,6 +390,7 @@ class Worker:
         self.environ = payload.without_credentials(os.environ if environ is None else environ)
         self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.exit_code = 0
+        self.output_cap = runner.OutputCap(config.log_output_lines, config.log_output_bytes)
 
         self._children: runner.Supervisor | None = None
         self._guard: Guard | None = None
@@ -1401,7 +1406,12 @@ class Worker:
             )
             assert self._children is not None
             self._children.submit(
-                running, command, env, stop=running.stop, on_line=self._forwarder(job.id)
+                running,
+                command,
+                env,
+                stop=running.stop,
+                on_line=self._forwarder(job.id),
+                cap=self.output_cap,
             )
         except payload.PayloadRejected as exc:
             self.events.put(_Finished(running, runner.Outcome(start_error=exc.reason), exc.reason))
@@ -1433,7 +1443,23 @@ class Worker:
         if error is not None:
             self.log.error(f"job {key.job.id}: unexpected error running it", error)
             outcome = runner.Outcome(start_error=f"worker error: {error}")
+        elif outcome.left_out_bytes or outcome.left_out_lines:
+            self._log_left_out(key.job.id, outcome)
         self.events.put(_Finished(key, outcome))
+
+    def _log_left_out(self, job_id: int, outcome: runner.Outcome) -> None:
+        c = self.config
+        self.log.event(
+            "output_left_out",
+            f"job {job_id} output: {outcome.left_out_bytes:,} bytes in "
+            f"{outcome.left_out_lines:,} line(s) left out of this log, which takes the first "
+            f"{c.log_output_lines:,} lines and {c.log_output_bytes:,} bytes of a job's output "
+            "(--log-output-lines, --log-output-bytes)",
+            job_id=job_id,
+            left_out_bytes=outcome.left_out_bytes,
+            left_out_lines=outcome.left_out_lines,
+            output_bytes=outcome.output_bytes,
+        )
 
     def _forwarder(self, job_id: int) -> Callable[[str], None]:
         event = self.log.event

@@ -19,7 +19,11 @@ from pgqctl.commands.options import (
     debugging,
 )
 from pgqctl.schedules import CATCH_UP, CATCH_UP_MAX, MISSED_GRACE
-from pgqctl.worklog import LOG_FORMATS  # small; the options need it
+from pgqctl.worklog import (  # small; the options need it
+    LOG_FORMATS,
+    LOG_OUTPUT_BYTES,
+    LOG_OUTPUT_LINES,
+)
 
 
 class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
@@ -176,6 +180,23 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     show_default=True,
     help="Log lines on stderr: text, or one JSON object per line.",
 )
+@click.option(
+    "--log-output-lines",
+    type=click.IntRange(min=0),
+    metavar="N",
+    default=LOG_OUTPUT_LINES,
+    show_default=True,
+    help="Log at most this many lines of each job's output (its first ones); "
+    "a line at the job's end says how much was left out.",
+)
+@click.option(
+    "--log-output-bytes",
+    type=click.IntRange(min=0),
+    metavar="BYTES",
+    default=LOG_OUTPUT_BYTES,
+    show_default=True,
+    help="Log at most this many bytes of each job's output, e.g. --log-output-bytes 1048576.",
+)
 def worker_command(
     database: Database,
     queues: tuple[str, ...],
@@ -198,6 +219,8 @@ def worker_command(
     allow_shell: bool,
     handlers: tuple[tuple[str, tuple[str, ...]], ...],
     log_format: str,
+    log_output_lines: int,
+    log_output_bytes: int,
 ) -> int:
     """Run jobs: claim them, run each as a child process, record how it ended.
 
@@ -260,6 +283,8 @@ def worker_command(
         schedules=not no_schedules,
         catch_up=catch_up,
         heartbeat=heartbeat,
+        log_output_lines=log_output_lines,
+        log_output_bytes=log_output_bytes,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     return worker.serve(config, database.dsn, log)
