@@ -75,6 +75,7 @@ import random
 import select
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -84,7 +85,7 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import __version__, admin, claims, db, payload, runner, ticks
+from pgqctl import __version__, admin, claims, db, hardening, payload, runner, ticks
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
@@ -237,6 +238,13 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
     (before anything else), and DatabaseUnavailable or NotMigrated when it
     cannot start.
     """
+    if not hardening.make_undumpable() and sys.platform.startswith("linux"):
+        log.event(
+            "jobs_can_read_worker",
+            "cannot close this worker's environment and memory to its jobs (prctl "
+            "PR_SET_DUMPABLE refused): jobs running as this user may read its database "
+            "password; run them as another user (see the README, Deploying)",
+        )
     make_room_for(config.concurrency)
     dsn = target()
     # pg_stat_activity tells each worker's connections from the others'.
@@ -513,7 +521,7 @@ class Worker:
 
     def _start_threads(self) -> None:
         try:
-            self._guard = Guard(TERM_GRACE, self.log.format)
+            self._guard = Guard(TERM_GRACE, self.log.format, self.environ)
         except OSError as exc:
             self.log.error("cannot start the guard that stops jobs if this worker dies", exc)
         self._children = runner.Supervisor(

@@ -23,6 +23,7 @@ from pgqctl.worklog import (  # small; the options need it
     LOG_FORMATS,
     LOG_OUTPUT_BYTES,
     LOG_OUTPUT_LINES,
+    WorkLog,
 )
 
 
@@ -261,7 +262,6 @@ def worker_command(
         pgqctl worker --kind report --timeout 10m --log-format json
     """
     from pgqctl import worker
-    from pgqctl.worklog import WorkLog
 
     config = worker.WorkerConfig(
         schema=database.schema,
@@ -287,4 +287,41 @@ def worker_command(
         log_output_bytes=log_output_bytes,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
+    warn_of_password_on_command_line(log, database.dsn_option, listen_dsn)
     return worker.serve(config, database.dsn, log)
+
+
+def warn_of_password_on_command_line(
+    log: WorkLog, dsn_option: str | None, listen_dsn: str | None
+) -> None:
+    """Once: a password in --dsn or --listen-dsn given on the command line
+    is in /proc/PID/cmdline, which every process on the host may read, the
+    worker's jobs included (the same options read from PGQCTL_* are not)."""
+    from click.core import ParameterSource
+
+    from pgqctl.hardening import password_in
+
+    ctx = click.get_current_context()
+
+    def typed(name: str) -> bool:  # before the command (the group's) or after it
+        return any(
+            c.get_parameter_source(name) is ParameterSource.COMMANDLINE
+            for c in (ctx, ctx.find_root())
+        )
+
+    flags = [
+        flag
+        for flag, name, value in (
+            ("--dsn", "dsn", dsn_option),
+            ("--listen-dsn", "listen_dsn", listen_dsn),
+        )
+        if value and typed(name) and password_in(value)
+    ]
+    if flags:
+        log.event(
+            "password_on_command_line",
+            f"the password in {' and '.join(flags)} can be read by every process on this host, "
+            "this worker's jobs included (ps, /proc/PID/cmdline): give it in PGQCTL_DSN, "
+            "a passfile (~/.pgpass) or a service file (PGSERVICEFILE) instead",
+            options=flags,
+        )
