@@ -27,8 +27,9 @@ NOBODY = 65534
 TREE = Path(__file__).resolve().parents[2]
 
 # The job: for the worker (its parent) and the worker's guard, what reading
-# each of environ, cmdline and mem gives (mem: every readable mapping). It gets the password reversed, so
-# that the payload the worker holds in memory does not contain it.
+# each of environ, cmdline and mem (every readable mapping) gives. It gets
+# the password reversed, so that the payload the worker holds in memory does
+# not contain it.
 PROBE = r"""
 import os, sys, time
 secret = sys.argv[1][::-1].encode()
@@ -119,10 +120,11 @@ def python_for(prefix: list[str], env: dict[str, str]) -> str:
         shutil.which(version, path=system),
         shutil.which("python3", path=system),
     ]
+    same = tuple(sys.version_info[:2])
     check = (
-        "import subprocess, sys; assert sys.version_info[:2] == {v}; "
+        f"import subprocess, sys; assert sys.version_info[:2] == {same}; "
         "subprocess.run([sys.executable, '-c', 'import pgqctl, psycopg'], check=True)"
-    ).format(v=tuple(sys.version_info[:2]))
+    )
     for candidate in dict.fromkeys(c for c in candidates if c):
         probe = subprocess.run(
             [*prefix, candidate, "-c", check], env=env, cwd="/", capture_output=True, timeout=30
