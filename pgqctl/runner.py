@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import math
 import os
 import select
@@ -90,9 +91,13 @@ _READ_SIZE = 65536
 # `on_line` (a log line each, in the worker): every line of it is handed
 # over before the loop turns again, so a child printing as fast as it can
 # gets no more than this much attention before the others are looked at.
-# Output nobody takes line by line (past the `OutputCap`) is only counted,
-# and read `_READ_SIZE` at a time: the child's pipe never waits on it.
+# Output nobody takes line by line (past the `OutputCap`) is only counted:
+# its pipe grows to `_BULK_PIPE_SIZE` (where the system allows) and is read
+# `_BULK_READ_SIZE` at a time, so that a child writing a lot is not held up.
 _OUTPUT_READ_SIZE = 4096
+_BULK_READ_SIZE = 256 * 1024
+_BULK_PIPE_SIZE = 1 << 20
+_F_SETPIPE_SZ: int | None = getattr(fcntl, "F_SETPIPE_SZ", None)
 
 _pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
 # Linux: one eventfd is cheaper than a pipe as a wake-up for `Stop`.
@@ -680,6 +685,7 @@ class _Child:
         self.forwarded_lines = 0  # whole lines, their newline included
         self.forwarded_bytes = 0
         self.capped = on_line is None
+        self.bulk = False  # output read in large pieces (`_go_bulk`)
         self.fds: set[int] = set()  # every fd we own; closed at the end
         self.out_fd = -1
         self.in_fd = -1
@@ -903,8 +909,10 @@ class _Child:
     # -- output and input -------------------------------------------------------
 
     def _read(self) -> None:
+        if self.capped and not self.bulk:
+            self._go_bulk()
         try:
-            chunk = os.read(self.out_fd, _READ_SIZE if self.capped else _OUTPUT_READ_SIZE)
+            chunk = os.read(self.out_fd, _BULK_READ_SIZE if self.bulk else _OUTPUT_READ_SIZE)
         except BlockingIOError:
             return
         if not chunk:
@@ -912,6 +920,14 @@ class _Child:
             self.out_fd = -1
             return
         self._keep(chunk)
+
+    def _go_bulk(self) -> None:
+        """Output is only counted from now on: take it in large reads, from a
+        larger pipe (Linux), so that the child's writes seldom wait."""
+        self.bulk = True
+        if _F_SETPIPE_SZ is not None:
+            with contextlib.suppress(OSError):  # over the user's pipe quota: as it is
+                fcntl.fcntl(self.out_fd, _F_SETPIPE_SZ, _BULK_PIPE_SIZE)
 
     def _drain(self) -> None:
         """Read what is already in the output pipe, then stop reading."""
