@@ -133,8 +133,8 @@ class Command:
 class OutputCap:
     """How much of a child's output reaches `on_line`: its first `lines`
     lines (a piece of a long line counts as one), holding at most `bytes`
-    bytes together, newlines included; the rest is counted in `Outcome.left_out_bytes` and
-    `left_out_lines`, at the cost of reading it."""
+    bytes together, newlines included. The rest is only read and counted
+    (`Outcome.left_out_bytes`, `left_out_lines`)."""
 
     lines: int
     bytes: int
