@@ -12,6 +12,8 @@ after the grace, and exits. A worker that stops normally has ended its jobs
 first, so its guard finds nothing listed.
 
 The guard writes one log line (in the worker's format) when it stops jobs.
+It gets the worker's environment without the database's credentials (it
+needs none), and closes its own /proc files to the jobs as the worker does.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 
+from pgqctl.hardening import make_undumpable
 from pgqctl.worklog import WorkLog
 
 
@@ -30,9 +34,16 @@ class Guard:
     """The worker's end of the pipe. `started` and `ended` are called by
     whichever thread holds the children at the time, never at once."""
 
-    def __init__(self, grace: float, log_format: str) -> None:
+    def __init__(self, grace: float, log_format: str, env: Mapping[str, str] | None = None) -> None:
+        """`env`: the guard's environment (default: this one), without the
+        database's credentials (`payload.without_credentials`)."""
+        if env is None:
+            from pgqctl.payload import without_credentials
+
+            env = without_credentials(os.environ)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "pgqctl.guard", repr(grace), log_format, str(os.getpid())],
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             start_new_session=True,  # out of reach of signals meant for the worker's group
@@ -119,6 +130,7 @@ def _signal_group(pgid: int, signum: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    make_undumpable()
     grace, log_format, worker = float(argv[0]), argv[1], argv[2]
     # A terminal's Ctrl-C or hang-up is for the worker, which stops its jobs itself.
     for signum in (signal.SIGINT, signal.SIGHUP):

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import math
 import os
 import select
@@ -86,11 +87,17 @@ def open_files_needed(children: int) -> int:
 # The longest one wait in the children's poll() may last.
 _MAX_POLL_MS = 60_000
 _READ_SIZE = 65536
-# Output read from one child per turn of the poll loop: every line of it is
-# handed to `on_line` (a log line each, in the worker) before the loop turns
-# again, so a child printing as fast as it can gets no more than this much
-# attention before the others are looked at; its pipe fills and it waits.
+# Output read from one child per turn of the poll loop while its lines go to
+# `on_line` (a log line each, in the worker): every line of it is handed
+# over before the loop turns again, so a child printing as fast as it can
+# gets no more than this much attention before the others are looked at.
+# Output nobody takes line by line (past the `OutputCap`) is only counted:
+# its pipe grows to `_BULK_PIPE_SIZE` (where the system allows) and is read
+# `_BULK_READ_SIZE` at a time, so that a child writing a lot is not held up.
 _OUTPUT_READ_SIZE = 4096
+_BULK_READ_SIZE = 256 * 1024
+_BULK_PIPE_SIZE = 1 << 20
+_F_SETPIPE_SZ: int | None = getattr(fcntl, "F_SETPIPE_SZ", None)
 
 _pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
 # Linux: one eventfd is cheaper than a pipe as a wake-up for `Stop`.
@@ -123,6 +130,20 @@ class Command:
 
 
 @dataclass(frozen=True)
+class OutputCap:
+    """How much of a child's output reaches `on_line`: its first `lines`
+    lines (a piece of a long line counts as one), holding at most `bytes`
+    bytes together, newlines included. The rest is only read and counted
+    (`Outcome.left_out_bytes`, `left_out_lines`)."""
+
+    lines: int
+    bytes: int
+
+
+NO_CAP = OutputCap(sys.maxsize, sys.maxsize)
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How a child ended.
 
@@ -131,6 +152,10 @@ class Outcome:
     signal on its own) or `exit_code`. `exit_code` and `signal` also say how
     a timed-out or stopped child finally ended. `output_tail` is the end of
     stdout and stderr together; `output_bytes` counts all of it.
+    `never_starts`: the start error comes from the command itself (no such
+    program, arguments over the system's limit), so trying again cannot help.
+    `left_out_bytes` and `left_out_lines`: the output `on_line` did not get
+    (past its `OutputCap`); a line counts when any of it was left out.
     """
 
     exit_code: int | None = None
@@ -139,8 +164,11 @@ class Outcome:
     stopped: bool = False
     stop_reason: str | None = None
     start_error: str | None = None
+    never_starts: bool = False
     output_tail: str = ""
     output_bytes: int = 0
+    left_out_bytes: int = 0
+    left_out_lines: int = 0
     duration: float = 0.0
     timeout: float | None = None
 
@@ -309,6 +337,7 @@ class Supervisor:
         *,
         stop: Stop | None = None,
         on_line: Callable[[str], None] | None = None,
+        cap: OutputCap = NO_CAP,
     ) -> None:
         """Start `command` soon; `on_done(key, ...)` says how it ended.
 
@@ -318,9 +347,11 @@ class Supervisor:
         with replacement characters and without its newline (a final
         unterminated line too; a line over `MAX_LINE_BYTES` in pieces), on
         the thread watching the children; if it raises, the child's group is
-        killed and `on_done` gets the exception.
+        killed and `on_done` gets the exception. `cap`: how much of the
+        output `on_line` gets; the rest is read as fast as it comes, and
+        counted.
         """
-        submission = _Submission(key, command, env, stop, on_line, time.monotonic())
+        submission = _Submission(key, command, env, stop, on_line, cap, time.monotonic())
         if threading.get_ident() == self._guest and self._baton.acquire(blocking=False):
             # The driving thread, between two turns: start it now.
             try:
@@ -462,7 +493,13 @@ class Supervisor:
             return
         try:
             child = self._reactor.start(
-                s.command, s.env, stop=s.stop, on_line=s.on_line, started=s.started, key=s.key
+                s.command,
+                s.env,
+                stop=s.stop,
+                on_line=s.on_line,
+                cap=s.cap,
+                started=s.started,
+                key=s.key,
             )
         except Exception as exc:  # never lose a job's report
             self._on_done(s.key, Outcome(), exc)
@@ -481,12 +518,15 @@ class _Submission:
     env: Mapping[str, str]
     stop: Stop | None
     on_line: Callable[[str], None] | None
+    cap: OutputCap
     started: float
 
 
 def _ended_before_start(command: Command, stop: Stop | None) -> Outcome | None:
     if not command.argv:
-        return Outcome(start_error="empty command: nothing to run", timeout=command.timeout)
+        return Outcome(
+            start_error="empty command: nothing to run", never_starts=True, timeout=command.timeout
+        )
     if stop is not None and stop.requested:
         return Outcome(stopped=True, stop_reason=stop.reason, timeout=command.timeout)
     return None
@@ -541,8 +581,9 @@ class _Reactor:
         on_line: Callable[[str], None] | None,
         started: float,
         key: object = None,
+        cap: OutputCap = NO_CAP,
     ) -> _Child:
-        child = _Child(self, command, stop, on_line, started, key)
+        child = _Child(self, command, stop, on_line, started, key, cap)
         try:
             child.start(env)
         except BaseException:
@@ -622,6 +663,7 @@ class _Child:
         on_line: Callable[[str], None] | None,
         started: float,
         key: object,
+        cap: OutputCap = NO_CAP,
     ) -> None:
         self.reactor = reactor
         self.command = command
@@ -633,7 +675,17 @@ class _Child:
         self.deadline = None if command.timeout is None else started + command.timeout
         self.tail = bytearray()
         self.output_bytes = 0
+        self.newlines = 0
+        self.ends_open = False  # the output so far ends in an unterminated line
         self.partial = b""
+        # What `on_line` may still get, and what it got; once the cap is
+        # reached (or with no `on_line`), output is only counted.
+        self.lines_allowed = cap.lines if on_line is not None else 0
+        self.bytes_allowed = cap.bytes
+        self.forwarded_lines = 0  # whole lines, their newline included
+        self.forwarded_bytes = 0
+        self.capped = on_line is None
+        self.bulk = False  # output read in large pieces (`_go_bulk`)
         self.fds: set[int] = set()  # every fd we own; closed at the end
         self.out_fd = -1
         self.in_fd = -1
@@ -649,6 +701,7 @@ class _Child:
         self.drain_until: float | None = None
         self.complete = False  # nothing more to wait for: `finish` may reap it
         self.start_error: str | None = None
+        self.never_starts = False
         self.error: BaseException | None = None  # raised by on_line
         self.subscribed = False  # counted in its reactor's `stops`
 
@@ -659,7 +712,8 @@ class _Child:
             self._spawn(env)
         except (OSError, ValueError) as exc:
             self._close_all()
-            self.start_error = _start_error(exc, self.command)
+            self.start_error = _start_error(exc, self.command, env)
+            self.never_starts = _never_starts(exc, self.command)
             self.complete = True
             return
         if self.reactor.guard is not None:
@@ -796,6 +850,7 @@ class _Child:
         if self.start_error is not None:
             return Outcome(
                 start_error=self.start_error,
+                never_starts=self.never_starts,
                 duration=time.monotonic() - self.started,
                 timeout=self.command.timeout,
             )
@@ -808,8 +863,9 @@ class _Child:
             if self.error is None:
                 try:
                     self._drain()
-                    if self.partial:
-                        self._emit(self.partial)
+                    # The last line, unterminated: whole if the cap allows.
+                    if self.partial and not self.capped and self._emit(self.partial, whole=False):
+                        self.forwarded_lines += 1
                 except Exception as exc:  # on_line raised
                     self.fail(exc)
             returncode = self._reap()
@@ -823,6 +879,8 @@ class _Child:
             stop_reason=self.stop.reason if self.ending == "stop" and self.stop else None,
             output_tail=_decode_tail(self.tail, self.output_bytes),
             output_bytes=self.output_bytes,
+            left_out_bytes=self.output_bytes - self.forwarded_bytes,
+            left_out_lines=self._lines_seen() - self.forwarded_lines,
             duration=time.monotonic() - self.started,
             timeout=self.command.timeout,
         )
@@ -851,8 +909,10 @@ class _Child:
     # -- output and input -------------------------------------------------------
 
     def _read(self) -> None:
+        if self.capped and not self.bulk:
+            self._go_bulk()
         try:
-            chunk = os.read(self.out_fd, _OUTPUT_READ_SIZE)
+            chunk = os.read(self.out_fd, _BULK_READ_SIZE if self.bulk else _OUTPUT_READ_SIZE)
         except BlockingIOError:
             return
         if not chunk:
@@ -860,6 +920,14 @@ class _Child:
             self.out_fd = -1
             return
         self._keep(chunk)
+
+    def _go_bulk(self) -> None:
+        """Output is only counted from now on: take it in large reads, from a
+        larger pipe (Linux), so that the child's writes seldom wait."""
+        self.bulk = True
+        if _F_SETPIPE_SZ is not None:
+            with contextlib.suppress(OSError):  # over the user's pipe quota: as it is
+                fcntl.fcntl(self.out_fd, _F_SETPIPE_SZ, _BULK_PIPE_SIZE)
 
     def _drain(self) -> None:
         """Read what is already in the output pipe, then stop reading."""
@@ -877,32 +945,60 @@ class _Child:
 
     def _keep(self, chunk: bytes) -> None:
         self.output_bytes += len(chunk)
+        self.newlines += chunk.count(b"\n")
+        self.ends_open = chunk[-1:] != b"\n"
         if len(chunk) >= TAIL_BYTES:
             self.tail[:] = chunk[-TAIL_BYTES:]
         else:
             self.tail += chunk
             if len(self.tail) > TAIL_BYTES:
                 del self.tail[:-TAIL_BYTES]
-        if self.on_line is not None:
+        if not self.capped:
             self._lines(chunk)
+
+    def _lines_seen(self) -> int:
+        return self.newlines + (1 if self.output_bytes and self.ends_open else 0)
 
     def _lines(self, chunk: bytes) -> None:
         data = self.partial + chunk if self.partial else chunk
+        self.partial = b""
         start = 0
         while (end := data.find(b"\n", start)) >= 0:
-            self._emit(data[start:end])
+            if not self._emit(data[start:end], whole=True):
+                return
             start = end + 1
         rest = data[start:]
         while len(rest) > MAX_LINE_BYTES:
-            self._emit(rest[:MAX_LINE_BYTES])
+            if not self._emit(rest[:MAX_LINE_BYTES], whole=False):
+                return
             rest = rest[MAX_LINE_BYTES:]
         self.partial = rest
 
-    def _emit(self, line: bytes) -> None:
+    def _emit(self, line: bytes, *, whole: bool) -> bool:
+        """Hand `line` to `on_line`, in pieces of MAX_LINE_BYTES, as far as
+        the cap allows; False once it allows no more (the rest is left out).
+        `whole`: the line's newline came with it."""
         assert self.on_line is not None
         for i in range(0, max(len(line), 1), MAX_LINE_BYTES):
-            self.on_line(line[i : i + MAX_LINE_BYTES].decode("utf-8", "replace"))
-        self.partial = b""
+            piece = line[i : i + MAX_LINE_BYTES]
+            if self.lines_allowed <= 0 or self.bytes_allowed < len(piece):
+                if self.lines_allowed > 0 and self.bytes_allowed > 0:
+                    self._forward(piece[: self.bytes_allowed])  # what still fits
+                self.capped = True
+                return False
+            self._forward(piece)
+        if whole:  # its newline counts too
+            self.forwarded_lines += 1
+            self.forwarded_bytes += 1
+            self.bytes_allowed -= 1
+        return True
+
+    def _forward(self, piece: bytes) -> None:
+        assert self.on_line is not None
+        self.lines_allowed -= 1
+        self.bytes_allowed -= len(piece)
+        self.forwarded_bytes += len(piece)
+        self.on_line(piece.decode("utf-8", "replace"))
 
     def _write(self) -> None:
         try:
@@ -1067,13 +1163,13 @@ def _poke(fd: int) -> None:
         os.write(fd, _ONE)
 
 
-def _start_error(exc: Exception, command: Command) -> str:
-    program = command.argv[0] if command.argv else ""
+def _start_error(exc: Exception, command: Command, env: Mapping[str, str]) -> str:
+    program = _shown(command.argv[0] if command.argv else "")
     if isinstance(exc, ValueError):
         return f"cannot start {program}: {exc}"
     assert isinstance(exc, OSError)
     where = command.cwd
-    if where is not None and exc.filename == where and exc.filename != program:
+    if where is not None and exc.filename == where and exc.filename != command.argv[0]:
         if isinstance(exc, FileNotFoundError):
             return f"working directory not found: {where}"
         if isinstance(exc, NotADirectoryError):
@@ -1083,7 +1179,7 @@ def _start_error(exc: Exception, command: Command) -> str:
         return f"cannot enter working directory {where}: {exc.strerror}"
     if isinstance(exc, FileNotFoundError):
         # The file that failed: the program as given, or as found on PATH.
-        file = exc.filename if isinstance(exc.filename, str) else program
+        file = exc.filename if isinstance(exc.filename, str) else command.argv[0]
         if "/" in file and os.path.exists(file):
             return f"cannot run {program}: its #! interpreter was not found"
         return f"command not found: {program}"
@@ -1091,7 +1187,50 @@ def _start_error(exc: Exception, command: Command) -> str:
         return f"permission denied: {program} (is it executable?)"
     if exc.errno == errno.ENOEXEC:
         return f"cannot run {program}: not an executable (missing #! line?)"
+    if exc.errno == errno.E2BIG:
+        return (
+            f"cannot start {program}: its arguments and environment are too long for the "
+            f"system ({_exec_bytes(command.argv, env):,} bytes; the limit is "
+            f"{_arg_max():,}, and {_MAX_ARG_BYTES:,} for any one of them): "
+            "pass large data on stdin or in a file"
+        )
     return f"cannot start {program}: {exc.strerror or exc}"
+
+
+def _never_starts(exc: Exception, command: Command) -> bool:
+    """Whether a start error is the command's own, the same at every try: a
+    program that is not there, or arguments the system refuses. A missing
+    working directory or a permission may be fixed between two tries."""
+    if isinstance(exc, ValueError):  # a NUL in an argument or variable
+        return True
+    if isinstance(exc, FileNotFoundError):
+        return exc.filename is None or exc.filename != command.cwd
+    return isinstance(exc, OSError) and exc.errno in (errno.E2BIG, errno.ENAMETOOLONG)
+
+
+# The most of a program's name a message shows: it may be anything a payload holds.
+_SHOWN_CHARS = 200
+# Linux refuses any single argument or variable longer than this (MAX_ARG_STRLEN).
+_MAX_ARG_BYTES = 32 * 4096
+
+
+def _shown(program: str) -> str:
+    if len(program) <= _SHOWN_CHARS:
+        return program
+    return f"{program[:_SHOWN_CHARS]}... ({len(program):,} characters)"
+
+
+def _exec_bytes(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """What exec copies for the new program: each argument and NAME=value, NUL-ended."""
+    size = sum(len(os.fsencode(arg)) + 1 for arg in argv)
+    return size + sum(len(os.fsencode(k)) + len(os.fsencode(v)) + 2 for k, v in env.items())
+
+
+def _arg_max() -> int:
+    try:
+        return os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        return 131072
 
 
 def _decode_tail(tail: bytearray, total: int) -> str:

@@ -75,6 +75,7 @@ import random
 import select
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -84,7 +85,7 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import __version__, admin, claims, db, payload, runner, ticks
+from pgqctl import __version__, admin, claims, db, hardening, payload, runner, ticks
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
@@ -94,7 +95,7 @@ from pgqctl.jobs import Held, Job
 from pgqctl.policy import Policy
 from pgqctl.schedules import CATCH_UP
 from pgqctl.sql import query
-from pgqctl.worklog import WorkLog, seconds, timestamp
+from pgqctl.worklog import LOG_OUTPUT_BYTES, LOG_OUTPUT_LINES, WorkLog, seconds, timestamp
 
 CHANNEL = "pgqctl_jobs"
 CANCEL_CHANNEL = "pgqctl_cancel"
@@ -198,6 +199,10 @@ class WorkerConfig:
     # What jobs may run (pgqctl/policy.py); None: anything. The [handlers]
     # of its file add to `handlers`.
     policy: Policy | None = None
+    # How much of each job's output the log takes: its first lines, up to
+    # this many bytes in all; a line at the job's end says what was left out.
+    log_output_lines: int = LOG_OUTPUT_LINES
+    log_output_bytes: int = LOG_OUTPUT_BYTES
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
@@ -246,6 +251,13 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
     (before anything else), and DatabaseUnavailable or NotMigrated when it
     cannot start.
     """
+    if not hardening.make_undumpable() and sys.platform.startswith("linux"):
+        log.event(
+            "jobs_can_read_worker",
+            "cannot close this worker's environment and memory to its jobs (prctl "
+            "PR_SET_DUMPABLE refused): jobs running as this user may read its database "
+            "password; run them as another user (see the README, Deploying)",
+        )
     make_room_for(config.concurrency)
     dsn = target()
     # pg_stat_activity tells each worker's connections from the others'.
@@ -399,6 +411,7 @@ class Worker:
         self.environ = payload.without_credentials(os.environ if environ is None else environ)
         self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.exit_code = 0
+        self.output_cap = runner.OutputCap(config.log_output_lines, config.log_output_bytes)
 
         self._children: runner.Supervisor | None = None
         self._guard: Guard | None = None
@@ -523,7 +536,7 @@ class Worker:
 
     def _start_threads(self) -> None:
         try:
-            self._guard = Guard(TERM_GRACE, self.log.format)
+            self._guard = Guard(TERM_GRACE, self.log.format, self.environ)
         except OSError as exc:
             self.log.error("cannot start the guard that stops jobs if this worker dies", exc)
         self._children = runner.Supervisor(
@@ -1192,6 +1205,9 @@ class Worker:
         if finished.rejected is not None:
             failure = Failure(job.id, job.attempts, finished.rejected, 0.0, permanent=True)
             self.fails.append((finished, failure))
+        elif outcome.never_starts:  # no such program, arguments too long: same every time
+            failure = Failure(job.id, job.attempts, outcome.last_error(), 0.0, permanent=True)
+            self.fails.append((finished, failure))
         elif outcome.succeeded:
             self.done.append(finished)
         elif outcome.stopped:  # only a shutdown stops a child whose lease we hold
@@ -1415,7 +1431,12 @@ class Worker:
             )
             assert self._children is not None
             self._children.submit(
-                running, command, env, stop=running.stop, on_line=self._forwarder(job.id)
+                running,
+                command,
+                env,
+                stop=running.stop,
+                on_line=self._forwarder(job.id),
+                cap=self.output_cap,
             )
         except payload.PayloadRejected as exc:
             self.events.put(_Finished(running, runner.Outcome(start_error=exc.reason), exc.reason))
@@ -1447,7 +1468,23 @@ class Worker:
         if error is not None:
             self.log.error(f"job {key.job.id}: unexpected error running it", error)
             outcome = runner.Outcome(start_error=f"worker error: {error}")
+        elif outcome.left_out_bytes or outcome.left_out_lines:
+            self._log_left_out(key.job.id, outcome)
         self.events.put(_Finished(key, outcome))
+
+    def _log_left_out(self, job_id: int, outcome: runner.Outcome) -> None:
+        c = self.config
+        self.log.event(
+            "output_left_out",
+            f"job {job_id} output: {outcome.left_out_bytes:,} bytes in "
+            f"{outcome.left_out_lines:,} line(s) left out of this log, which takes the first "
+            f"{c.log_output_lines:,} lines and {c.log_output_bytes:,} bytes of a job's output "
+            "(--log-output-lines, --log-output-bytes)",
+            job_id=job_id,
+            left_out_bytes=outcome.left_out_bytes,
+            left_out_lines=outcome.left_out_lines,
+            output_bytes=outcome.output_bytes,
+        )
 
     def _forwarder(self, job_id: int) -> Callable[[str], None]:
         event = self.log.event

@@ -20,6 +20,10 @@ from typing import Any, TextIO
 from pgqctl.output import LINE_ESCAPES, format_seconds, printable
 
 LOG_FORMATS = ("text", "json")
+# Of each job's output, what a worker logs by default: enough for a job's
+# usual messages and a traceback; a job that writes more cannot fill the log.
+LOG_OUTPUT_LINES = 500
+LOG_OUTPUT_BYTES = 64 * 1024
 # One encoder for every line: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
 

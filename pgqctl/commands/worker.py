@@ -19,7 +19,12 @@ from pgqctl.commands.options import (
     debugging,
 )
 from pgqctl.schedules import CATCH_UP, CATCH_UP_MAX, MISSED_GRACE
-from pgqctl.worklog import LOG_FORMATS  # small; the options need it
+from pgqctl.worklog import (  # small; the options need it
+    LOG_FORMATS,
+    LOG_OUTPUT_BYTES,
+    LOG_OUTPUT_LINES,
+    WorkLog,
+)
 
 
 class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
@@ -206,6 +211,23 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     show_default=True,
     help="Log lines on stderr: text, or one JSON object per line.",
 )
+@click.option(
+    "--log-output-lines",
+    type=click.IntRange(min=0),
+    metavar="N",
+    default=LOG_OUTPUT_LINES,
+    show_default=True,
+    help="Log at most this many lines of each job's output (its first ones); "
+    "a line at the job's end says how much was left out.",
+)
+@click.option(
+    "--log-output-bytes",
+    type=click.IntRange(min=0),
+    metavar="BYTES",
+    default=LOG_OUTPUT_BYTES,
+    show_default=True,
+    help="Log at most this many bytes of each job's output, e.g. --log-output-bytes 1048576.",
+)
 def worker_command(
     database: Database,
     queues: tuple[str, ...],
@@ -232,6 +254,8 @@ def worker_command(
     allow_programs: tuple[str, ...],
     allow_env: tuple[str, ...],
     log_format: str,
+    log_output_lines: int,
+    log_output_bytes: int,
 ) -> int:
     """Run jobs: claim them, run each as a child process, record how it ended.
 
@@ -276,7 +300,6 @@ def worker_command(
         pgqctl worker --allow-program /usr/local/lib/jobs/ --handler 'mail=/usr/bin/mailer'
     """
     from pgqctl import policy, worker
-    from pgqctl.worklog import WorkLog
 
     rules = policy.read_policy(policy_file) if policy_file is not None else None
     rules = policy.with_flags(
@@ -304,6 +327,45 @@ def worker_command(
         catch_up=catch_up,
         heartbeat=heartbeat,
         policy=rules,
+        log_output_lines=log_output_lines,
+        log_output_bytes=log_output_bytes,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
+    warn_of_password_on_command_line(log, database.dsn_option, listen_dsn)
     return worker.serve(config, database.dsn, log)
+
+
+def warn_of_password_on_command_line(
+    log: WorkLog, dsn_option: str | None, listen_dsn: str | None
+) -> None:
+    """Once: a password in --dsn or --listen-dsn given on the command line
+    is in /proc/PID/cmdline, which every process on the host may read, the
+    worker's jobs included (the same options read from PGQCTL_* are not)."""
+    from click.core import ParameterSource
+
+    from pgqctl.hardening import password_in
+
+    ctx = click.get_current_context()
+
+    def typed(name: str) -> bool:  # before the command (the group's) or after it
+        return any(
+            c.get_parameter_source(name) is ParameterSource.COMMANDLINE
+            for c in (ctx, ctx.find_root())
+        )
+
+    flags = [
+        flag
+        for flag, name, value in (
+            ("--dsn", "dsn", dsn_option),
+            ("--listen-dsn", "listen_dsn", listen_dsn),
+        )
+        if value and typed(name) and password_in(value)
+    ]
+    if flags:
+        log.event(
+            "password_on_command_line",
+            f"the password in {' and '.join(flags)} can be read by every process on this host, "
+            "this worker's jobs included (ps, /proc/PID/cmdline): give it in PGQCTL_DSN, "
+            "a passfile (~/.pgpass) or a service file (PGSERVICEFILE) instead",
+            options=flags,
+        )

@@ -174,17 +174,53 @@ def test_failing_job_is_retried_with_backoff_then_fails_for_good(
     assert f"job {job_id} | disk full" in log
 
 
-def test_command_that_cannot_start_is_a_retried_failure(dsn: str, conn: Any) -> None:
-    [job_id] = insert_jobs(conn, [{"argv": ["pgqctl-no-such-program"]}], max_attempts=2)
+def test_a_missing_program_fails_at_once_a_missing_directory_is_retried(
+    dsn: str, conn: Any, tmp_path: Path
+) -> None:
+    missing = tmp_path / "not-yet-mounted"
+    program, directory = insert_jobs(
+        conn,
+        [{"argv": ["pgqctl-no-such-program"]}, {"argv": ["true"], "cwd": str(missing)}],
+        max_attempts=3,
+    )
     result = run_cli("worker", "--dsn", dsn, "--burst", "--backoff", "0")
     assert result.exit_code == 0, result.stderr
-    # Burst stops once nothing is due; the retry was due at once.
-    row = job(conn, job_id)
-    assert (row["status"], row["attempts"]) == ("failed", 2)
+    row = job(conn, program)
+    assert (row["status"], row["attempts"]) == ("failed", 1)
     assert row["last_error"] == "command not found: pgqctl-no-such-program"
     # "started" means a process exists: a job that never got one says why instead.
-    assert f"job {job_id} started" not in result.stderr
-    assert f"job {job_id} failed: command not found: pgqctl-no-such-program" in result.stderr
+    assert f"job {program} started" not in result.stderr
+    assert (
+        f"job {program} failed permanently (it can never run): "
+        "command not found: pgqctl-no-such-program"
+    ) in result.stderr
+    # A directory may be there at the next try: burst stops once nothing is
+    # due, and the retries were due at once.
+    row = job(conn, directory)
+    assert (row["status"], row["attempts"]) == ("failed", 3)
+    assert row["last_error"] == f"working directory not found: {missing}"
+    assert f"job {directory} failed: working directory not found: {missing}; runs again" in (
+        result.stderr
+    )
+
+
+def test_arguments_over_the_system_limit_fail_at_once_saying_why(dsn: str, conn: Any) -> None:
+    # Linux refuses any one argument over 128 KiB with E2BIG, whatever the total.
+    [job_id] = insert_jobs(conn, [{"argv": ["echo", "x" * 200_000]}], max_attempts=3)
+    result = run_cli("worker", "--dsn", dsn, "--burst", "--backoff", "0")
+    assert result.exit_code == 0, result.stderr
+    row = job(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert row["last_error"].startswith(
+        "cannot start echo: its arguments and environment are too long for the system ("
+    )
+    assert row["last_error"].endswith(
+        "and 131,072 for any one of them): pass large data on stdin or in a file"
+    )
+    assert f"job {job_id} failed permanently (it can never run): cannot start echo" in (
+        result.stderr
+    )
+    assert "runs again" not in result.stderr
 
 
 def test_exit_statuses_are_read_even_when_the_worker_inherits_sigchld_ignored(

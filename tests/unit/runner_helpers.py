@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from pgqctl.payload import job_environment, without_credentials
-from pgqctl.runner import Command, Outcome, Stop, _ended_before_start, _Reactor
+from pgqctl.runner import NO_CAP, Command, Outcome, OutputCap, Stop, _ended_before_start, _Reactor
 
 
 def run(
@@ -20,6 +20,7 @@ def run(
     stop: Stop | None = None,
     term_grace: float = 5.0,
     on_line: Callable[[str], None] | None = None,
+    cap: OutputCap = NO_CAP,
 ) -> Outcome:
     """Run `command` to the end and say how it ended. Blocks; never raises for
     the child's sake.
@@ -30,13 +31,14 @@ def run(
     replacement characters and without its newline (a final unterminated line
     too; a line over `MAX_LINE_BYTES` in pieces). It runs on this thread; if
     it raises, the child's group is killed and the exception propagates.
+    `cap`: how much of the output `on_line` gets.
     """
     started = time.monotonic()
     ended = _ended_before_start(command, stop)
     if ended is not None:
         return ended
     with _Reactor(term_grace) as reactor:
-        child = reactor.start(command, env, stop=stop, on_line=on_line, started=started)
+        child = reactor.start(command, env, stop=stop, on_line=on_line, started=started, cap=cap)
         while not child.complete:
             reactor.step()
         outcome = reactor.finish(child)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pgqctl import runner
-from pgqctl.runner import MAX_LINE_BYTES, TAIL_BYTES, Command, Outcome, Stop
+from pgqctl.runner import MAX_LINE_BYTES, TAIL_BYTES, Command, Outcome, OutputCap, Stop
 from tests.conftest import alive, gone
 from tests.unit.runner_helpers import run
 
@@ -147,6 +147,20 @@ def test_command_not_found() -> None:
     assert outcome.start_error == "command not found: pgqctl-no-such-command"
     assert (outcome.exit_code, outcome.signal, outcome.succeeded) == (None, None, False)
     assert outcome.describe() == outcome.last_error() == "command not found: pgqctl-no-such-command"
+    assert outcome.never_starts
+
+
+def test_arguments_too_long_never_start_and_say_so() -> None:
+    outcome = run(Command(("echo", "x" * 200_000)), ENV)
+    assert outcome.never_starts
+    assert outcome.start_error is not None
+    assert outcome.start_error.startswith(
+        "cannot start echo: its arguments and environment are too long for the system ("
+    )
+    # A program name of any size is shown cut.
+    outcome = run(Command(("y" * 300_000,)), ENV)
+    assert outcome.never_starts
+    assert outcome.start_error is not None and len(outcome.start_error) < 400
 
 
 def test_program_looked_up_in_the_child_path(tmp_path: Path) -> None:
@@ -282,6 +296,35 @@ def test_on_line_gets_a_very_long_line_in_pieces() -> None:
     run(sh("head -c 40000 /dev/zero | tr '\\0' a; echo"), ENV, on_line=lines.append)
     assert [len(line) for line in lines] == [MAX_LINE_BYTES, MAX_LINE_BYTES, 40000 % MAX_LINE_BYTES]
     assert "".join(lines) == "a" * 40000
+
+
+def test_a_cap_limits_what_on_line_gets_and_counts_the_rest() -> None:
+    lines: list[str] = []
+    script = "printf 'one\\ntwo\\nthree\\nfour\\nfive'"
+    outcome = run(sh(script), ENV, on_line=lines.append, cap=OutputCap(lines=2, bytes=100))
+    assert lines == ["one", "two"]
+    assert (outcome.left_out_lines, outcome.left_out_bytes) == (3, len("three\nfour\nfive"))
+    assert outcome.output_tail == "one\ntwo\nthree\nfour\nfive"  # the tail is whole
+
+    lines.clear()
+    outcome = run(sh(script), ENV, on_line=lines.append, cap=OutputCap(lines=10, bytes=9))
+    assert lines == ["one", "two", "t"]  # the bytes left cut the third line
+    assert (outcome.left_out_lines, outcome.left_out_bytes) == (3, len("hree\nfour\nfive"))
+
+    lines.clear()
+    outcome = run(sh(script), ENV, on_line=lines.append, cap=OutputCap(lines=5, bytes=100))
+    assert lines == ["one", "two", "three", "four", "five"]
+    assert (outcome.left_out_lines, outcome.left_out_bytes) == (0, 0)
+
+
+def test_output_past_the_cap_is_drained_at_once() -> None:
+    # 20 MB of 2-byte lines, one line logged: read in large pieces, not split.
+    lines: list[str] = []
+    outcome = run(
+        sh("yes | head -c 20000000", timeout=60), ENV, on_line=lines.append, cap=OutputCap(1, 10)
+    )
+    assert outcome.succeeded and lines == ["y"]
+    assert (outcome.left_out_lines, outcome.left_out_bytes) == (9_999_999, 19_999_998)
 
 
 def test_on_line_raising_kills_the_child_and_propagates(pidfile: Path) -> None:
