@@ -794,7 +794,7 @@ def insert_jobs(
             table = _jobs_table(schema)
             if all(j.unique_key is None for j in jobs):
                 return Ids(_insert_from_arrays(conn, jobs, table))
-            with conn.cursor() as cur:
+            with _cursor(conn) as cur:
                 unique = _Unique(cur, table, on_conflict, where)
                 ids = Ids()
                 ids.add(*unique.insert_rows([_job_row(n, j) for n, j in enumerate(jobs, start=1)]))
@@ -835,7 +835,9 @@ def insert_rows(
     _check_on_conflict(on_conflict)
     table = _jobs_table(schema)
     with _own_transaction(conn, on_conflict):
-        (may_stage,) = conn.execute(query("role_may_create_temp")).fetchone() or (False,)
+        with _cursor(conn) as cur:
+            _run(cur, query("role_may_create_temp"))
+            (may_stage,) = cur.fetchone() or (False,)
         if may_stage:
             return _insert_by_copy(conn, rows, table, on_progress, on_conflict, where)
         return _insert_by_arrays(conn, rows, table, on_progress, on_conflict, where)
@@ -855,7 +857,8 @@ def _own_transaction(conn: psycopg.Connection[Any], on_conflict: str) -> Iterato
         # Any statement begins it (psycopg's implicit BEGIN), then the block
         # is a savepoint.
         if conn.info.transaction_status == _IDLE:
-            conn.execute(query("transaction_open"))
+            with _cursor(conn) as cur:
+                _run(cur, query("transaction_open"))
         with conn.transaction():
             yield
     else:
@@ -906,6 +909,26 @@ def _copy_text(text: str) -> str:
     return text
 
 
+def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[tuple[Any, ...]]:
+    """A cursor on the caller's connection that gives tuples, whatever row
+    factory the caller chose for the connection."""
+    from psycopg.rows import tuple_row
+
+    return conn.cursor(row_factory=tuple_row)
+
+
+def _run(cur: psycopg.Cursor[Any], statement: str | sql.Composed, params: Any = None) -> None:
+    """Every statement on the caller's connection goes through here: never as
+    a prepared statement, whatever the connection's prepare_threshold.
+
+    Behind a transaction pooler (PgBouncer before 1.21), a statement psycopg
+    prepares stays on the server connection under a name such as _pg3_0, and
+    another client given that server connection runs it when it executes its
+    own _pg3_0: a job inserted into the other client's schema, or an error.
+    """
+    cur.execute(statement, params, prepare=False)
+
+
 def _jobs_table(schema: str | None) -> sql.Identifier:
     from psycopg import sql
 
@@ -922,8 +945,8 @@ def _insert_from_arrays(
     conn: psycopg.Connection[Any], jobs: Sequence[NewJob], table: sql.Identifier
 ) -> list[int]:
     columns = dict(zip(NewJob._fields, map(list, zip(*jobs, strict=True)), strict=True))
-    with conn.cursor() as cur:
-        cur.execute(_statement("jobs_insert_arrays", table), columns)
+    with _cursor(conn) as cur:
+        _run(cur, _statement("jobs_insert_arrays", table), columns)
         return [row[0] for row in cur.fetchall()]
 
 
@@ -943,9 +966,9 @@ def _insert_by_copy(
 
     insert = _statement("jobs_insert_loaded", table)
     ids = Ids()
-    with conn.cursor() as cur, ThreadPoolExecutor(1) as loader:
+    with _cursor(conn) as cur, ThreadPoolExecutor(1) as loader:
         unique = _Unique(cur, table, on_conflict, where)
-        cur.execute(query("jobs_load_create"))
+        _run(cur, query("jobs_load_create"))
         loading: Future[tuple[list[int], list[bool]]] | None = None
         sent = 0
         for chunk in _chunks(rows, CHUNK_JOBS):
@@ -957,7 +980,6 @@ def _insert_by_copy(
                 on_progress(sent)
         if loading is not None:
             ids.add(*loading.result())
-        cur.execute(query("jobs_load_drop"))
     return ids
 
 
@@ -972,13 +994,13 @@ def _insert_by_arrays(
     """COPY rows inserted from arrays, a chunk a statement: no temporary table."""
     insert = _statement("jobs_insert_arrays", table)
     ids = Ids()
-    with conn.cursor() as cur:
+    with _cursor(conn) as cur:
         unique = _Unique(cur, table, on_conflict, where)
         for chunk in _chunks(rows, CHUNK_JOBS):
             if any(map(_has_key, chunk)):
                 ids.add(*unique.insert_rows(chunk))
             else:
-                cur.execute(insert, _row_columns(chunk))
+                _run(cur, insert, _row_columns(chunk))
                 # Ids are drawn in the order of the rows; RETURNING's order is not promised.
                 ids.extend(sorted(row[0] for row in cur.fetchall()))
             if on_progress is not None:
@@ -1027,7 +1049,7 @@ class _Unique:
     def insert_rows(self, rows: list[str]) -> tuple[list[int], list[bool]]:
         """Insert rows (some with keys) from arrays; their ids in order, and
         whether each job was there already."""
-        self.cur.execute(_statement("jobs_insert_arrays_unique", self.table), _row_columns(rows))
+        _run(self.cur, _statement("jobs_insert_arrays_unique", self.table), _row_columns(rows))
         return self.resolve(rows, self.cur.fetchall())
 
     def resolve(
@@ -1042,9 +1064,7 @@ class _Unique:
             if tries == 1:
                 raise PgqctlError("unique keys kept changing hands while enqueueing: try again")
             retry = [rows[i] for i in free]
-            self.cur.execute(
-                _statement("jobs_insert_arrays_unique", self.table), _row_columns(retry)
-            )
+            _run(self.cur, _statement("jobs_insert_arrays_unique", self.table), _row_columns(retry))
             again, held = self.resolve(retry, self.cur.fetchall(), tries - 1)
             for i, job_id, was in zip(free, again, held, strict=True):
                 ids[i], existing[i] = job_id, was
@@ -1090,7 +1110,8 @@ class _Unique:
 
     def _holders(self, ids: list[int | None], taken: list[tuple[int, str, str]]) -> list[int]:
         """Fill in the holders' ids; the indexes of the rows whose key no job holds now."""
-        self.cur.execute(
+        _run(
+            self.cur,
             _statement("jobs_unique_holders", self.table),
             {"queue": [t[1] for t in taken], "unique_key": [t[2] for t in taken]},
         )
@@ -1123,16 +1144,16 @@ def _copy_value(field: str) -> str | None:
 def _load_chunk(
     cur: psycopg.Cursor[Any], rows: list[str], insert: sql.Composed, unique: _Unique
 ) -> tuple[list[int], list[bool]]:
+    # Emptied first: the table may hold the rows of an earlier chunk, or of
+    # an earlier load in the same transaction that stopped half way.
+    _run(cur, query("jobs_load_truncate"))
     with cur.copy(query("jobs_load_copy")) as copy:
         copy.write("".join(rows))
     if any(map(_has_key, rows)):
-        cur.execute(_statement("jobs_insert_loaded_unique", unique.table))
-        found = unique.resolve(rows, cur.fetchall())
-    else:
-        cur.execute(insert)
-        found = [row[0] for row in cur.fetchall()], []
-    cur.execute(query("jobs_load_truncate"))
-    return found
+        _run(cur, _statement("jobs_insert_loaded_unique", unique.table))
+        return unique.resolve(rows, cur.fetchall())
+    _run(cur, insert)
+    return [row[0] for row in cur.fetchall()], []
 
 
 def _chunks(rows: Iterable[str], size: int) -> Iterator[list[str]]:

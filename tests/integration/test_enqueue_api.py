@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.rows import dict_row
 
 import pgqctl
 from pgqctl.errors import BadInput
@@ -152,3 +153,39 @@ def test_text_that_copy_must_escape_arrives_as_given(conn: psycopg.Connection[An
         "SELECT kind, queue, payload FROM jobs WHERE id = ANY(%s) ORDER BY id", (ids,)
     ).fetchall()
     assert table == [(j["kind"], j["queue"], j["payload"]) for j in jobs]
+
+
+def _enqueue_every_way(c: psycopg.Connection[Any], tag: str = "") -> list[int]:
+    """One job, one with a unique key, a few in one INSERT, and loads through
+    COPY with and without keys: every statement the API sends. 505 new jobs."""
+    keyed = [{"kind": "copy", "unique_key": f"{tag}{i}"} for i in range(250)]
+    return [
+        pgqctl.enqueue(c, "one"),
+        pgqctl.enqueue(c, "keyed", unique_key=tag, on_conflict="error"),
+        *pgqctl.enqueue_many(c, [{"kind": "few"}] * 3),
+        *pgqctl.enqueue_many(c, [{"kind": "copy"}] * 250),
+        *pgqctl.enqueue_many(c, keyed, on_conflict="error"),
+    ]
+
+
+def test_the_api_never_prepares_a_statement_and_keeps_the_callers(dsn: str) -> None:
+    # A connection that prepares every statement at once: pgqctl's must not
+    # be (behind a transaction pooler, another client would run them), and
+    # the caller's own must stay prepared.
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as c:
+        c.execute("SELECT %s::int", [1])
+        ids = _enqueue_every_way(c, "a")
+        with c.transaction():  # two loads through COPY in one transaction
+            ids += _enqueue_every_way(c, "b")
+        prepared = c.execute(
+            "SELECT statement FROM pg_prepared_statements", prepare=False
+        ).fetchall()
+    assert prepared == [("SELECT $1::int",)]
+    assert len(set(ids)) == 2 * 505
+
+
+def test_the_api_works_whatever_row_factory_the_connection_has(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
+        ids = _enqueue_every_way(c, "a")
+        assert all(type(i) is int for i in ids)
+        assert c.execute("SELECT count(*) AS n FROM jobs").fetchone() == {"n": len(ids)}
