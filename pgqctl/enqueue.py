@@ -36,10 +36,18 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 from pgqctl.durations import parse_duration
 from pgqctl.errors import BadInput, PgqctlError
+from pgqctl.limits import (
+    MAX_KEY_CHARS,
+    MAX_NAME_CHARS,
+    MAX_PAYLOAD_BYTES,
+    check_name,
+    check_payload,
+    payload_bytes,
+)
 from pgqctl.sql import query
 
 if TYPE_CHECKING:
@@ -131,6 +139,7 @@ def enqueue(
     unique_key: str | None = None,
     on_conflict: str = "skip",
     schema: str | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> int:
     """Insert one job in the connection's current transaction; return its id.
 
@@ -139,8 +148,10 @@ def enqueue(
     ``unique_key``: while a pending or running job of the queue has this key,
     no other is inserted; ``on_conflict="skip"`` returns that job's id,
     ``"error"`` raises DuplicateJob. ``schema=None`` uses the connection's
-    search_path.
+    search_path. A payload over ``max_payload_bytes`` as JSON is refused
+    (pgqctl.limits has the limits on names too).
     """
+    limit = _payload_limit(max_payload_bytes)
     job = make_job(
         kind,
         payload,
@@ -150,6 +161,7 @@ def enqueue(
         delay=delay,
         max_attempts=max_attempts,
         unique_key=unique_key,
+        max_payload_bytes=limit,
     )
     return insert_jobs(conn, [job], schema=schema, on_conflict=on_conflict)[0]
 
@@ -160,6 +172,7 @@ def enqueue_many(
     *,
     on_conflict: str = "skip",
     schema: str | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> list[int]:
     """Insert many jobs (through COPY from COPY_MIN_JOBS on); return their ids in order.
 
@@ -170,25 +183,27 @@ def enqueue_many(
     is held (by a job in the queue, or by an earlier one of these) gets the
     holder's id under ``on_conflict="skip"`` (the list's ``existing`` holds
     their positions); under ``"error"`` nothing is inserted and DuplicateJob (or
-    BadInput, for a key given twice) is raised.
+    BadInput, for a key given twice) is raised. ``max_payload_bytes``: as
+    for `enqueue`.
     """
     _check_on_conflict(on_conflict)
+    limit = _payload_limit(max_payload_bytes)
     records = list(jobs)
     if len(records) < COPY_MIN_JOBS:
         valid = []
         for index, record in enumerate(records):
             try:
-                valid.append(job_from_record(record))
+                valid.append(job_from_record(record, max_payload_bytes=limit))
             except BadInput as exc:
                 raise BadInput(f"jobs[{index}]: {exc}") from None
         return insert_jobs(conn, valid, schema=schema, on_conflict=on_conflict)
     # Made into COPY rows now, so that loading them is all the work left.
-    fast = _simple_defaults(None)
+    fast = _simple_defaults(None, limit)
     rows = []
     for number, record in enumerate(records, start=1):
         try:
             row = None if fast is None else _simple_record_row(number, record, fast)
-            rows.append(row or _job_row(number, job_from_record(record)))
+            rows.append(row or _job_row(number, job_from_record(record, max_payload_bytes=limit)))
         except BadInput as exc:
             raise BadInput(f"jobs[{number - 1}]: {exc}") from None
     return insert_rows(conn, rows, schema=schema, on_conflict=on_conflict)
@@ -201,6 +216,10 @@ def _index_name(number: int) -> str:
 def _check_on_conflict(on_conflict: str) -> None:
     if on_conflict not in ON_CONFLICT:
         raise BadInput(f"on_conflict must be 'skip' or 'error', not {on_conflict!r}")
+
+
+def _payload_limit(max_payload_bytes: object) -> int:
+    return _int4("max_payload_bytes", max_payload_bytes, 1)
 
 
 # ---------------------------------------------------------------- validation
@@ -216,12 +235,13 @@ def make_job(
     delay: object = None,
     max_attempts: object = 3,
     unique_key: object = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> NewJob:
     """Validate one job's fields; BadInput names the field and what is wrong."""
     if run_at is not None and delay is not None:
         raise BadInput("give run_at or delay, not both")
     name = _text("kind", kind)
-    text = _payload_text(payload)
+    text = _payload_text(payload, max_payload_bytes)
     if isinstance(payload, (dict, Mapping)) and ("argv" in payload or "shell" in payload):
         check_command(payload, name)
     return NewJob(
@@ -232,11 +252,16 @@ def make_job(
         _int4("max_attempts", max_attempts, 1),
         None if run_at is None else parse_run_at(run_at),
         0.0 if delay is None else _delay_seconds(delay),
-        None if unique_key is None else _text("unique_key", unique_key),
+        None if unique_key is None else _text("unique_key", unique_key, MAX_KEY_CHARS),
     )
 
 
-def job_from_record(record: object, defaults: Mapping[str, Any] | None = None) -> NewJob:
+def job_from_record(
+    record: object,
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+) -> NewJob:
     """A job from a mapping of FIELDS; null values count as absent.
 
     ``defaults`` fill keys the record lacks; a record that sets its own
@@ -255,7 +280,7 @@ def job_from_record(record: object, defaults: Mapping[str, Any] | None = None) -
         values = _with_defaults(values, defaults)
     if "kind" not in values:
         raise BadInput('missing "kind"')
-    return make_job(**values)
+    return make_job(**values, max_payload_bytes=max_payload_bytes)
 
 
 def check_command(payload: Mapping[str, Any], kind: str) -> None:
@@ -357,6 +382,7 @@ def read_rows(
     *,
     source: str = "input",
     defaults: Mapping[str, Any] | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> Iterator[str]:
     """The COPY rows (see `insert_rows`) of a JSON-lines input, lazily.
 
@@ -364,7 +390,7 @@ def read_rows(
     ``defaults`` filling what it leaves out; blank lines are skipped.
     BadInput names the first bad line (counting every physical line from 1).
     """
-    fast = _simple_defaults(defaults)
+    fast = _simple_defaults(defaults, max_payload_bytes)
     for number, raw in enumerate(lines, start=1):
         if not raw or raw.isspace():
             continue
@@ -372,7 +398,9 @@ def read_rows(
             text = _line_text(raw, number)
             row = None if fast is None else _simple_line_row(number, text, fast)
             if row is None:
-                row = _job_row(number, job_from_record(_decode_text(text), defaults))
+                record = _decode_text(text)
+                job = job_from_record(record, defaults, max_payload_bytes=max_payload_bytes)
+                row = _job_row(number, job)
         except BadInput as exc:
             raise BadInput(f"{source}, line {number}: {exc}") from None
         yield row
@@ -467,9 +495,12 @@ class _Defaults(NamedTuple):
     max_attempts: int
     timing: str  # the run_at and delay columns
     tail: str  # the columns from queue on, for a job that sets none of them (and no key)
+    max_payload_bytes: int
 
 
-def _simple_defaults(defaults: Mapping[str, Any] | None) -> _Defaults | None:
+def _simple_defaults(
+    defaults: Mapping[str, Any] | None, max_payload_bytes: int = MAX_PAYLOAD_BYTES
+) -> _Defaults | None:
     """`defaults` (see job_from_record) for the quick path; None: every job takes the other."""
     values = _without_nulls(defaults or {})
     if not _DEFAULTABLE.issuperset(values):
@@ -480,7 +511,7 @@ def _simple_defaults(defaults: Mapping[str, Any] | None) -> _Defaults | None:
         return None  # each job then reports it, or overrides it, as job_from_record does
     timing = _timing_columns(base)
     tail = f"{_copy_text(base.queue)}\t{base.priority}\t{base.max_attempts}\t{timing}\t\\N\n"
-    return _Defaults(base.queue, base.priority, base.max_attempts, timing, tail)
+    return _Defaults(base.queue, base.priority, base.max_attempts, timing, tail, max_payload_bytes)
 
 
 def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
@@ -501,7 +532,7 @@ def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
         return None
     tail = _simple_tail(record, defaults)
     kind = record.get("kind")
-    if tail is None or type(kind) is not str or not kind or kind.isspace():
+    if tail is None or not _simple_name(kind) or not _surely_fits(text, defaults):
         return None
     payload = record.get("payload")
     if payload is None:
@@ -529,7 +560,7 @@ def _simple_record_row(number: int, record: object, defaults: _Defaults) -> str 
         return None
     tail = _simple_tail(record, defaults)
     kind = record.get("kind")
-    if tail is None or type(kind) is not str or not kind or kind.isspace() or not _storable(kind):
+    if tail is None or not _simple_name(kind) or not _storable(kind):
         return None
     payload = record.get("payload")
     if payload is None:
@@ -544,6 +575,8 @@ def _simple_record_row(number: int, record: object, defaults: _Defaults) -> str 
         except (TypeError, ValueError, RecursionError):
             return None
         if "\\u0000" in payload_text or not _storable(payload_text):
+            return None
+        if payload_bytes(payload_text) > defaults.max_payload_bytes:
             return None
     return f"{number}\t{_copy_text(kind)}\t{_copy_text(payload_text)}\t{tail}"
 
@@ -564,9 +597,7 @@ def _simple_tail(record: dict[str, Any], defaults: _Defaults) -> str | None:
     if max_attempts is None:
         max_attempts = defaults.max_attempts
     if (
-        type(queue) is str
-        and queue
-        and not queue.isspace()
+        _simple_name(queue)
         and _storable(queue)
         and type(priority) is int
         and INT4_MIN <= priority <= INT4_MAX
@@ -575,6 +606,28 @@ def _simple_tail(record: dict[str, Any], defaults: _Defaults) -> str | None:
     ):
         return f"{_copy_text(queue)}\t{priority}\t{max_attempts}\t{defaults.timing}\t\\N\n"
     return None
+
+
+def _simple_name(name: object) -> TypeGuard[str]:
+    """Whether a kind or queue surely passes make_job's checks of a name,
+    but for NUL and surrogates (see _storable): a name that is not printable
+    may still be accepted, by make_job."""
+    return (
+        type(name) is str
+        and 0 < len(name) <= MAX_NAME_CHARS
+        and name.isprintable()
+        and not name.isspace()
+    )
+
+
+def _surely_fits(line: str, defaults: _Defaults) -> bool:
+    """Whether the payload of a JSON line is surely within the payload limit
+    as make_job measures it: its compact JSON in UTF-8. That takes at most 5
+    bytes per character of the line: a string's characters are the same (4
+    bytes at most each), spaces go, and a number grows at most from `1e15`
+    to `1000000000000000.0`. A longer line takes the general path, which
+    measures the payload."""
+    return 5 * len(line) <= defaults.max_payload_bytes
 
 
 def _storable(text: str) -> bool:
@@ -606,12 +659,13 @@ def _payload_as_written(text: str) -> str | None:
     return value if value.rstrip(_JSON_SPACE).endswith("}") else None
 
 
-def _text(name: str, value: object) -> str:
+def _text(name: str, value: object, limit: int = MAX_NAME_CHARS) -> str:
     if not isinstance(value, str):
         raise BadInput(f"{name} must be a string, not {_kind_of(value)}")
     if not value or value.isspace():
         raise BadInput(f"{name} must not be empty or only spaces")
     _check_storable(name, value)
+    check_name(name, value, limit)
     return value
 
 
@@ -626,7 +680,7 @@ def _check_storable(name: str, text: str) -> None:
             raise BadInput(f"{name} contains an unpaired surrogate (not valid Unicode)") from None
 
 
-def _payload_text(payload: object) -> str:
+def _payload_text(payload: object, limit: int) -> str:
     if payload is None:
         return "{}"
     if not isinstance(payload, (dict, Mapping)):  # dict first: the ABC check is slow
@@ -645,6 +699,7 @@ def _payload_text(payload: object) -> str:
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise BadInput("payload contains a NUL character (\\u0000), which jsonb cannot store")
     _check_storable("payload", text)
+    check_payload(text, limit)
     return text
 
 
@@ -707,6 +762,7 @@ def load(
     on_progress: Callable[[int], None] | None = None,
     read_first: bool = True,
     on_conflict: str = "skip",
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> Ids:
     """Check every job of a JSON-lines input and insert them all in one
     transaction; their ids in input order. An input with no job never
@@ -722,7 +778,9 @@ def load(
     """
     try:
         with _gc_skips_older_objects():
-            rows = read_rows(lines, source=source, defaults=defaults)
+            rows = read_rows(
+                lines, source=source, defaults=defaults, max_payload_bytes=max_payload_bytes
+            )
             if read_first:
                 rows = _read_all(rows)
             # The first job is read before connecting, so an empty or plainly

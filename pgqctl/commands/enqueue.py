@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import stat
 import sys
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -22,6 +23,7 @@ from pgqctl.commands.options import (
     say,
 )
 from pgqctl.enqueue import ON_CONFLICT, check_defaults, insert_jobs, load, make_job, parse_payload
+from pgqctl.limits import MAX_PAYLOAD_BYTES
 
 
 def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -113,6 +115,16 @@ max_attempts_option = click.option(
     allow_from_autoenv=False,  # a PGQCTL_FILE in the environment would hijack every enqueue
     help="Bulk-load JSON lines from this file (- for stdin).",
 )
+@click.option(
+    "--max-payload-bytes",
+    cls=OnceOption,
+    type=click.IntRange(min=1, max=2**31 - 1),
+    default=MAX_PAYLOAD_BYTES,
+    show_default=True,
+    metavar="N",
+    help="Refuse a payload larger than this as JSON (UTF-8). Raise it on the workers too, "
+    "e.g. --max-payload-bytes 4194304.",
+)
 @format_options
 def enqueue_command(
     database: Database,
@@ -126,6 +138,7 @@ def enqueue_command(
     unique_key: str | None,
     on_conflict: str,
     path: str | None,
+    max_payload_bytes: int,
     fmt: str,
 ) -> None:
     """Add a job (KIND, with a JSON object PAYLOAD, default {}) and print its id.
@@ -135,6 +148,10 @@ def enqueue_command(
     "run_at", "delay", "max_attempts", "unique_key"; the options above fill
     what a line leaves out. The whole file goes in one transaction: one bad
     line and nothing is added.
+
+    A payload is at most 1 MiB as JSON (--max-payload-bytes raises it); a
+    queue or kind at most 128 characters, a unique key 256, and none of
+    them holds a control character (tabs and line ends included).
 
     A unique key allows one pending or running job per queue and key (the
     database enforces it, also against producers racing each other). When a
@@ -153,7 +170,7 @@ def enqueue_command(
     """
     if delay is not None and run_at is not None:
         raise click.UsageError("give --delay or --run-at, not both")
-    options = {
+    options: dict[str, Any] = {
         "queue": queue,
         "priority": priority,
         "run_at": run_at,
@@ -171,7 +188,7 @@ def enqueue_command(
         source = click.get_current_context().get_parameter_source
         given = {k: v for k, v in options.items() if source(k) is not ParameterSource.DEFAULT}
         check_defaults(given)
-        _enqueue_file(database, path, given, on_conflict, fmt)
+        _enqueue_file(database, path, given, on_conflict, max_payload_bytes, fmt)
         return
     if kind is None:
         raise click.UsageError("missing KIND (or --file F to load many jobs)")
@@ -179,6 +196,7 @@ def enqueue_command(
         kind,
         parse_payload(payload) if payload is not None else None,
         unique_key=unique_key,
+        max_payload_bytes=max_payload_bytes,
         **options,
     )
     with database.connect(writes=True) as conn:
@@ -199,7 +217,12 @@ def _regular_file(f: object) -> bool:
 
 
 def _enqueue_file(
-    database: Database, path: str, defaults: dict[str, object], on_conflict: str, fmt: str
+    database: Database,
+    path: str,
+    defaults: dict[str, object],
+    on_conflict: str,
+    max_payload_bytes: int,
+    fmt: str,
 ) -> None:
     source = "stdin" if path == "-" else path
     with click.open_file(path, "rb") as f, output.file_progress(f) as progress:
@@ -213,6 +236,7 @@ def _enqueue_file(
             # before the transaction. A regular file streams.
             read_first=not _regular_file(f),
             on_conflict=on_conflict,
+            max_payload_bytes=max_payload_bytes,
         )
     if not ids:
         say(f"nothing to enqueue: {source} has no jobs")
