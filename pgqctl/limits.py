@@ -57,7 +57,7 @@ def check_payload(text: str, limit: int = MAX_PAYLOAD_BYTES) -> None:
     if size > limit:
         raise BadInput(
             f"payload is {size:,} bytes as JSON: the limit is {limit:,} bytes; pass large "
-            "data by reference (a path, a URL, a row id), or raise the limit with "
-            "--max-payload-bytes (max_payload_bytes= in the Python API) and the same "
-            "option on the workers"
+            "data by reference (a path, a URL, a row id), or raise the limit: `enqueue "
+            "--max-payload-bytes`, max_payload_bytes= in the Python API, and the same on "
+            "the workers"
         )
