@@ -12,6 +12,10 @@ Both functions use the caller's psycopg connection and never commit: the jobs
 become visible, and workers are woken, when the caller's transaction commits
 (in autocommit mode each call is its own transaction). Bad input raises
 ``BadInput`` (a ``ValueError``) before anything is sent to the database.
+Whatever the connection (direct, or through a session or transaction
+pooler), nothing they send leans on it: no statement is prepared (`_run`),
+no setting is changed, and the staging table of a bulk load goes with the
+transaction. The limits of pgqctl/limits.py are checked with the rest.
 
 Every job is checked as `make_job` checks it: field by field, or, for the
 many jobs of a bulk load that have the common shape, by quicker inline checks
