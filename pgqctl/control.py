@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 
 from pgqctl.db import atomic
 from pgqctl.errors import BadInput
+from pgqctl.limits import check_name
 from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
@@ -100,6 +101,10 @@ def pause(
     pause ends).
     """
     names = _queues(queues)
+    for name in names:
+        # A queue no job could be enqueued in. `resume` takes any name: a
+        # pause made with plain SQL can be ended whatever its name.
+        check_name("queue", name)
     if seconds is not None and seconds <= 0:
         raise BadInput(
             "--for must be longer than 0s, e.g. --for 30m; leave it out to pause until resumed"

@@ -12,6 +12,10 @@ Both functions use the caller's psycopg connection and never commit: the jobs
 become visible, and workers are woken, when the caller's transaction commits
 (in autocommit mode each call is its own transaction). Bad input raises
 ``BadInput`` (a ``ValueError``) before anything is sent to the database.
+Whatever the connection (direct, or through a session or transaction
+pooler), nothing they send leans on it: no statement is prepared (`_run`),
+no setting is changed, and the staging table of a bulk load goes with the
+transaction. The limits of pgqctl/limits.py are checked with the rest.
 
 Every job is checked as `make_job` checks it: field by field, or, for the
 many jobs of a bulk load that have the common shape, by quicker inline checks
@@ -36,10 +40,18 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 from pgqctl.durations import parse_duration
 from pgqctl.errors import BadInput, PgqctlError
+from pgqctl.limits import (
+    MAX_KEY_CHARS,
+    MAX_NAME_CHARS,
+    MAX_PAYLOAD_BYTES,
+    check_name,
+    check_payload,
+    payload_bytes,
+)
 from pgqctl.sql import query
 
 if TYPE_CHECKING:
@@ -133,6 +145,7 @@ def enqueue(
     unique_key: str | None = None,
     on_conflict: str = "skip",
     schema: str | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> int:
     """Insert one job in the connection's current transaction; return its id.
 
@@ -141,8 +154,10 @@ def enqueue(
     ``unique_key``: while a pending or running job of the queue has this key,
     no other is inserted; ``on_conflict="skip"`` returns that job's id,
     ``"error"`` raises DuplicateJob. ``schema=None`` uses the connection's
-    search_path.
+    search_path. A payload over ``max_payload_bytes`` as JSON is refused
+    (pgqctl.limits has the limits on names too).
     """
+    limit = _payload_limit(max_payload_bytes)
     job = make_job(
         kind,
         payload,
@@ -152,6 +167,7 @@ def enqueue(
         delay=delay,
         max_attempts=max_attempts,
         unique_key=unique_key,
+        max_payload_bytes=limit,
     )
     return insert_jobs(conn, [job], schema=schema, on_conflict=on_conflict)[0]
 
@@ -162,6 +178,7 @@ def enqueue_many(
     *,
     on_conflict: str = "skip",
     schema: str | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> list[int]:
     """Insert many jobs (through COPY from COPY_MIN_JOBS on); return their ids in order.
 
@@ -172,25 +189,27 @@ def enqueue_many(
     is held (by a job in the queue, or by an earlier one of these) gets the
     holder's id under ``on_conflict="skip"`` (the list's ``existing`` holds
     their positions); under ``"error"`` nothing is inserted and DuplicateJob (or
-    BadInput, for a key given twice) is raised.
+    BadInput, for a key given twice) is raised. ``max_payload_bytes``: as
+    for `enqueue`.
     """
     _check_on_conflict(on_conflict)
+    limit = _payload_limit(max_payload_bytes)
     records = list(jobs)
     if len(records) < COPY_MIN_JOBS:
         valid = []
         for index, record in enumerate(records):
             try:
-                valid.append(job_from_record(record))
+                valid.append(job_from_record(record, max_payload_bytes=limit))
             except BadInput as exc:
                 raise BadInput(f"jobs[{index}]: {exc}") from None
         return insert_jobs(conn, valid, schema=schema, on_conflict=on_conflict)
     # Made into COPY rows now, so that loading them is all the work left.
-    fast = _simple_defaults(None)
+    fast = _simple_defaults(None, limit)
     rows = []
     for number, record in enumerate(records, start=1):
         try:
             row = None if fast is None else _simple_record_row(number, record, fast)
-            rows.append(row or _job_row(number, job_from_record(record)))
+            rows.append(row or _job_row(number, job_from_record(record, max_payload_bytes=limit)))
         except BadInput as exc:
             raise BadInput(f"jobs[{number - 1}]: {exc}") from None
     return insert_rows(conn, rows, schema=schema, on_conflict=on_conflict)
@@ -203,6 +222,10 @@ def _index_name(number: int) -> str:
 def _check_on_conflict(on_conflict: str) -> None:
     if on_conflict not in ON_CONFLICT:
         raise BadInput(f"on_conflict must be 'skip' or 'error', not {on_conflict!r}")
+
+
+def _payload_limit(max_payload_bytes: object) -> int:
+    return _int4("max_payload_bytes", max_payload_bytes, 1)
 
 
 # ---------------------------------------------------------------- validation
@@ -218,12 +241,13 @@ def make_job(
     delay: object = None,
     max_attempts: object = 3,
     unique_key: object = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> NewJob:
     """Validate one job's fields; BadInput names the field and what is wrong."""
     if run_at is not None and delay is not None:
         raise BadInput("give run_at or delay, not both")
     name = _text("kind", kind)
-    text = _payload_text(payload)
+    text = _payload_text(payload, max_payload_bytes)
     if isinstance(payload, (dict, Mapping)) and ("argv" in payload or "shell" in payload):
         check_command(payload, name)
     return NewJob(
@@ -234,11 +258,16 @@ def make_job(
         _int4("max_attempts", max_attempts, 1),
         None if run_at is None else parse_run_at(run_at),
         0.0 if delay is None else _delay_seconds(delay),
-        None if unique_key is None else _text("unique_key", unique_key),
+        None if unique_key is None else _text("unique_key", unique_key, MAX_KEY_CHARS),
     )
 
 
-def job_from_record(record: object, defaults: Mapping[str, Any] | None = None) -> NewJob:
+def job_from_record(
+    record: object,
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+) -> NewJob:
     """A job from a mapping of FIELDS; null values count as absent.
 
     ``defaults`` fill keys the record lacks; a record that sets its own
@@ -257,7 +286,7 @@ def job_from_record(record: object, defaults: Mapping[str, Any] | None = None) -
         values = _with_defaults(values, defaults)
     if "kind" not in values:
         raise BadInput('missing "kind"')
-    return make_job(**values)
+    return make_job(**values, max_payload_bytes=max_payload_bytes)
 
 
 def check_command(payload: Mapping[str, Any], kind: str) -> None:
@@ -372,6 +401,7 @@ def read_rows(
     source: str = "input",
     defaults: Mapping[str, Any] | None = None,
     policy: Policy | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> Iterator[str]:
     """The COPY rows (see `insert_rows`) of a JSON-lines input, lazily.
 
@@ -380,7 +410,7 @@ def read_rows(
     when one is given; blank lines are skipped. BadInput names the first bad
     line (counting every physical line from 1).
     """
-    fast = _simple_defaults(defaults)
+    fast = _simple_defaults(defaults, max_payload_bytes)
     for number, raw in enumerate(lines, start=1):
         if not raw or raw.isspace():
             continue
@@ -388,7 +418,9 @@ def read_rows(
             text = _line_text(raw, number)
             row = None if fast is None else _simple_line_row(number, text, fast)
             if row is None:
-                row = _job_row(number, job_from_record(_decode_text(text), defaults))
+                record = _decode_text(text)
+                job = job_from_record(record, defaults, max_payload_bytes=max_payload_bytes)
+                row = _job_row(number, job)
             if policy is not None:
                 # A valid job by now; its kind and payload are never defaults.
                 record = _decode_text(text)
@@ -487,9 +519,12 @@ class _Defaults(NamedTuple):
     max_attempts: int
     timing: str  # the run_at and delay columns
     tail: str  # the columns from queue on, for a job that sets none of them (and no key)
+    max_payload_bytes: int
 
 
-def _simple_defaults(defaults: Mapping[str, Any] | None) -> _Defaults | None:
+def _simple_defaults(
+    defaults: Mapping[str, Any] | None, max_payload_bytes: int = MAX_PAYLOAD_BYTES
+) -> _Defaults | None:
     """`defaults` (see job_from_record) for the quick path; None: every job takes the other."""
     values = _without_nulls(defaults or {})
     if not _DEFAULTABLE.issuperset(values):
@@ -500,7 +535,7 @@ def _simple_defaults(defaults: Mapping[str, Any] | None) -> _Defaults | None:
         return None  # each job then reports it, or overrides it, as job_from_record does
     timing = _timing_columns(base)
     tail = f"{_copy_text(base.queue)}\t{base.priority}\t{base.max_attempts}\t{timing}\t\\N\n"
-    return _Defaults(base.queue, base.priority, base.max_attempts, timing, tail)
+    return _Defaults(base.queue, base.priority, base.max_attempts, timing, tail, max_payload_bytes)
 
 
 def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
@@ -521,7 +556,7 @@ def _simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
         return None
     tail = _simple_tail(record, defaults)
     kind = record.get("kind")
-    if tail is None or type(kind) is not str or not kind or kind.isspace():
+    if tail is None or not _simple_name(kind) or not _surely_fits(text, defaults):
         return None
     payload = record.get("payload")
     if payload is None:
@@ -549,7 +584,7 @@ def _simple_record_row(number: int, record: object, defaults: _Defaults) -> str 
         return None
     tail = _simple_tail(record, defaults)
     kind = record.get("kind")
-    if tail is None or type(kind) is not str or not kind or kind.isspace() or not _storable(kind):
+    if tail is None or not _simple_name(kind) or not _storable(kind):
         return None
     payload = record.get("payload")
     if payload is None:
@@ -564,6 +599,8 @@ def _simple_record_row(number: int, record: object, defaults: _Defaults) -> str 
         except (TypeError, ValueError, RecursionError):
             return None
         if "\\u0000" in payload_text or not _storable(payload_text):
+            return None
+        if payload_bytes(payload_text) > defaults.max_payload_bytes:
             return None
     return f"{number}\t{_copy_text(kind)}\t{_copy_text(payload_text)}\t{tail}"
 
@@ -584,9 +621,7 @@ def _simple_tail(record: dict[str, Any], defaults: _Defaults) -> str | None:
     if max_attempts is None:
         max_attempts = defaults.max_attempts
     if (
-        type(queue) is str
-        and queue
-        and not queue.isspace()
+        _simple_name(queue)
         and _storable(queue)
         and type(priority) is int
         and INT4_MIN <= priority <= INT4_MAX
@@ -595,6 +630,28 @@ def _simple_tail(record: dict[str, Any], defaults: _Defaults) -> str | None:
     ):
         return f"{_copy_text(queue)}\t{priority}\t{max_attempts}\t{defaults.timing}\t\\N\n"
     return None
+
+
+def _simple_name(name: object) -> TypeGuard[str]:
+    """Whether a kind or queue surely passes make_job's checks of a name,
+    but for NUL and surrogates (see _storable): a name that is not printable
+    may still be accepted, by make_job."""
+    return (
+        type(name) is str
+        and 0 < len(name) <= MAX_NAME_CHARS
+        and name.isprintable()
+        and not name.isspace()
+    )
+
+
+def _surely_fits(line: str, defaults: _Defaults) -> bool:
+    """Whether the payload of a JSON line is surely within the payload limit
+    as make_job measures it: its compact JSON in UTF-8. That takes at most 5
+    bytes per character of the line: a string's characters are the same (4
+    bytes at most each), spaces go, and a number grows at most from `1e15`
+    to `1000000000000000.0`. A longer line takes the general path, which
+    measures the payload."""
+    return 5 * len(line) <= defaults.max_payload_bytes
 
 
 def _storable(text: str) -> bool:
@@ -626,12 +683,13 @@ def _payload_as_written(text: str) -> str | None:
     return value if value.rstrip(_JSON_SPACE).endswith("}") else None
 
 
-def _text(name: str, value: object) -> str:
+def _text(name: str, value: object, limit: int = MAX_NAME_CHARS) -> str:
     if not isinstance(value, str):
         raise BadInput(f"{name} must be a string, not {_kind_of(value)}")
     if not value or value.isspace():
         raise BadInput(f"{name} must not be empty or only spaces")
     _check_storable(name, value)
+    check_name(name, value, limit)
     return value
 
 
@@ -646,7 +704,7 @@ def _check_storable(name: str, text: str) -> None:
             raise BadInput(f"{name} contains an unpaired surrogate (not valid Unicode)") from None
 
 
-def _payload_text(payload: object) -> str:
+def _payload_text(payload: object, limit: int) -> str:
     if payload is None:
         return "{}"
     if not isinstance(payload, (dict, Mapping)):  # dict first: the ABC check is slow
@@ -665,6 +723,7 @@ def _payload_text(payload: object) -> str:
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise BadInput("payload contains a NUL character (\\u0000), which jsonb cannot store")
     _check_storable("payload", text)
+    check_payload(text, limit)
     return text
 
 
@@ -728,6 +787,7 @@ def load(
     read_first: bool = True,
     on_conflict: str = "skip",
     policy: Policy | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> Ids:
     """Check every job of a JSON-lines input and insert them all in one
     transaction; their ids in input order. An input with no job never
@@ -745,7 +805,13 @@ def load(
     """
     try:
         with _gc_skips_older_objects():
-            rows = read_rows(lines, source=source, defaults=defaults, policy=policy)
+            rows = read_rows(
+                lines,
+                source=source,
+                defaults=defaults,
+                policy=policy,
+                max_payload_bytes=max_payload_bytes,
+            )
             if read_first:
                 rows = _read_all(rows)
             # The first job is read before connecting, so an empty or plainly
@@ -817,7 +883,7 @@ def insert_jobs(
             table = _jobs_table(schema)
             if all(j.unique_key is None for j in jobs):
                 return Ids(_insert_from_arrays(conn, jobs, table))
-            with conn.cursor() as cur:
+            with _cursor(conn) as cur:
                 unique = _Unique(cur, table, on_conflict, where)
                 ids = Ids()
                 ids.add(*unique.insert_rows([_job_row(n, j) for n, j in enumerate(jobs, start=1)]))
@@ -858,7 +924,9 @@ def insert_rows(
     _check_on_conflict(on_conflict)
     table = _jobs_table(schema)
     with _own_transaction(conn, on_conflict):
-        (may_stage,) = conn.execute(query("role_may_create_temp")).fetchone() or (False,)
+        with _cursor(conn) as cur:
+            _run(cur, query("role_may_create_temp"))
+            (may_stage,) = cur.fetchone() or (False,)
         if may_stage:
             return _insert_by_copy(conn, rows, table, on_progress, on_conflict, where)
         return _insert_by_arrays(conn, rows, table, on_progress, on_conflict, where)
@@ -878,7 +946,8 @@ def _own_transaction(conn: psycopg.Connection[Any], on_conflict: str) -> Iterato
         # Any statement begins it (psycopg's implicit BEGIN), then the block
         # is a savepoint.
         if conn.info.transaction_status == _IDLE:
-            conn.execute(query("transaction_open"))
+            with _cursor(conn) as cur:
+                _run(cur, query("transaction_open"))
         with conn.transaction():
             yield
     else:
@@ -929,6 +998,26 @@ def _copy_text(text: str) -> str:
     return text
 
 
+def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[tuple[Any, ...]]:
+    """A cursor on the caller's connection that gives tuples, whatever row
+    factory the caller chose for the connection."""
+    from psycopg.rows import tuple_row
+
+    return conn.cursor(row_factory=tuple_row)
+
+
+def _run(cur: psycopg.Cursor[Any], statement: str | sql.Composed, params: Any = None) -> None:
+    """Every statement on the caller's connection goes through here: never as
+    a prepared statement, whatever the connection's prepare_threshold.
+
+    Behind a transaction pooler (PgBouncer before 1.21), a statement psycopg
+    prepares stays on the server connection under a name such as _pg3_0, and
+    another client given that server connection runs it when it executes its
+    own _pg3_0: a job inserted into the other client's schema, or an error.
+    """
+    cur.execute(statement, params, prepare=False)
+
+
 def _jobs_table(schema: str | None) -> sql.Identifier:
     from psycopg import sql
 
@@ -945,8 +1034,8 @@ def _insert_from_arrays(
     conn: psycopg.Connection[Any], jobs: Sequence[NewJob], table: sql.Identifier
 ) -> list[int]:
     columns = dict(zip(NewJob._fields, map(list, zip(*jobs, strict=True)), strict=True))
-    with conn.cursor() as cur:
-        cur.execute(_statement("jobs_insert_arrays", table), columns)
+    with _cursor(conn) as cur:
+        _run(cur, _statement("jobs_insert_arrays", table), columns)
         return [row[0] for row in cur.fetchall()]
 
 
@@ -966,9 +1055,9 @@ def _insert_by_copy(
 
     insert = _statement("jobs_insert_loaded", table)
     ids = Ids()
-    with conn.cursor() as cur, ThreadPoolExecutor(1) as loader:
+    with _cursor(conn) as cur, ThreadPoolExecutor(1) as loader:
         unique = _Unique(cur, table, on_conflict, where)
-        cur.execute(query("jobs_load_create"))
+        _run(cur, query("jobs_load_create"))
         loading: Future[tuple[list[int], list[bool]]] | None = None
         sent = 0
         for chunk in _chunks(rows, CHUNK_JOBS):
@@ -980,7 +1069,6 @@ def _insert_by_copy(
                 on_progress(sent)
         if loading is not None:
             ids.add(*loading.result())
-        cur.execute(query("jobs_load_drop"))
     return ids
 
 
@@ -995,13 +1083,13 @@ def _insert_by_arrays(
     """COPY rows inserted from arrays, a chunk a statement: no temporary table."""
     insert = _statement("jobs_insert_arrays", table)
     ids = Ids()
-    with conn.cursor() as cur:
+    with _cursor(conn) as cur:
         unique = _Unique(cur, table, on_conflict, where)
         for chunk in _chunks(rows, CHUNK_JOBS):
             if any(map(_has_key, chunk)):
                 ids.add(*unique.insert_rows(chunk))
             else:
-                cur.execute(insert, _row_columns(chunk))
+                _run(cur, insert, _row_columns(chunk))
                 # Ids are drawn in the order of the rows; RETURNING's order is not promised.
                 ids.extend(sorted(row[0] for row in cur.fetchall()))
             if on_progress is not None:
@@ -1050,7 +1138,7 @@ class _Unique:
     def insert_rows(self, rows: list[str]) -> tuple[list[int], list[bool]]:
         """Insert rows (some with keys) from arrays; their ids in order, and
         whether each job was there already."""
-        self.cur.execute(_statement("jobs_insert_arrays_unique", self.table), _row_columns(rows))
+        _run(self.cur, _statement("jobs_insert_arrays_unique", self.table), _row_columns(rows))
         return self.resolve(rows, self.cur.fetchall())
 
     def resolve(
@@ -1065,9 +1153,7 @@ class _Unique:
             if tries == 1:
                 raise PgqctlError("unique keys kept changing hands while enqueueing: try again")
             retry = [rows[i] for i in free]
-            self.cur.execute(
-                _statement("jobs_insert_arrays_unique", self.table), _row_columns(retry)
-            )
+            _run(self.cur, _statement("jobs_insert_arrays_unique", self.table), _row_columns(retry))
             again, held = self.resolve(retry, self.cur.fetchall(), tries - 1)
             for i, job_id, was in zip(free, again, held, strict=True):
                 ids[i], existing[i] = job_id, was
@@ -1113,7 +1199,8 @@ class _Unique:
 
     def _holders(self, ids: list[int | None], taken: list[tuple[int, str, str]]) -> list[int]:
         """Fill in the holders' ids; the indexes of the rows whose key no job holds now."""
-        self.cur.execute(
+        _run(
+            self.cur,
             _statement("jobs_unique_holders", self.table),
             {"queue": [t[1] for t in taken], "unique_key": [t[2] for t in taken]},
         )
@@ -1146,16 +1233,16 @@ def _copy_value(field: str) -> str | None:
 def _load_chunk(
     cur: psycopg.Cursor[Any], rows: list[str], insert: sql.Composed, unique: _Unique
 ) -> tuple[list[int], list[bool]]:
+    # Emptied first: the table may hold the rows of an earlier chunk, or of
+    # an earlier load in the same transaction that stopped half way.
+    _run(cur, query("jobs_load_truncate"))
     with cur.copy(query("jobs_load_copy")) as copy:
         copy.write("".join(rows))
     if any(map(_has_key, rows)):
-        cur.execute(_statement("jobs_insert_loaded_unique", unique.table))
-        found = unique.resolve(rows, cur.fetchall())
-    else:
-        cur.execute(insert)
-        found = [row[0] for row in cur.fetchall()], []
-    cur.execute(query("jobs_load_truncate"))
-    return found
+        _run(cur, _statement("jobs_insert_loaded_unique", unique.table))
+        return unique.resolve(rows, cur.fetchall())
+    _run(cur, insert)
+    return [row[0] for row in cur.fetchall()], []
 
 
 def _chunks(rows: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -1,14 +1,20 @@
 """The sizes pgqctl accepts in a job and in the names an operator gives.
 
 One place for the numbers that `enqueue`, `pause`, `schedule` and the
-worker check, and that the README states. Names are bounded so that every
-index holding them stays far below PostgreSQL's btree limit (about 2,700
-bytes a row: a queue and a unique key of 4-byte characters at these limits
-take 1,536); a payload, so that one row cannot make the worker or a read
-command load hundreds of megabytes.
+worker check, and that the README states, and for the checks themselves.
+Names are bounded so that every index holding them stays far below
+PostgreSQL's btree limit (about 2,700 bytes a row: a queue and a unique key
+of 4-byte characters at these limits take 1,536); a payload, so that one row
+cannot make the worker or a read command load hundreds of megabytes. A name
+holds no control character, so that every view and log line shows it as one
+line, as typed.
 """
 
 from __future__ import annotations
+
+import re
+
+from pgqctl.errors import BadInput
 
 # A job's payload, as JSON text in UTF-8. The worker and `enqueue` take
 # --max-payload-bytes to raise it.
@@ -17,3 +23,41 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_NAME_CHARS = 128
 # A unique key, in characters.
 MAX_KEY_CHARS = 256
+
+# C0 controls, DEL and C1 controls: what a terminal or a log reader may act on.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def check_name(what: str, name: str, limit: int = MAX_NAME_CHARS) -> None:
+    """BadInput when a name (`what`: "queue", "kind", "unique_key", "schedule
+    name") is longer than `limit` characters or holds a control character."""
+    if len(name) > limit:
+        raise BadInput(
+            f"{what} is {len(name):,} characters long: the limit is {limit:,} characters; "
+            f"give a shorter {what}"
+        )
+    if not name.isprintable():  # quick for the common name; the search says which and where
+        found = _CONTROL.search(name)
+        if found is not None:
+            raise BadInput(
+                f"{what} holds the control character \\x{ord(found.group()):02x} at "
+                f"character {found.start() + 1}: names cannot hold control characters "
+                "(tabs and line ends included)"
+            )
+
+
+def payload_bytes(text: str) -> int:
+    """The size of a payload's JSON text in UTF-8."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_payload(text: str, limit: int = MAX_PAYLOAD_BYTES) -> None:
+    """BadInput when a payload's JSON text is over `limit` bytes in UTF-8."""
+    size = payload_bytes(text)
+    if size > limit:
+        raise BadInput(
+            f"payload is {size:,} bytes as JSON: the limit is {limit:,} bytes; pass large "
+            "data by reference (a path, a URL, a row id), or raise the limit: `enqueue "
+            "--max-payload-bytes`, max_payload_bytes= in the Python API, and the same on "
+            "the workers"
+        )

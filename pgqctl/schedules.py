@@ -28,6 +28,8 @@ from pgqctl.db import atomic
 from pgqctl.durations import parse_duration
 from pgqctl.enqueue import make_job
 from pgqctl.errors import BadInput
+from pgqctl.limits import check_name
+from pgqctl.output import cut
 from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
@@ -300,6 +302,7 @@ def define(
 def _check_name(name: object) -> None:
     if not isinstance(name, str) or not name.strip() or "\0" in name or name != name.strip():
         raise BadInput(f"{name!r} is not a schedule name: give a name such as nightly-report")
+    check_name("schedule name", name)
 
 
 @dataclass(frozen=True)
@@ -513,7 +516,7 @@ def read_file(data: BinaryIO | bytes, source: str) -> list[Definition]:
         raise BadInput(f"{source}: schedules must be tables, [schedules.NAME]")
     found = []
     for name, table in tables.items():
-        where = f"{source}: schedule {name!r}"
+        where = f"{source}: schedule {cut(name, 40)!r}"  # cut: a name may be over the limit
         if not isinstance(table, dict):
             raise BadInput(f"{where}: give it as a table, [schedules.{name}]")
         for key in table:

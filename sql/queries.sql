@@ -909,8 +909,12 @@ ON CONFLICT (queue, unique_key)
 RETURNING id, queue, unique_key;
 
 -- name: jobs_load_create
--- The staging table of a COPY load, gone at commit. No rows.
-CREATE TEMPORARY TABLE pgqctl_enqueue_load (
+-- The staging table of a COPY load, gone at the end of the transaction, so
+-- that no server connection a pooler hands on keeps it. A second load in the
+-- same transaction finds it there (each chunk empties it first): not
+-- dropping it keeps psycopg from clearing the caller's prepared statements,
+-- as it does after any DROP. No rows.
+CREATE TEMPORARY TABLE IF NOT EXISTS pgqctl_enqueue_load (
     n            bigint,
     kind         text,
     payload      jsonb,
@@ -959,12 +963,9 @@ JOIN {jobs} AS j
  AND j.unique_key IS NOT NULL AND j.status IN ('pending', 'running');
 
 -- name: jobs_load_truncate
--- Empty the staging table for the next chunk. No rows.
+-- Empty the staging table for a chunk. No rows.
 TRUNCATE pg_temp.pgqctl_enqueue_load;
 
--- name: jobs_load_drop
--- No rows.
-DROP TABLE pg_temp.pgqctl_enqueue_load;
 -- ---------------------------------------------------------------------------
 -- claims: the worker's side of the queue (pgqctl/claims.py, pgqctl/worker.py).
 -- ---------------------------------------------------------------------------

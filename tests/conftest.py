@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import random
 import shutil
 import signal
+import string
 import sys
 import tempfile
 import time
@@ -55,6 +57,12 @@ def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = N
         sys.stderr.flush()
         stdout, stderr = streams[0], streams[1]
         return Result(code, stdout.getvalue().decode(), stderr.getvalue().decode())
+
+
+def random_name(length: int = 3000) -> str:
+    """Letters and digits at random, as a long pasted name: PostgreSQL cannot
+    compress them under its index row limit as it would a repeated letter."""
+    return "".join(random.Random(length).choices(string.ascii_letters + string.digits, k=length))
 
 
 @pytest.fixture(scope="session")

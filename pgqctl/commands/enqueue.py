@@ -6,7 +6,7 @@ import datetime as dt
 import os
 import stat
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -31,6 +31,7 @@ from pgqctl.enqueue import (
     make_job,
     parse_payload,
 )
+from pgqctl.limits import MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from pgqctl.policy import Policy
@@ -145,6 +146,16 @@ def read_policy_option(path: str | None) -> Policy | None:
     help="Bulk-load JSON lines from this file (- for stdin).",
 )
 @policy_option
+@click.option(
+    "--max-payload-bytes",
+    cls=OnceOption,
+    type=click.IntRange(min=1, max=2**31 - 1),
+    default=MAX_PAYLOAD_BYTES,
+    show_default=True,
+    metavar="N",
+    help="Refuse a payload larger than this as JSON (UTF-8). Raise it on the workers too, "
+    "e.g. --max-payload-bytes 4194304.",
+)
 @format_options
 def enqueue_command(
     database: Database,
@@ -159,6 +170,7 @@ def enqueue_command(
     on_conflict: str,
     path: str | None,
     policy_file: str | None,
+    max_payload_bytes: int,
     fmt: str,
 ) -> None:
     """Add a job (KIND, with a JSON object PAYLOAD, default {}) and print its id.
@@ -168,6 +180,10 @@ def enqueue_command(
     "run_at", "delay", "max_attempts", "unique_key"; the options above fill
     what a line leaves out. The whole file goes in one transaction: one bad
     line and nothing is added.
+
+    A payload is at most 1 MiB as JSON (--max-payload-bytes raises it); a
+    queue or kind at most 128 characters, a unique key 256, and none of
+    them holds a control character (tabs and line ends included).
 
     A unique key allows one pending or running job per queue and key (the
     database enforces it, also against producers racing each other). When a
@@ -191,7 +207,7 @@ def enqueue_command(
     if delay is not None and run_at is not None:
         raise click.UsageError("give --delay or --run-at, not both")
     rules = read_policy_option(policy_file)
-    options = {
+    options: dict[str, Any] = {
         "queue": queue,
         "priority": priority,
         "run_at": run_at,
@@ -209,12 +225,14 @@ def enqueue_command(
         source = click.get_current_context().get_parameter_source
         given = {k: v for k, v in options.items() if source(k) is not ParameterSource.DEFAULT}
         check_defaults(given)
-        _enqueue_file(database, path, given, on_conflict, fmt, rules)
+        _enqueue_file(database, path, given, on_conflict, max_payload_bytes, fmt, rules)
         return
     if kind is None:
         raise click.UsageError("missing KIND (or --file F to load many jobs)")
     value = parse_payload(payload) if payload is not None else None
-    job = make_job(kind, value, unique_key=unique_key, **options)
+    job = make_job(
+        kind, value, unique_key=unique_key, max_payload_bytes=max_payload_bytes, **options
+    )
     if rules is not None:
         check_policy(job.kind, value, rules)
     with database.connect(writes=True) as conn:
@@ -239,6 +257,7 @@ def _enqueue_file(
     path: str,
     defaults: dict[str, object],
     on_conflict: str,
+    max_payload_bytes: int,
     fmt: str,
     policy: Policy | None,
 ) -> None:
@@ -255,6 +274,7 @@ def _enqueue_file(
             read_first=not _regular_file(f),
             on_conflict=on_conflict,
             policy=policy,
+            max_payload_bytes=max_payload_bytes,
         )
     if not ids:
         say(f"nothing to enqueue: {source} has no jobs")

@@ -29,6 +29,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+import pgqctl as pgqctl_api
 from tests.integration.servers import (
     REPO_ROOT,
     Pooler,
@@ -489,3 +490,71 @@ def test_two_workers_behind_a_transaction_pooler_tick_a_schedule_once_per_tick(
         assert wait_all(workers, 20) == [0, 0]
         jobs, ticks = conn.execute(count).fetchone() or (0, 0)
     assert jobs == ticks >= 5
+
+
+def _produce(
+    pooled: str, schema: str, how: str, jobs: int, start: threading.Barrier, errors: list[str]
+) -> None:
+    """Enqueue `jobs` jobs into `schema` through the pool with the Python API,
+    on a connection as an application opens it (psycopg's defaults: it
+    prepares a statement from its sixth run)."""
+    batch = {"enqueue": 1, "unique_key": 1, "transaction": 1, "many": 5, "many_copy": 200}[how]
+    try:
+        with psycopg.connect(pooled, autocommit=how != "transaction") as conn:
+            start.wait(30)  # both at once: their transactions interleave on the pool
+            for first in range(0, jobs, batch):
+                numbers = range(first, min(jobs, first + batch))
+                if how == "many" or how == "many_copy":
+                    records = [{"kind": "k", "payload": {"from": schema, "n": n}} for n in numbers]
+                    pgqctl_api.enqueue_many(conn, records, schema=schema)
+                    continue
+                key = f"{schema}:{first}" if how == "unique_key" else None
+                pgqctl_api.enqueue(
+                    conn, "k", {"from": schema, "n": first}, unique_key=key, schema=schema
+                )
+                if how == "transaction":
+                    conn.commit()
+    except Exception as exc:  # recorded for the assertion, with what the producer saw
+        errors.append(f"{schema}: {type(exc).__name__}: {exc}")
+
+
+@pytest.mark.parametrize(
+    ("how", "jobs"),
+    [
+        ("enqueue", 500),
+        ("unique_key", 500),
+        ("transaction", 500),
+        ("many", 500),
+        ("many_copy", 4000),  # twenty loads each: psycopg prepares on the sixth
+    ],
+)
+def test_two_producers_of_two_schemas_share_a_pool_of_two(
+    empty_dsn: str, start_pooler: Callable[..., Pooler], how: str, jobs: int
+) -> None:
+    pooler = start_pooler("transaction", pool_size=2)
+    for schema in ("a", "b"):
+        ok(pgqctl("migrate", "--dsn", empty_dsn, "--schema", schema))
+    pooled = pooler.dsn(empty_dsn)
+    errors: list[str] = []
+    start = threading.Barrier(2)
+    producers = [
+        threading.Thread(target=_produce, args=(pooled, schema, how, jobs, start, errors))
+        for schema in ("a", "b")
+    ]
+    for producer in producers:
+        producer.start()
+    for producer in producers:
+        producer.join(120)
+    assert errors == []
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        found = {
+            schema: dict(
+                conn.execute(
+                    sql.SQL("SELECT payload->>'from', count(*) FROM {}.jobs GROUP BY 1").format(
+                        sql.Identifier(schema)
+                    )
+                ).fetchall()
+            )
+            for schema in ("a", "b")
+        }
+    assert found == {"a": {"a": jobs}, "b": {"b": jobs}}

@@ -9,10 +9,11 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.rows import dict_row
 
 import pgqctl
 from pgqctl.errors import BadInput
-from tests.conftest import run_cli
+from tests.conftest import random_name, run_cli
 
 
 @pytest.fixture
@@ -146,9 +147,76 @@ def test_schema_argument_names_the_table(server_dsn: str, empty_dsn: str) -> Non
 
 def test_text_that_copy_must_escape_arrives_as_given(conn: psycopg.Connection[Any]) -> None:
     odd = 'tab\there, line\nbreak, cr\r, back\\slash \\N, quote " and café 😀'
-    jobs = [{"kind": f"k {odd}", "queue": odd, "payload": {odd: [odd, i]}} for i in range(300)]
+    name = 'back\\slash \\N, quote " and café 😀'  # a name holds no control character
+    jobs = [{"kind": f"k {name}", "queue": name, "payload": {odd: [odd, i]}} for i in range(300)]
     ids = pgqctl.enqueue_many(conn, jobs)
     table = conn.execute(
         "SELECT kind, queue, payload FROM jobs WHERE id = ANY(%s) ORDER BY id", (ids,)
     ).fetchall()
     assert table == [(j["kind"], j["queue"], j["payload"]) for j in jobs]
+
+
+def _enqueue_every_way(c: psycopg.Connection[Any], tag: str = "") -> list[int]:
+    """One job, one with a unique key, a few in one INSERT, and loads through
+    COPY with and without keys: every statement the API sends. 505 new jobs."""
+    keyed = [{"kind": "copy", "unique_key": f"{tag}{i}"} for i in range(250)]
+    return [
+        pgqctl.enqueue(c, "one"),
+        pgqctl.enqueue(c, "keyed", unique_key=tag, on_conflict="error"),
+        *pgqctl.enqueue_many(c, [{"kind": "few"}] * 3),
+        *pgqctl.enqueue_many(c, [{"kind": "copy"}] * 250),
+        *pgqctl.enqueue_many(c, keyed, on_conflict="error"),
+    ]
+
+
+def test_the_api_never_prepares_a_statement_and_keeps_the_callers(dsn: str) -> None:
+    # A connection that prepares every statement at once: pgqctl's must not
+    # be (behind a transaction pooler, another client would run them), and
+    # the caller's own must stay prepared.
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as c:
+        c.execute("SELECT %s::int", [1])
+        ids = _enqueue_every_way(c, "a")
+        with c.transaction():  # two loads through COPY in one transaction
+            ids += _enqueue_every_way(c, "b")
+        prepared = c.execute(
+            "SELECT statement FROM pg_prepared_statements", prepare=False
+        ).fetchall()
+    assert prepared == [("SELECT $1::int",)]
+    assert len(set(ids)) == 2 * 505
+
+
+def test_the_api_works_whatever_row_factory_the_connection_has(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
+        ids = _enqueue_every_way(c, "a")
+        assert all(type(i) is int for i in ids)
+        assert c.execute("SELECT count(*) AS n FROM jobs").fetchone() == {"n": len(ids)}
+
+
+def test_the_api_refuses_what_is_over_a_limit_before_sending_anything(
+    tx_conn: psycopg.Connection[Any],
+) -> None:
+    big = {"blob": "x" * 2_000_000}  # 2,000,011 bytes as JSON
+    with pytest.raises(BadInput, match=r"^queue is 3,000 characters long: the limit is 128 "):
+        pgqctl.enqueue(tx_conn, "k", queue=random_name(3000))
+    with pytest.raises(BadInput, match=r"^unique_key holds the control character \\x0a at"):
+        pgqctl.enqueue(tx_conn, "k", unique_key="user:7\nCRITICAL")
+    with pytest.raises(BadInput, match=r"^payload is 2,000,011 bytes as JSON: the limit is 1,048,"):
+        pgqctl.enqueue(tx_conn, "k", big)
+    with pytest.raises(BadInput, match=r"^max_payload_bytes must be from 1 to"):
+        pgqctl.enqueue(tx_conn, "k", max_payload_bytes=0)
+    for n in (5, 250):  # one INSERT; COPY
+        jobs: list[dict[str, Any]] = [{"kind": "k"}] * n
+        jobs[n - 2] = {"kind": "k", "payload": big}
+        with pytest.raises(BadInput, match=rf"^jobs\[{n - 2}\]: payload is 2,000,011 bytes"):
+            pgqctl.enqueue_many(tx_conn, jobs)
+    assert tx_conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert job_count(tx_conn) == 0
+    # Raised, the same jobs go in.
+    raised = 4 * 1024 * 1024
+    pgqctl.enqueue(tx_conn, "k", big, max_payload_bytes=raised)
+    for n in (5, 250):
+        jobs = [{"kind": "k"}] * n
+        jobs[n - 2] = {"kind": "k", "payload": big}
+        pgqctl.enqueue_many(tx_conn, jobs, max_payload_bytes=raised)
+    tx_conn.commit()
+    assert job_count(tx_conn) == 1 + 5 + 250

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import random_name, run_cli
 from tests.unit.test_enqueue_rows import COMMON, GENERAL
 
 ENQUEUE = sys.modules["pgqctl.enqueue"]  # the package's `enqueue` is the function
@@ -364,3 +364,86 @@ def _read_all(fd: int) -> str:
             break
         chunks.append(data)
     return b"".join(chunks).decode()
+
+
+# ------------------------------------------------------------------- limits
+
+LONG = random_name(3000)
+BIG = {"blob": "x" * 2_000_000}  # 2,000,011 bytes as JSON
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((LONG,), "kind is 3,000 characters long: the limit is 128 characters"),
+        (("k", "--queue", LONG), "queue is 3,000 characters long: the limit is 128 characters"),
+        (("k", "--unique-key", LONG), "unique_key is 3,000 characters long: the limit is 256"),
+        (("evil\nCRITICAL fake",), r"kind holds the control character \x0a at character 5"),
+        (("k", "--queue", "q\x1b[2J"), r"queue holds the control character \x1b at character 2"),
+        (("k", "--queue", "q\x9b"), r"queue holds the control character \x9b at character 2"),
+        (("k", json.dumps(BIG)), "payload is 2,000,011 bytes as JSON: the limit is 1,048,576"),
+        (
+            ("k", '{"s": "' + "x" * 100 + '"}', "--max-payload-bytes", "100"),
+            "payload is 108 bytes as JSON: the limit is 100 bytes",
+        ),
+    ],
+)
+def test_a_job_over_a_limit_exits_2_naming_the_limit_and_inserts_nothing(
+    module_dsn: str, args: tuple[str, ...], message: str
+) -> None:
+    result = run_cli("enqueue", *args, "--dsn", module_dsn)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"pgqctl: error: {message}")
+    assert len(result.stderr.splitlines()) == 1
+    assert result.stdout == ""
+    assert count_in(module_dsn) == 0
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"kind": LONG}, "kind is 3,000 characters long: the limit is 128 characters"),
+        ({"kind": "k", "queue": LONG}, "queue is 3,000 characters long: the limit is 128"),
+        (
+            {"kind": "k", "unique_key": LONG},
+            "unique_key is 3,000 characters long: the limit is 256",
+        ),
+        ({"kind": "evil\nCRITICAL fake"}, r"kind holds the control character \x0a at character 5"),
+        ({"kind": "k", "queue": "q\x7f"}, r"queue holds the control character \x7f at character 2"),
+        (
+            {"kind": "k", "payload": BIG},
+            "payload is 2,000,011 bytes as JSON: the limit is 1,048,576",
+        ),
+    ],
+)
+def test_a_line_over_a_limit_exits_2_naming_its_line_and_the_limit(
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path, record: dict[str, Any], message: str
+) -> None:
+    # Line 250 of 300: the load has begun, through COPY, when it is read.
+    records: list[Any] = [{"kind": "ok", "payload": {"i": i}} for i in range(300)]
+    records[249] = record
+    path = tmp_path / "jobs.jsonl"
+    # As a user's tool writes it: raw characters, no \u escapes.
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    result = run_cli("enqueue", "--file", str(path), "--dsn", dsn)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"pgqctl: error: {path}, line 250: {message}")
+    assert result.stderr.endswith("; nothing was enqueued\n")
+    assert len(result.stderr.splitlines()) == 1
+    assert count(conn) == 0
+
+
+def test_max_payload_bytes_raises_the_limit(
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    path = write_lines(tmp_path / "jobs.jsonl", [{"kind": "big", "payload": BIG}])
+    assert run_cli("enqueue", "--file", str(path), "--dsn", dsn).exit_code == 2
+    raised = ("--max-payload-bytes", "4194304")
+    assert run_cli("enqueue", "--file", str(path), *raised, "--dsn", dsn).exit_code == 0
+    assert run_cli("enqueue", "big", json.dumps(BIG), *raised, "--dsn", dsn).exit_code == 0
+    env = {"PGQCTL_MAX_PAYLOAD_BYTES": "4194304"}
+    assert run_cli("enqueue", "big", json.dumps(BIG), "--dsn", dsn, env=env).exit_code == 0
+    sizes = conn.execute("SELECT octet_length(payload::text) FROM jobs").fetchall()
+    assert sizes == [(2_000_012,)] * 3  # jsonb's text puts a space after the colon
+    zero = run_cli("enqueue", "k", "--max-payload-bytes", "0", "--dsn", dsn)
+    assert zero.exit_code == 2 and "--max-payload-bytes" in zero.stderr

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from pgqctl import claims, db
-from tests.conftest import run_cli
+from tests.conftest import random_name, run_cli
 from tests.integration import test_claim_queues, test_worker
 from tests.integration.jobrows import add_jobs
 from tests.integration.test_claim_queues import (
@@ -119,6 +119,25 @@ def test_bad_input_exits_2_with_one_line_and_pauses_nothing(
     assert result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
+    with psycopg.connect(module_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM paused_queues").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("queue", "message"),
+    [
+        (random_name(3000), "queue is 3,000 characters long: the limit is 128 characters"),
+        ("evil\nCRITICAL fake", r"queue holds the control character \x0a at character 5"),
+        ("q\x85", r"queue holds the control character \x85 at character 2"),
+    ],
+)
+def test_a_queue_name_no_job_can_have_is_refused_naming_the_limit(
+    module_dsn: str, queue: str, message: str
+) -> None:
+    result = run_cli("pause", "emails", queue, "--dsn", module_dsn)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"pgqctl: error: {message}")
+    assert len(result.stderr.splitlines()) == 1
     with psycopg.connect(module_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM paused_queues").fetchone() == (0,)
 

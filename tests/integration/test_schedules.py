@@ -15,7 +15,7 @@ import pytest
 from cronsim import CronSim
 
 from pgqctl import db, ticks
-from tests.conftest import run_cli
+from tests.conftest import random_name, run_cli
 
 UTC = dt.timezone.utc
 
@@ -88,6 +88,12 @@ def test_add_list_show_pause_resume_run_remove(dsn: str, conn: psycopg.Connectio
         (["k"], "--cron"),
         (["--every", "1s", "k", '{"argv": "ls"}'], "payload cannot run"),
         (["--every", "1s", "k", "[1]"], "payload must be a JSON object"),
+        (["--every", "1s", random_name(3000)], "kind is 3,000 characters long: the limit is 128"),
+        (["--every", "1s", "k", "--queue", "q\n"], r"queue holds the control character \x0a"),
+        (
+            ["--every", "1s", "k", '{"s": "' + "x" * 1_100_000 + '"}'],
+            "payload is 1,100,008 bytes as JSON: the limit is 1,048,576 bytes",
+        ),
     ],
 )
 def test_bad_input_exits_2_and_adds_nothing(
@@ -182,6 +188,34 @@ def test_a_bad_sync_file_exits_2_naming_the_schedule_and_key_and_changes_nothing
     assert result.exit_code == 2
     assert "schedule 'beat': key 'cron': " in result.stderr and "Wrong number" in result.stderr
     assert schedule_rows(conn) == before
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (random_name(3000), "schedule name is 3,000 characters long: the limit is 128 characters"),
+        ("nightly\x1b[2J", r"schedule name holds the control character \x1b at character 8"),
+    ],
+)
+def test_a_schedule_name_over_the_limit_is_refused_by_add_and_sync_and_nothing_is_written(
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path, name: str, message: str
+) -> None:
+    added = cli(dsn, "schedule", "add", name, "--every", "1m", "k")
+    assert added.exit_code == 2, added.stderr
+    assert added.stderr.startswith(f"pgqctl: error: {message}")
+    assert len(added.stderr.splitlines()) == 1
+    # In a file beside good schedules: none of the file is applied.
+    quoted = json.dumps(name)  # a TOML basic string, as JSON spells it
+    synced = cli(
+        dsn,
+        "schedule",
+        "sync",
+        write(tmp_path, FILE + f'[schedules.{quoted}]\nevery = "1m"\nkind = "k"\n'),
+    )
+    assert synced.exit_code == 2, synced.stderr
+    assert f"schedule {name[:39]!r}"[:-1] in synced.stderr and message in synced.stderr
+    assert len(synced.stderr.splitlines()) == 1 and len(synced.stderr) < 400
+    assert schedule_rows(conn) == []
 
 
 def make_due(conn: psycopg.Connection[Any], name: str, ago: str) -> None:

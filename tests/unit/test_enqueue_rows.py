@@ -24,8 +24,9 @@ COMMON = [
     '{"kind": "a", "payload": {"payload": {"y": 2}}}',
     '{"kind": "payload", "payload": {"kind": "payload"}}',
     '{"kind": "a", "payload": {"s": "tab\\there \\"q\\" back\\\\slash\\nline\\r"}}',
-    '{"kind": "a\\tb\\\\c", "queue": "q\\nr", "payload": {}}',
-    '{"kind": "\\\\N\\t"}',
+    '{"kind": "a\\\\b\\/c", "queue": "q\\\\n", "payload": {}}',
+    '{"kind": "\\\\N"}',
+    '{"kind": "' + "k" * 128 + '", "queue": "' + "😀" * 128 + '"}',  # names at their limit
     '{"kind": "a",\t"payload":\t{"x":\t1}\t}',
     '{"kind": "a", "payload": {"x": {}} }',
     '{"kind": "café", "payload": {"s": "ü€😀"}}',
@@ -42,7 +43,9 @@ GENERAL = [
     '{"kind": "a", "run_at": "2030-01-01T00:00:00Z"}',
     '{"kind": "a", "payload": {"x": 1e-400, "y": 1.5e-310}}',
     ' {"kind": "a", "payload": {"x": 1}}  ',
-    '{"kind": "a", "unique_key": "user:7\\t\\\\N", "payload": {"x": 1}}',
+    '{"kind": "a", "unique_key": "user:7 \\\\N", "payload": {"x": 1}}',
+    # Names that are not printable but hold no control character.
+    '{"kind": "a\u00a0b", "queue": "q\u2028"}',
 ]
 DEFAULTS: list[dict[str, Any] | None] = [
     None,
@@ -123,11 +126,12 @@ def test_bad_defaults_are_reported_on_each_line_that_uses_them() -> None:
 
 
 ODD = 'tab\there, line\nbreak, cr\r, back\\slash \\N, quote " and café 😀'
+ODD_NAME = 'back\\slash \\N, quote " and café 😀'  # names hold no control character
 # Jobs as Python callers give them, in the common shape.
 COMMON_RECORDS: list[dict[str, Any]] = [
     {"kind": "echo", "payload": {"argv": ["echo", "job 1"]}},
     {"kind": "a"},
-    {"kind": ODD, "queue": ODD, "payload": {ODD: [ODD, 1.5, None, True]}},
+    {"kind": ODD_NAME, "queue": ODD_NAME, "payload": {ODD: [ODD, 1.5, None, True]}},
     {"kind": "a", "payload": None, "queue": None, "priority": None, "max_attempts": None},
     {"kind": "a", "queue": "q", "priority": -(2**31), "max_attempts": 2**31 - 1},
 ]
@@ -173,11 +177,14 @@ def expected_record_fields(number: int, record: Any, defaults: dict[str, Any] | 
     return expected_fields(number, ENQUEUE._encode(record), defaults)
 
 
-def general_path(number: int, line: str, defaults: dict[str, Any] | None) -> list[Any] | str:
+def general_path(
+    number: int, line: str, defaults: dict[str, Any] | None, max_payload_bytes: int = 2**20
+) -> list[Any] | str:
     """What make_job makes of a line: its row read back, or its error."""
     try:
         record = ENQUEUE._decode_text(line)
-        return read_back(ENQUEUE._job_row(number, job_from_record(record, defaults)))
+        job = job_from_record(record, defaults, max_payload_bytes=max_payload_bytes)
+        return read_back(ENQUEUE._job_row(number, job))
     except BadInput as exc:
         return str(exc)
 
@@ -186,6 +193,7 @@ def random_lines(seed: int, count: int) -> list[str]:
     """Job lines made of the pieces the quick path must not be fooled by."""
     rnd = random.Random(seed)
     pieces = ["payload", "kind", '"', "\\", "\t", "\n", "\x00", "\\u0000", "é", "😀", "}", ":", "a"]
+    pieces += ["\x7f", "\x85", "\u00a0", "1e15", "k" * 60]
     numbers = [0, -0.0, 1.5, 1e-400, 1e400, 5e-324, 2**31, -(2**31), 3, True, None, 10**25]
 
     def text() -> str:
@@ -220,24 +228,81 @@ def random_lines(seed: int, count: int) -> list[str]:
     return lines
 
 
+@pytest.mark.parametrize("max_payload_bytes", [2**20, 40])  # 40: the limit is met often
 @pytest.mark.parametrize("defaults", DEFAULTS)
-def test_random_lines_are_read_as_make_job_reads_them(defaults: dict[str, Any] | None) -> None:
+def test_random_lines_are_read_as_make_job_reads_them(
+    defaults: dict[str, Any] | None, max_payload_bytes: int
+) -> None:
     for line in random_lines(seed=len(str(defaults)), count=3000):
         try:
-            (row,) = read_rows([line.encode("utf-8", "surrogatepass")], defaults=defaults)
+            (row,) = read_rows(
+                [line.encode("utf-8", "surrogatepass")],
+                defaults=defaults,
+                max_payload_bytes=max_payload_bytes,
+            )
             got: list[Any] | str = read_back(row)
         except BadInput as exc:
             got = str(exc).removeprefix("input, line 1: ")
         if any("\ud800" <= c <= "\udfff" for c in line):  # json.dumps let a lone one through
             assert isinstance(got, str) and "not valid UTF-8" in got
         else:
-            assert got == general_path(1, line, defaults), line
+            assert got == general_path(1, line, defaults, max_payload_bytes), line
 
 
-def test_random_records_are_checked_as_make_job_checks_them() -> None:
-    fast = ENQUEUE._simple_defaults(None)
+@pytest.mark.parametrize("max_payload_bytes", [2**20, 40])
+def test_random_records_are_checked_as_make_job_checks_them(max_payload_bytes: int) -> None:
+    fast = ENQUEUE._simple_defaults(None, max_payload_bytes)
     for line in random_lines(seed=7, count=3000):
         record = json.loads(line)
         row = ENQUEUE._simple_record_row(1, record, fast)
         if row is not None:
-            assert read_back(row) == read_back(ENQUEUE._job_row(1, job_from_record(record)))
+            job = job_from_record(record, max_payload_bytes=max_payload_bytes)
+            assert read_back(row) == read_back(ENQUEUE._job_row(1, job))
+
+
+# Jobs over a limit, or with a control character in a name, as a line and as
+# the record it holds; each is refused on both paths with the same reason.
+# "\\u..." escapes in a line go through make_job anyway: these are written raw.
+REFUSED = [
+    ({"kind": "k" * 129}, "kind is 129 characters long: the limit is 128 characters"),
+    ({"kind": "k", "queue": "😀" * 129}, "queue is 129 characters long: the limit is 128"),
+    ({"kind": "k", "unique_key": "u" * 257}, "unique_key is 257 characters long: the limit is 256"),
+    ({"kind": "a\tb"}, r"kind holds the control character \\x09 at character 2"),
+    ({"kind": "k", "queue": "evil\nCRITICAL"}, r"queue holds the control character \\x0a at"),
+    ({"kind": "k", "queue": "q\x7f"}, r"queue holds the control character \\x7f at character 2"),
+    ({"kind": "\x85k"}, r"kind holds the control character \\x85 at character 1"),
+    ({"kind": "k", "unique_key": "\x1b[31m"}, r"unique_key holds the control character \\x1b"),
+    (
+        {"kind": "k", "payload": {"x": "y" * 40}},
+        "payload is 48 bytes as JSON: the limit is 47 bytes",
+    ),
+    # As written, the payload is 9 bytes; as make_job measures it, 24.
+    ({"kind": "k", "payload": {"x": 1e15}}, "payload is 24 bytes as JSON: the limit is 23"),
+]
+
+
+def _limit_of(message: str) -> int:
+    return 47 if "is 47 bytes" in message else 23 if "is 23" in message else 2**20
+
+
+@pytest.mark.parametrize(("record", "message"), REFUSED)
+def test_limits_and_control_characters_are_refused_on_both_paths(
+    record: dict[str, Any], message: str
+) -> None:
+    limit = _limit_of(message)
+    line = json.dumps(record, ensure_ascii=False).replace('"x": 1000000000000000.0', '"x": 1e15')
+    with pytest.raises(BadInput, match=f"^input, line 1: {message}"):
+        list(read_rows([line.encode()], max_payload_bytes=limit))
+    fast = ENQUEUE._simple_defaults(None, limit)
+    assert ENQUEUE._simple_record_row(1, record, fast) is None
+    with pytest.raises(BadInput, match=f"^{message}"):
+        job_from_record(record, max_payload_bytes=limit)
+
+
+def test_a_payload_at_the_limit_is_taken_from_a_line_and_from_a_record() -> None:
+    record = {"kind": "k", "payload": {"x": "y" * 40}}  # 48 bytes as JSON
+    line = json.dumps(record).encode()
+    (row,) = read_rows([line], max_payload_bytes=48)
+    assert read_back(row)[2] == record["payload"]
+    fast = ENQUEUE._simple_defaults(None, 48)
+    assert ENQUEUE._simple_record_row(1, record, fast) is not None
