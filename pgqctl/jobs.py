@@ -10,7 +10,7 @@ more entry here, plus the migration that lets the table hold it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -125,11 +125,23 @@ class Job:
     # The schedule that enqueued it and the tick it is for (None: not a tick).
     schedule: str | None = None
     tick: datetime | None = None
+    # Why `payload` holds the payload's JSON text rather than its value (cut,
+    # or nested too deep to decode): None when it is the value. Read
+    # commands cut a payload and a last_error too long to show (rows.py).
+    payload_note: str | None = None
+    payload_cut: bool = False
+    last_error_cut: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
-        """A job from a row of `SELECT *` (more keys than columns are ignored)."""
-        return cls(**{name: row[name] for name in FIELDS if name in row})
+        """A job from a row of `SELECT *`, or of the bounded `{job}` columns
+        (more keys than columns are ignored)."""
+        found = {name: row[name] for name in FIELDS if name in row}
+        if "payload_head" in row:
+            from pgqctl.rows import shown  # jobs.py is imported by the lightest commands
+
+            found.update(asdict(shown(row)))
+        return cls(**found)
 
     @property
     def tries(self) -> int:

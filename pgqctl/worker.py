@@ -84,13 +84,14 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import __version__, admin, claims, db, payload, runner, ticks
+from pgqctl import __version__, admin, claims, db, limits, payload, runner, ticks
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
 from pgqctl.errors import BadInput, PgqctlError, PrivilegeMissing, ReadOnlyServer
 from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
+from pgqctl.rows import Unreadable
 from pgqctl.schedules import CATCH_UP
 from pgqctl.sql import query
 from pgqctl.worklog import WorkLog, seconds, timestamp
@@ -194,6 +195,8 @@ class WorkerConfig:
     heartbeat: float = 10.0
     # Jobs claimed ahead of a free slot, kept in a local queue (see Worker).
     prefetch: int = 0
+    # A claimed job with a longer payload (JSON text, UTF-8) fails for good.
+    max_payload_bytes: int = limits.MAX_PAYLOAD_BYTES
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
@@ -768,6 +771,7 @@ class Worker:
                 kinds=c.kinds,
                 floor=self.floors.floor(sent) if limit else None,
                 beat=self._current_beat() if beat else None,
+                max_payload_bytes=c.max_payload_bytes,
             )
         except (psycopg.Error, PgqctlError) as exc:
             self.claim_wanted = self.claim_wanted or bool(limit)
@@ -1379,6 +1383,8 @@ class Worker:
         job = running.job
         c = self.config
         try:
+            if isinstance(job.payload, Unreadable):  # what its row holds can never run
+                raise payload.PayloadRejected(job.payload.reason)
             command = payload.command_for_job(
                 job.payload,
                 kind=job.kind,

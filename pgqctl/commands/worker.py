@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from pgqctl import limits  # small; the options need it
 from pgqctl.commands.options import (
     COUNT,
     DURATION,
@@ -170,6 +171,15 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     help="Run COMMAND for jobs of KIND, with the payload as JSON on stdin (repeatable).",
 )
 @click.option(
+    "--max-payload-bytes",
+    type=COUNT,
+    default=limits.MAX_PAYLOAD_BYTES,
+    show_default=True,
+    help="Fail for good, without running it, a job whose payload is longer than this as "
+    "JSON text (only plain SQL stores one over what `enqueue` accepts), "
+    "e.g. --max-payload-bytes 4194304.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(LOG_FORMATS),
     default="text",
@@ -197,6 +207,7 @@ def worker_command(
     max_jobs: int | None,
     allow_shell: bool,
     handlers: tuple[tuple[str, tuple[str, ...]], ...],
+    max_payload_bytes: int,
     log_format: str,
 ) -> int:
     """Run jobs: claim them, run each as a child process, record how it ended.
@@ -260,6 +271,7 @@ def worker_command(
         schedules=not no_schedules,
         catch_up=catch_up,
         heartbeat=heartbeat,
+        max_payload_bytes=max_payload_bytes,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     return worker.serve(config, database.dsn, log)
