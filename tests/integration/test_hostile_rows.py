@@ -60,9 +60,9 @@ def test_a_worker_fails_each_hostile_job_for_good_and_runs_the_one_beside_them(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
     ids = _hostile(conn)
+    options = ["--concurrency", str(len(ids)), "--max-payload-bytes", str(WORKER_LIMIT)]
     worker = subprocess.run(
-        [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn, "--burst"]
-        + ["--concurrency", str(len(ids)), "--max-payload-bytes", str(WORKER_LIMIT)],
+        [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn, "--burst", *options],
         capture_output=True,
         text=True,
         timeout=60,
@@ -178,9 +178,7 @@ def test_every_read_command_shows_every_hostile_row(
     assert reaped[0]["payload_note"] == "nested more than 256 levels deep: its JSON text"
     cancelled = json.loads(_ok("cancel", "--dsn", dsn, "--id", str(ids["deep"]), "--json"))
     assert [(j["id"], j["status"]) for j in cancelled] == [(ids["deep"], "cancelled")]
-    requeued = json.loads(
-        _ok("requeue", "--dsn", dsn, "--id", str(ids["deep failed"]), "--json")
-    )
+    requeued = json.loads(_ok("requeue", "--dsn", dsn, "--id", str(ids["deep failed"]), "--json"))
     assert [(j["id"], j["status"]) for j in requeued] == [(ids["deep failed"], "pending")]
     assert requeued[0]["last_error_cut"] is True
 
@@ -191,6 +189,4 @@ def test_a_queue_named_with_a_newline_is_one_line_in_checks_output(
     add_jobs(conn, 3, queue=EVIL)
     result = run_cli("check", "--dsn", dsn, "--max-pending", "1")
     assert result.exit_code == 3, result.stderr
-    assert result.stdout.splitlines() == [
-        "CRITICAL evil\\x0aCRITICAL fake: 3 pending jobs (max 1)"
-    ]
+    assert result.stdout.splitlines() == ["CRITICAL evil\\x0aCRITICAL fake: 3 pending jobs (max 1)"]
