@@ -173,6 +173,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
 @click.option(
     "--max-payload-bytes",
     type=COUNT,
+    metavar="BYTES",
     default=limits.MAX_PAYLOAD_BYTES,
     show_default=True,
     help="Fail for good, without running it, a job whose payload is longer than this as "
