@@ -672,8 +672,16 @@ def _write_plain(
     stream.write("\n")
 
 
+# Cells of a piped table that keep their lines: an error, and the value of
+# a field `emit_record` shows on several lines (it has made the others one
+# line). Every other cell is one line, whatever it holds.
+_CELLS_OF_LINES = ("error", "value")
+
+
 def _piped_cell(column: str, value: Any) -> str:
-    return cut(one_line(value), 60) if column == "error" else one_line(value)
+    if column == "error":
+        return cut(human(value), 60)
+    return human(value) if column in _CELLS_OF_LINES else one_line(value)
 
 
 def _terminal_width(stream: IO[str]) -> int | None:

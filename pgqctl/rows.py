@@ -48,8 +48,9 @@ class Unreadable:
 
 def nested_deeper_than(text: str, depth: int) -> bool:
     """Whether the JSON `text` nests arrays and objects more than `depth` levels."""
-    # Few brackets cannot nest deep: the common case costs two C-speed counts.
-    if text.count("[") + text.count("{") <= depth:
+    # Short text, or few brackets, cannot nest deep: the common case costs
+    # a length, or two C-speed counts.
+    if len(text) <= 2 * depth or text.count("[") + text.count("{") <= depth:
         return False
     level = 0
     for match in _STRING_OR_BRACKET.finditer(text):

@@ -119,6 +119,11 @@ def _ok(*args: str) -> str:
     return result.stdout
 
 
+def _lines(*args: str) -> list[str]:
+    """What a command printed, each line without the spaces around it."""
+    return [line.strip() for line in _ok(*args).splitlines()]
+
+
 def test_every_read_command_shows_every_hostile_row(
     dsn: str, conn: psycopg.Connection[Any], every_status: dict[str, int]
 ) -> None:
@@ -150,11 +155,15 @@ def test_every_read_command_shows_every_hostile_row(
         assert not any(line.startswith("CRITICAL") for line in shown.splitlines()), name
         record = json.loads(_ok("show", "--dsn", dsn, str(job_id), "--json"))
         assert record["id"] == job_id
-    big_shown = _ok("show", "--dsn", dsn, str(ids["big"]), "--format", "plain")
+    # Each note on a line of its own, under what it is about.
+    big_shown = _lines("show", "--dsn", dsn, str(ids["big"]), "--format", "plain")
     assert "[payload cut: the first 1,048,576 characters of its JSON text]" in big_shown
-    error_shown = _ok("show", "--dsn", dsn, str(ids["deep failed"]), "--format", "plain")
+    error_shown = _lines("show", "--dsn", dsn, str(ids["deep failed"]), "--format", "plain")
     assert "[last_error cut: the first 65,536 characters]" in error_shown
     assert "[payload nested more than 256 levels deep: its JSON text]" in error_shown
+    # A payload shown whole is still pretty-printed.
+    normal_shown = _lines("show", "--dsn", dsn, str(ids["normal"]), "--format", "plain")
+    assert '"argv": [' in normal_shown
 
     leases = json.loads(_ok("leases", "--dsn", dsn, "--json"))
     assert {j["id"] for j in leases} == {ids["deep expired"], ids["big running"]}
