@@ -10,9 +10,11 @@ more entry here, plus the migration that lets the table hold it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
+
+from pgqctl.rows import shown
 
 # (job id, the attempt a worker claimed): what every fence checks.
 Held = tuple[int, int]
@@ -138,9 +140,8 @@ class Job:
         (more keys than columns are ignored)."""
         found = {name: row[name] for name in FIELDS if name in row}
         if "payload_head" in row:
-            from pgqctl.rows import shown  # jobs.py is imported by the lightest commands
-
-            found.update(asdict(shown(row)))
+            bounded = shown(row)
+            found.update({f.name: getattr(bounded, f.name) for f in fields(bounded)})
         return cls(**found)
 
     @property
