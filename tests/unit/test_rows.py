@@ -25,6 +25,9 @@ def nested(depth: int) -> str:
         # Brackets inside strings do not nest, escaped quotes do not end one.
         (json.dumps({"s": "[[[[[[", "t": '\\"[[[[[['}), 1, False),
         (json.dumps({"s": '"', "a": [[[1]]]}), 3, True),
+        # Many brackets, all in a string.
+        (json.dumps("[" * 1000), 3, False),
+        (json.dumps({"s": "[" * 1000}), 1, False),
     ],
 )
 def test_nesting_is_counted_outside_strings(text: str, depth: int, deeper: bool) -> None:
