@@ -27,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import claims
+from pgqctl import claims, limits
 
 STATEMENT = b"pgqctl_bare_exchange"
 
@@ -121,6 +121,7 @@ class BareLoop:
             "worker": b"bare:0",
             "queues": None,
             "kinds": None,
+            "payload_chars": str(limits.MAX_PAYLOAD_BYTES + 1).encode(),
         }
         self.pg.send_query_prepared(STATEMENT, [values[name] for name in self.names])
 

@@ -22,6 +22,7 @@ from pgqctl.control import Pause, paused
 from pgqctl.db import atomic
 from pgqctl.errors import BadInput, PgqctlError
 from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, STATUS_NAMES, Job
+from pgqctl.rows import READ_PARAMS, with_job_columns
 from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
@@ -40,9 +41,10 @@ def _rows(
 
 def _run(conn: Connection, text: str, params: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     # Always pass a dict, so `%%` in a query means `%` whether it has
-    # placeholders or not.
+    # placeholders or not. A statement reading jobs reads their bounded
+    # columns (rows.py): whatever a row holds, it is read in bounded memory.
     with atomic(conn), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(text, dict(params or {}))
+        cur.execute(with_job_columns(text), {**READ_PARAMS, **(params or {})})
         return cur.fetchall()
 
 
@@ -358,7 +360,12 @@ def reap_preview(conn: Connection) -> list[Reaped]:
     last_error it would get."""
     return [
         Reaped(
-            replace(Job.from_row(row), status=row["reaped_status"], last_error=row["reaped_error"]),
+            replace(
+                Job.from_row(row),
+                status=row["reaped_status"],
+                last_error=row["reaped_error"],
+                last_error_cut=False,
+            ),
             row["held_by"],
         )
         for row in _rows(conn, "lease_reap_preview")
@@ -475,7 +482,10 @@ def stream_jobs(
     name = _list_query(found, order)
     with conn.transaction(), conn.cursor("pgqctl_list", row_factory=dict_row) as cur:
         cur.itersize = batch
-        cur.execute(query(name), {**found.params(), "limit": None})
+        cur.execute(
+            with_job_columns(query(name)),
+            {**READ_PARAMS, **found.params(), "limit": None},
+        )
         for row in cur:
             yield Job.from_row(row)
 
@@ -675,7 +685,13 @@ def cancel(
         rows = _rows(conn, "job_cancel_select", params)
         jobs = [
             CancelledJob(
-                replace(Job.from_row(row), status="cancelled", last_error=error, locked_until=None),
+                replace(
+                    Job.from_row(row),
+                    status="cancelled",
+                    last_error=error,
+                    last_error_cut=False,
+                    locked_until=None,
+                ),
                 row["status"],
                 row["lease_expired"],
             )

@@ -37,8 +37,10 @@ from datetime import datetime
 
 import psycopg
 
+from pgqctl import limits
 from pgqctl.db import QueueConnection
 from pgqctl.jobs import Held, Job
+from pgqctl.rows import claimed_payload
 from pgqctl.sql import query
 
 Conn = QueueConnection
@@ -182,6 +184,7 @@ def exchange(
     kinds: Sequence[str] = (),
     floor: Floor | None = None,
     beat: Beat | None = None,
+    max_payload_bytes: int = limits.MAX_PAYLOAD_BYTES,
 ) -> Exchanged:
     """Report, renew and claim in one statement: in a transaction of its own,
     or in the caller's when one is open. With `beat`, the worker's heartbeat
@@ -198,6 +201,10 @@ def exchange(
     ``<worker>:prefetch`` (by `worker` alone without slots or prefetch).
     floor: where the claim starts its walk (None: from the start); a worker
     of some queues or kinds always walks from the start of each.
+    max_payload_bytes: a claimed job whose payload is longer (or cannot be
+    run for what its row holds: see rows.claimed_payload) comes with an
+    `Unreadable` payload, for the worker to fail for good; the claim reads no
+    more of a payload than that.
     """
     holders = [str(int(n)) for n in slots] + ["prefetch"] * prefetch
     params = {
@@ -212,6 +219,7 @@ def exchange(
         "worker": worker,
         "queues": _names(queues),
         "kinds": _names(kinds),
+        "payload_chars": max_payload_bytes + 1,
     }
     from_floor = floor is not None and not queues and not kinds
     if floor is not None and from_floor:
@@ -243,7 +251,7 @@ def exchange(
                     job_id,
                     queue,
                     kind,
-                    json.loads(payload),
+                    claimed_payload(payload, kind=kind, queue=queue, max_bytes=max_payload_bytes),
                     status="running",
                     attempts=attempts,
                     max_attempts=max_attempts,

@@ -48,8 +48,10 @@ from pgqctl.limits import (
     MAX_KEY_CHARS,
     MAX_NAME_CHARS,
     MAX_PAYLOAD_BYTES,
+    MAX_PAYLOAD_DEPTH,
     check_name,
     check_payload,
+    nested_deeper_than,
     payload_bytes,
 )
 from pgqctl.sql import query
@@ -600,7 +602,9 @@ def _simple_record_row(number: int, record: object, defaults: _Defaults) -> str 
             return None
         if "\\u0000" in payload_text or not _storable(payload_text):
             return None
-        if payload_bytes(payload_text) > defaults.max_payload_bytes:
+        if payload_bytes(payload_text) > defaults.max_payload_bytes or nested_deeper_than(
+            payload_text, MAX_PAYLOAD_DEPTH
+        ):
             return None
     return f"{number}\t{_copy_text(kind)}\t{_copy_text(payload_text)}\t{tail}"
 
@@ -650,8 +654,11 @@ def _surely_fits(line: str, defaults: _Defaults) -> bool:
     bytes per character of the line: a string's characters are the same (4
     bytes at most each), spaces go, and a number grows at most from `1e15`
     to `1000000000000000.0`. A longer line takes the general path, which
-    measures the payload."""
-    return 5 * len(line) <= defaults.max_payload_bytes
+    measures the payload. A line nested deep takes it too: it measures the
+    payload's depth."""
+    return 5 * len(line) <= defaults.max_payload_bytes and not nested_deeper_than(
+        line, MAX_PAYLOAD_DEPTH
+    )
 
 
 def _storable(text: str) -> bool:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
+from pgqctl.rows import shown
+
 # (job id, the attempt a worker claimed): what every fence checks.
 Held = tuple[int, int]
 
@@ -125,11 +127,22 @@ class Job:
     # The schedule that enqueued it and the tick it is for (None: not a tick).
     schedule: str | None = None
     tick: datetime | None = None
+    # Why `payload` holds the payload's JSON text rather than its value (cut,
+    # or nested too deep to decode): None when it is the value. Read
+    # commands cut a payload and a last_error too long to show (rows.py).
+    payload_note: str | None = None
+    payload_cut: bool = False
+    last_error_cut: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
-        """A job from a row of `SELECT *` (more keys than columns are ignored)."""
-        return cls(**{name: row[name] for name in FIELDS if name in row})
+        """A job from a row of `SELECT *`, or of the bounded `{job}` columns
+        (more keys than columns are ignored)."""
+        found = {name: row[name] for name in FIELDS if name in row}
+        if "payload_head" in row:
+            bounded = shown(row)
+            found.update({f.name: getattr(bounded, f.name) for f in fields(bounded)})
+        return cls(**found)
 
     @property
     def tries(self) -> int:

@@ -26,6 +26,7 @@ from pgqctl import admin, control, schedules, workers
 from pgqctl.db import atomic, reason
 from pgqctl.errors import PgqctlError
 from pgqctl.jobs import FINISHED, STATUS_NAMES, Job
+from pgqctl.rows import READ_PARAMS, with_job_columns
 from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
@@ -35,8 +36,9 @@ THROUGHPUT_WINDOW_SECONDS = 60.0
 
 
 def _rows(conn: Connection, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    # Jobs are read through their bounded columns (rows.py), as `leases` reads them.
     with atomic(conn), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query(name), dict(params))
+        cur.execute(with_job_columns(query(name)), {**READ_PARAMS, **params})
         return cur.fetchall()
 
 

@@ -97,11 +97,19 @@ def _control_escapes(keep: str) -> dict[int, str]:
 # tabs and newlines (`show` prints a whole error); log lines keep only tabs.
 CELL_ESCAPES = _control_escapes("\t\n")
 LINE_ESCAPES = _control_escapes("\t")
+# Names (queues, kinds, workers) and every cell of a listing keep nothing: a
+# queue named "evil\nCRITICAL fake" is one cell on one line, wherever shown.
+ONE_LINE_ESCAPES = _control_escapes("")
 
 
 def printable(text: str, escapes: Mapping[int, str] = CELL_ESCAPES) -> str:
     """`text` with its control characters escaped (but for those `escapes` keeps)."""
     return text if text.isprintable() else text.translate(escapes)
+
+
+def one_line(value: Any) -> str:
+    """A value as a person reads it, on one line whatever it holds."""
+    return printable(human(value), ONE_LINE_ESCAPES)
 
 
 def format_seconds(seconds: float) -> str:
@@ -319,12 +327,19 @@ def cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
+# The fields `emit_record` shows on several lines; every other is one line.
+MULTILINE_FIELDS = frozenset(("payload", "last_error"))
+
+
 def emit_record(record: Mapping[str, Any], fmt: str) -> None:
     """One thing described whole: a field/value table for people, one JSON
     object, or a one-row CSV/TSV."""
     resolved = resolve_format(fmt)
     if resolved in HUMAN_FORMATS:
-        rows = [{"field": k, "value": v} for k, v in record.items()]
+        rows = [
+            {"field": k, "value": v if k in MULTILINE_FIELDS else one_line(v)}
+            for k, v in record.items()
+        ]
         emit_rows(rows, ["field", "value"], fmt)
     elif resolved in ("csv", "tsv"):
         emit_rows([record], list(record), fmt)
@@ -333,10 +348,22 @@ def emit_record(record: Mapping[str, Any], fmt: str) -> None:
 
 
 def emit_job(job: Record, fmt: str) -> None:
-    """One job whole (`show`): for people, its payload pretty-printed."""
+    """One job whole (`show`): for people, its payload pretty-printed, and
+    under a payload or an error cut (or a payload too deep to decode) a
+    note that says so; JSON says it in payload_note, payload_cut and
+    last_error_cut."""
     record = job.as_record()
     if is_human(fmt):
-        record["payload"] = json.dumps(record["payload"], indent=2, ensure_ascii=False)
+        note = record.pop("payload_note")
+        if note is None:
+            record["payload"] = json.dumps(record["payload"], indent=2, ensure_ascii=False)
+        else:
+            record["payload"] = f"{record['payload']}\n[payload {note}]"
+        del record["payload_cut"]
+        if record.pop("last_error_cut"):
+            record["last_error"] += (
+                f"\n[last_error cut: the first {len(record['last_error']):,} characters]"
+            )
     emit_record(record, fmt)
 
 
@@ -645,8 +672,16 @@ def _write_plain(
     stream.write("\n")
 
 
+# Cells of a piped table that keep their lines: an error, and the value of
+# a field `emit_record` shows on several lines (it has made the others one
+# line). Every other cell is one line, whatever it holds.
+_CELLS_OF_LINES = ("error", "value")
+
+
 def _piped_cell(column: str, value: Any) -> str:
-    return cut(human(value), 60) if column == "error" else human(value)
+    if column == "error":
+        return cut(human(value), 60)
+    return human(value) if column in _CELLS_OF_LINES else one_line(value)
 
 
 def _terminal_width(stream: IO[str]) -> int | None:
@@ -767,7 +802,6 @@ COLUMNS: dict[str, Column] = {
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.
 TIME_STYLES = ("full", "utc", "short")
-_ONE_LINE = _control_escapes("")  # tabs and newlines too: one cell, one line
 
 
 def fitted(columns: Sequence[str]) -> bool:
@@ -779,8 +813,7 @@ def _one_line(value: Any, style: str) -> str:
     if isinstance(value, dt.datetime) and style != "full":
         utc = value.astimezone(dt.timezone.utc)
         return utc.strftime("%m-%d %H:%M:%SZ" if style == "utc" else "%m-%d %H:%MZ")
-    text = human(value)
-    return text if text.isprintable() else text.translate(_ONE_LINE)
+    return one_line(value)
 
 
 def _rich_overhead(n: int) -> int:
@@ -989,7 +1022,7 @@ def emit_check(result: CheckResult, fmt: str) -> None:
         emit_object(result.as_json())
         return
     for line in result.breaches():
-        sys.stdout.write(printable(line) + "\n")
+        sys.stdout.write(printable(line, ONE_LINE_ESCAPES) + "\n")
 
 
 def metrics_text(registry: Any) -> bytes:
@@ -1200,7 +1233,7 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
         age = c.oldest_pending_age_seconds if c else None
         pause = view.paused.get(name)
         queues.add_row(
-            Text(printable(name)),
+            Text(printable(name, ONE_LINE_ESCAPES)),
             f"{pending:,}",
             f"{running:,}",
             f"{view.rate(name, 'done'):.1f}",
@@ -1218,10 +1251,10 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
         left = "none" if lease.seconds_left is None else format_seconds(lease.seconds_left)
         leases.add_row(
             str(job.id),
-            Text(printable(job.queue)),
-            Text(printable(job.kind)),
+            Text(printable(job.queue, ONE_LINE_ESCAPES)),
+            Text(printable(job.kind, ONE_LINE_ESCAPES)),
             f"{job.tries}/{job.max_attempts}",
-            Text(printable(job.locked_by or "")),
+            Text(printable(job.locked_by or "", ONE_LINE_ESCAPES)),
             left + (" (expired)" if lease.expired else ""),
         )
     workers = table(
@@ -1231,10 +1264,10 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
     )
     for w in view.workers:
         workers.add_row(
-            Text(printable(w.id)),
+            Text(printable(w.id, ONE_LINE_ESCAPES)),
             w.state,
             f"{len(w.jobs)}/{w.concurrency}",
-            Text(printable(", ".join(w.queues) or "all")),
+            Text(printable(", ".join(w.queues) or "all", ONE_LINE_ESCAPES)),
             format_seconds(w.seen_seconds_ago) + " ago",
         )
     return Group(header, queues, leases, workers)

@@ -85,7 +85,7 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import __version__, admin, claims, db, hardening, payload, runner, ticks
+from pgqctl import __version__, admin, claims, db, hardening, limits, payload, runner, ticks
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
@@ -93,6 +93,7 @@ from pgqctl.errors import BadInput, PgqctlError, PrivilegeMissing, ReadOnlyServe
 from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
 from pgqctl.policy import Policy
+from pgqctl.rows import Unreadable
 from pgqctl.schedules import CATCH_UP
 from pgqctl.sql import query
 from pgqctl.worklog import LOG_OUTPUT_BYTES, LOG_OUTPUT_LINES, WorkLog, seconds, timestamp
@@ -203,6 +204,8 @@ class WorkerConfig:
     # this many bytes in all; a line at the job's end says what was left out.
     log_output_lines: int = LOG_OUTPUT_LINES
     log_output_bytes: int = LOG_OUTPUT_BYTES
+    # A claimed job with a longer payload (JSON text, UTF-8) fails for good.
+    max_payload_bytes: int = limits.MAX_PAYLOAD_BYTES
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
@@ -796,6 +799,7 @@ class Worker:
                 kinds=c.kinds,
                 floor=self.floors.floor(sent) if limit else None,
                 beat=self._current_beat() if beat else None,
+                max_payload_bytes=c.max_payload_bytes,
             )
         except (psycopg.Error, PgqctlError) as exc:
             self.claim_wanted = self.claim_wanted or bool(limit)
@@ -1410,6 +1414,8 @@ class Worker:
         job = running.job
         c = self.config
         try:
+            if isinstance(job.payload, Unreadable):  # what its row holds can never run
+                raise payload.PayloadRejected(job.payload.reason)
             command = payload.command_for_job(
                 job.payload,
                 kind=job.kind,

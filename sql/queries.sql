@@ -109,11 +109,26 @@ LEFT JOIN pg_stats AS st
       AND st.attname = 'queue' AND NOT st.inherited
 WHERE c.oid = 'jobs'::regclass;
 
+-- name: job_columns
+-- A job as the read commands read it, put in place of {job} in their
+-- statements (pgqctl/rows.py): every column of jobs, but payload and
+-- last_error only as a prefix of `payload_chars` and `error_chars`
+-- characters (one more than is shown, so that a cut is seen), as text. A row
+-- written with plain SQL may hold a payload of any size or depth: the
+-- commands never take more than the prefix, nor decode a value psycopg's
+-- loader could not.
+jobs.id, jobs.queue, jobs.kind,
+left(jobs.payload::text, %(payload_chars)s) AS payload_head,
+jobs.status, jobs.priority, jobs.attempts, jobs.max_attempts, jobs.run_at,
+jobs.locked_until, jobs.locked_by,
+left(jobs.last_error, %(error_chars)s) AS last_error_head,
+jobs.created_at, jobs.finished_at, jobs.handbacks, jobs.unique_key, jobs.schedule, jobs.tick
+
 -- name: lease_list
 -- Running jobs, soonest lease end first (jobs_lease_idx order). A running job
 -- without a lease (only plain SQL makes one) counts as expired, here, in
 -- stats and for reap: nobody holds it, so nothing else would ever free it.
-SELECT *,
+SELECT {job},
        locked_until < now() OR locked_until IS NULL AS expired,
        round(extract(epoch FROM locked_until - now())::numeric, 3) AS seconds_left
 FROM jobs
@@ -125,7 +140,7 @@ ORDER BY locked_until NULLS FIRST, id;
 -- What lease_reap would do now, without locking or writing anything: each
 -- expired job with the status and the last_error it would get (the same
 -- expressions as lease_reap's; tests compare the two). One row per job.
-SELECT *,
+SELECT {job},
        CASE WHEN attempts - handbacks >= max_attempts THEN 'failed' ELSE 'pending' END
            AS reaped_status,
        CASE
@@ -168,7 +183,7 @@ FROM (
     FOR UPDATE SKIP LOCKED
 ) AS expired
 WHERE jobs.id = expired.id
-RETURNING jobs.*, expired.locked_by AS held_by;
+RETURNING {job}, expired.locked_by AS held_by;
 
 -- name: workers_notify
 -- Wake listening workers; delivered when the surrounding transaction commits.
@@ -184,7 +199,7 @@ SELECT pg_notify('pgqctl_jobs', current_schema());
 
 -- name: job_list
 -- Jobs matching the filters, newest first, at most `limit` (NULL: all).
-SELECT *
+SELECT {job}
 FROM jobs
 WHERE (%(statuses)s::text[] IS NULL
        OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
@@ -210,7 +225,7 @@ LIMIT %(limit)s;
 -- Pending jobs matching the filters in the order workers claim them
 -- (priority DESC, run_at, id: jobs_claim_idx, walked in order), at most
 -- `limit` (NULL: all). Jobs not due yet are listed where they will stand.
-SELECT *
+SELECT {job}
 FROM jobs
 WHERE status = 'pending'
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -241,7 +256,7 @@ FROM (
 ) AS matched;
 
 -- name: job_get
-SELECT * FROM jobs WHERE id = %(id)s;
+SELECT {job} FROM jobs WHERE id = %(id)s;
 
 -- Requeue: job_requeue_preview (--dry-run) and job_requeue share the
 -- selection of job_requeue_pick, put in place of {picked}, so the preview
@@ -297,20 +312,20 @@ picked AS (
 -- left out for its unique key, unchanged, with its holder. In the order of
 -- the pick.
 WITH {picked}
-SELECT j.*,
+SELECT {job},
        'pending' AS requeued_status,
-       CASE WHEN j.status = 'pending' THEN least(j.run_at, p.run_at) ELSE p.run_at END
+       CASE WHEN jobs.status = 'pending' THEN least(jobs.run_at, p.run_at) ELSE p.run_at END
            AS requeued_run_at,
-       CASE WHEN j.status = 'pending' THEN j.max_attempts
-            ELSE j.attempts - j.handbacks + %(more)s END
+       CASE WHEN jobs.status = 'pending' THEN jobs.max_attempts
+            ELSE jobs.attempts - jobs.handbacks + %(more)s END
            AS requeued_max_attempts,
        NULL::bigint AS held_by
 FROM picked AS p
-JOIN jobs AS j ON j.id = p.id
+JOIN jobs ON jobs.id = p.id
 UNION ALL
-SELECT j.*, j.status, j.run_at, j.max_attempts, h.held_by
+SELECT {job}, jobs.status, jobs.run_at, jobs.max_attempts, h.held_by
 FROM held AS h
-JOIN jobs AS j ON j.id = h.id
+JOIN jobs ON jobs.id = h.id
 WHERE h.held_by IS NOT NULL;
 
 -- name: job_requeue
@@ -335,13 +350,13 @@ moved AS (
         locked_until = NULL
     FROM picked AS p
     WHERE jobs.id = p.id AND jobs.status = p.status
-    RETURNING jobs.*
+    RETURNING {job}
 )
 SELECT *, NULL::bigint AS held_by FROM moved
 UNION ALL
-SELECT j.*, h.held_by
+SELECT {job}, h.held_by
 FROM held AS h
-JOIN jobs AS j ON j.id = h.id
+JOIN jobs ON jobs.id = h.id
 WHERE h.held_by IS NOT NULL;
 
 -- The selection of `cancel`, the same in job_cancel_select and job_cancel:
@@ -352,7 +367,7 @@ WHERE h.held_by IS NOT NULL;
 -- The jobs job_cancel would take now, by id, without locking anything;
 -- lease_expired says whether a running one's worker is gone (NULL for a
 -- pending one).
-SELECT *,
+SELECT {job},
        CASE WHEN status = 'running'
             THEN locked_until < now() OR locked_until IS NULL END AS lease_expired
 FROM jobs
@@ -393,7 +408,7 @@ FROM (
 WHERE jobs.id = picked.id
   AND jobs.status = picked.status
   AND jobs.attempts = picked.attempts
-RETURNING jobs.*,
+RETURNING {job},
           picked.status AS cancelled_from,
           CASE WHEN picked.status = 'running'
                THEN picked.locked_until < now() OR picked.locked_until IS NULL
@@ -466,7 +481,7 @@ GROUP BY queue;
 -- `top`: the `limit` running jobs whose leases end soonest (a job without a
 -- lease first: nobody holds it), as lease_list gives them. Sorts the running
 -- jobs only (jobs_lease_idx's rows), however long the history.
-SELECT *,
+SELECT {job},
        locked_until < now() OR locked_until IS NULL AS expired,
        round(extract(epoch FROM locked_until - now())::numeric, 3) AS seconds_left
 FROM jobs
@@ -1091,9 +1106,11 @@ UNION ALL SELECT 'renewed', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL F
 -- Claimed jobs come last, in claim order: the worker starts them in that order.
 -- Their schedule and tick (for the job's environment) travel in the columns
 -- of status and run_at, of the same types, which the claimed arm has no use
--- for: fewer bytes than two more columns in every arm.
-UNION ALL (SELECT 'claimed', id, queue, kind, payload::text, attempts, max_attempts, handbacks,
-                  schedule, tick
+-- for: fewer bytes than two more columns in every arm. A payload comes as
+-- text, at most `payload_chars` characters of it (one more than the worker's
+-- limit in bytes: a cut one is over the limit), whatever size a row holds.
+UNION ALL (SELECT 'claimed', id, queue, kind, left(payload::text, %(payload_chars)s), attempts,
+                  max_attempts, handbacks, schedule, tick
            FROM claimed
            ORDER BY priority DESC, run_at, id)
 -- The last job claimed, in claim order: its id, priority (in the attempts
@@ -1372,8 +1389,8 @@ WHERE id = ANY(%(ids)s::bigint[]);
 -- name: job_cancelled_state
 -- Which of these jobs an operator cancelled, with their attempt and why: a
 -- worker checks before it stops a job it was told about (anyone may send a
--- notification). One row per cancelled job.
-SELECT id, attempts, last_error
+-- notification). One row per cancelled job; its reason cut to a log line's length.
+SELECT id, attempts, left(last_error, 1000)
 FROM jobs
 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled';
 

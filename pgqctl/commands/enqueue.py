@@ -20,6 +20,7 @@ from pgqctl.commands.options import (
     command,
     database_options,
     format_options,
+    max_payload_bytes_option,
     say,
 )
 from pgqctl.enqueue import (
@@ -31,7 +32,6 @@ from pgqctl.enqueue import (
     make_job,
     parse_payload,
 )
-from pgqctl.limits import MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from pgqctl.policy import Policy
@@ -146,16 +146,7 @@ def read_policy_option(path: str | None) -> Policy | None:
     help="Bulk-load JSON lines from this file (- for stdin).",
 )
 @policy_option
-@click.option(
-    "--max-payload-bytes",
-    cls=OnceOption,
-    type=click.IntRange(min=1, max=2**31 - 1),
-    default=MAX_PAYLOAD_BYTES,
-    show_default=True,
-    metavar="N",
-    help="Refuse a payload larger than this as JSON (UTF-8). Raise it on the workers too, "
-    "e.g. --max-payload-bytes 4194304.",
-)
+@max_payload_bytes_option("Refuse, with exit 2 and nothing written,")
 @format_options
 def enqueue_command(
     database: Database,

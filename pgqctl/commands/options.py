@@ -27,8 +27,11 @@ DEBUG_HELP = "Show tracebacks on errors."
 
 
 def say(message: str) -> None:
-    """A message for the person at the terminal: always stderr."""
-    click.echo(f"pgqctl: {message}", err=True)
+    """A message for the person at the terminal: always stderr, one line
+    whatever the names it quotes hold."""
+    from pgqctl.output import LINE_ESCAPES, printable
+
+    click.echo(f"pgqctl: {printable(message, LINE_ESCAPES)}", err=True)
 
 
 def debugging() -> bool:
@@ -276,6 +279,23 @@ DURATION = Duration()
 AGE = Duration(age=True)
 # A count the database stores or compares as a 32-bit integer.
 COUNT = click.IntRange(min=1, max=2**31 - 1)
+
+
+def max_payload_bytes_option(effect: str) -> Callable[[F], F]:
+    """--max-payload-bytes, as `enqueue` and the worker take it: what it does
+    to a longer payload is `effect`, the rest of the help is the same."""
+    from pgqctl.limits import MAX_PAYLOAD_BYTES
+
+    return click.option(
+        "--max-payload-bytes",
+        cls=OnceOption,
+        type=COUNT,
+        default=MAX_PAYLOAD_BYTES,
+        show_default=True,
+        metavar="BYTES",
+        help=f"{effect} a payload longer than this as JSON text (UTF-8), "
+        "e.g. --max-payload-bytes 4194304.",
+    )
 
 
 class Timestamp(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click

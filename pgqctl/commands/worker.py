@@ -17,6 +17,7 @@ from pgqctl.commands.options import (
     command,
     database_options,
     debugging,
+    max_payload_bytes_option,
 )
 from pgqctl.schedules import CATCH_UP, CATCH_UP_MAX, MISSED_GRACE
 from pgqctl.worklog import (  # small; the options need it
@@ -204,6 +205,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     help="Let a payload's env set this loader variable (PATH, LD_*, PYTHONPATH...), "
     "which a policy otherwise refuses (repeatable).",
 )
+@max_payload_bytes_option("Fail for good, never running it, a job that has")
 @click.option(
     "--log-format",
     type=click.Choice(LOG_FORMATS),
@@ -253,6 +255,7 @@ def worker_command(
     handlers_only: bool,
     allow_programs: tuple[str, ...],
     allow_env: tuple[str, ...],
+    max_payload_bytes: int,
     log_format: str,
     log_output_lines: int,
     log_output_bytes: int,
@@ -329,6 +332,7 @@ def worker_command(
         policy=rules,
         log_output_lines=log_output_lines,
         log_output_bytes=log_output_bytes,
+        max_payload_bytes=max_payload_bytes,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     warn_of_password_on_command_line(log, database.dsn_option, listen_dsn)

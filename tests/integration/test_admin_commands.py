@@ -259,7 +259,13 @@ def test_show_prints_every_column_with_the_payload_pretty(
 
     whole = cli_json(dsn, "show", str(job_id))
     columns = [r[0] for r in conn.execute("SELECT * FROM jobs LIMIT 0").description or []]
-    assert list(whole) == columns
+    # Every column, then what says whether payload and last_error are whole.
+    assert list(whole) == [*columns, "payload_note", "payload_cut", "last_error_cut"]
+    assert (whole["payload_note"], whole["payload_cut"], whole["last_error_cut"]) == (
+        None,
+        False,
+        False,
+    )
     assert whole["payload"] == json.loads(payload)
     assert whole["last_error"] == error
 

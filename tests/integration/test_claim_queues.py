@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgqctl import claims, db
+from pgqctl import claims, db, limits
 from pgqctl.sql import query
 
 LEASE = 60.0
@@ -293,6 +293,7 @@ def claim_params(limit: int, **filters: Any) -> dict[str, Any]:
         "worker": "t",
         "queues": filters.get("queues"),
         "kinds": filters.get("kinds"),
+        "payload_chars": limits.MAX_PAYLOAD_BYTES + 1,
     }
 
 

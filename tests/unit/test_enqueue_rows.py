@@ -263,6 +263,14 @@ def test_random_records_are_checked_as_make_job_checks_them(max_payload_bytes: i
 # Jobs over a limit, or with a control character in a name, as a line and as
 # the record it holds; each is refused on both paths with the same reason.
 # "\\u..." escapes in a line go through make_job anyway: these are written raw.
+def nested(levels: int) -> dict[str, Any]:
+    """A payload of `levels` objects, each in the one before."""
+    payload: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        payload = {"a": payload}
+    return payload
+
+
 REFUSED = [
     ({"kind": "k" * 129}, "kind is 129 characters long: the limit is 128 characters"),
     ({"kind": "k", "queue": "😀" * 129}, "queue is 129 characters long: the limit is 128"),
@@ -278,6 +286,8 @@ REFUSED = [
     ),
     # As written, the payload is 9 bytes; as make_job measures it, 24.
     ({"kind": "k", "payload": {"x": 1e15}}, "payload is 24 bytes as JSON: the limit is 23"),
+    # Workers refuse what they could not walk: refused before it is stored.
+    ({"kind": "k", "payload": nested(257)}, "payload nests arrays and objects more than 256"),
 ]
 
 
@@ -297,6 +307,13 @@ def test_limits_and_control_characters_are_refused_on_both_paths(
     assert ENQUEUE._simple_record_row(1, record, fast) is None
     with pytest.raises(BadInput, match=f"^{message}"):
         job_from_record(record, max_payload_bytes=limit)
+
+
+def test_a_payload_nested_to_the_limit_is_taken_on_both_paths() -> None:
+    record = {"kind": "k", "payload": nested(256)}
+    (row,) = read_rows([json.dumps(record).encode()])
+    assert read_back(row)[2] == record["payload"]
+    assert job_from_record(record).payload == json.dumps(record["payload"], separators=(",", ":"))
 
 
 def test_a_payload_at_the_limit_is_taken_from_a_line_and_from_a_record() -> None:

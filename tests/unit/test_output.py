@@ -8,7 +8,14 @@ import json
 
 import pytest
 
-from pgqctl.output import emit_ids, emit_object, emit_rows, format_seconds, resolve_format
+from pgqctl.output import (
+    emit_ids,
+    emit_object,
+    emit_record,
+    emit_rows,
+    format_seconds,
+    resolve_format,
+)
 
 ROWS = [
     {
@@ -98,6 +105,40 @@ def test_tables_show_control_characters_escaped_but_keep_lines() -> None:
     assert "\x1b" not in text and "\r" not in text and "\x9b" not in text
     assert "k\\x01\\x1b[31mred" in text
     assert "line one\n" in text and "line two\\x0d\\x9b" in text
+
+
+@pytest.mark.parametrize("fmt", ["plain", "table"])
+def test_a_name_with_a_newline_stays_on_its_rows_line(fmt: str) -> None:
+    stream = io.StringIO()
+    rows = [
+        {"id": 1, "queue": "evil\nCRITICAL fake", "kind": "k\tx", "status": "pending"},
+        {"id": 2, "queue": "default", "kind": "k", "status": "pending"},
+    ]
+    # Piped (no width) and on a terminal of 120 columns.
+    emit_rows(rows, ["id", "queue", "kind", "status"], fmt, stream=stream, width=None)
+    lines = stream.getvalue().splitlines()
+    assert not any(line.lstrip().startswith("CRITICAL") for line in lines)
+    assert [line.split()[0] for line in lines if line.split()[0] in ("1", "2")] == ["1", "2"]
+    assert any("evil\\x0aCRITICAL fake" in line and "k\\x09x" in line for line in lines)
+
+
+def test_show_keeps_the_lines_of_payload_and_error_and_makes_names_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    emit_record(
+        {"id": 1, "queue": "evil\nCRITICAL fake", "payload": "{\n  1\n}", "last_error": "a\nb"},
+        "plain",
+    )
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert lines[2:] == [
+        "id 1",
+        "queue evil\\x0aCRITICAL fake",
+        "payload {",
+        "1",
+        "}",
+        "last_error a",
+        "b",
+    ]
 
 
 def test_tsv_is_one_line_per_record_with_escapes_not_quotes() -> None:
