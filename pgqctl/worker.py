@@ -188,6 +188,8 @@ class WorkerConfig:
     listen_dsn: str | None = None
     # Reclaim expired leases about this often (+-25%); None: never (cron does).
     reap_every: float | None = 30.0
+    # And the jobs of workers silent for this many of their heartbeats.
+    dead_after: int = admin.DEAD_AFTER
     # Enqueue the schedules' due ticks (pgqctl/ticks.py); and what becomes of
     # ticks missed while no worker ran (schedules.CATCH_UP).
     schedules: bool = True
@@ -216,6 +218,11 @@ class WorkerConfig:
         if self.reap_every is not None and self.reap_every <= 0:
             raise BadInput(
                 "--reap-every must be more than 0s, e.g. --reap-every 30s (or --no-reap)"
+            )
+        if self.dead_after < admin.STALE_AFTER:
+            raise BadInput(
+                f"--dead-after must be at least {admin.STALE_AFTER} heartbeats, "
+                f"e.g. --dead-after {admin.DEAD_AFTER}"
             )
         if self.heartbeat <= 0:
             raise BadInput("--heartbeat must be more than 0s, e.g. --heartbeat 10s")
@@ -514,7 +521,11 @@ class Worker:
             + (f"prefetch {c.prefetch}, " if c.prefetch else "")
             + f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
             f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}, "
-            + (f"reap every {seconds(c.reap_every)}" if c.reap_every else "no reap")
+            + (
+                f"reap every {seconds(c.reap_every)} (dead after {c.dead_after} heartbeats)"
+                if c.reap_every
+                else "no reap"
+            )
             + (f", schedules (catch-up {c.catch_up})" if c.schedules else ", no schedules")
             + f", heartbeat {seconds(c.heartbeat)}"
             + (f", policy {c.policy.name}" if c.policy else "")
@@ -527,6 +538,7 @@ class Worker:
             lease=c.lease,
             poll=c.poll or POLL_LISTENING,
             reap_every=c.reap_every,
+            dead_after=c.dead_after,
             schedules=c.schedules,
             catch_up=c.catch_up,
             heartbeat=c.heartbeat,
@@ -892,7 +904,7 @@ class Worker:
         self.next_reap = time.monotonic() + jittered(self.config.reap_every)
         idle = self._burst_idle()
         try:
-            reaped = admin.reap(self.conn)
+            reaped = admin.reap(self.conn, dead_after=self.config.dead_after)
             forgotten = claims.forget_stale(self.conn)
         except (psycopg.Error, PgqctlError) as exc:
             self._connection_failed(exc)  # a --burst worker reaps again once back
@@ -910,15 +922,21 @@ class Worker:
         ids = [r.job.id for r in reaped]
         failed = [r.job.id for r in reaped if r.job.status == "failed"]
         holders = sorted({r.held_by or "an unnamed worker" for r in reaped})
+        dead = sorted({(r.held_by or "").rpartition(":")[0] for r in reaped if r.reason == "dead"})
         shown = ", ".join(map(str, ids[:20])) + (f" and {len(ids) - 20} more" if ids[20:] else "")
+        what = f"{len(ids)} expired lease(s)"
+        if dead:
+            of_dead = sum(r.reason == "dead" for r in reaped)
+            what = f"{len(ids)} job(s) ({of_dead} of dead worker(s) {', '.join(dead)})"
         self.log.event(
             "reaped",
-            f"reaped {len(ids)} expired lease(s) (job {shown}) held by "
+            f"reaped {what} (job {shown}) held by "
             f"{', '.join(holders)}: {len(ids) - len(failed)} back to pending, "
             f"{len(failed)} failed (out of attempts)",
             jobs=ids,
             failed=failed,
             held_by=holders,
+            dead_workers=dead,
         )
         if len(failed) < len(ids):
             self.claim_wanted = True  # back in the queue and due now

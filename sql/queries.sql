@@ -121,14 +121,52 @@ WHERE status = 'running'
   AND (locked_until < now() OR locked_until IS NULL OR NOT %(expired_only)s)
 ORDER BY locked_until NULLS FIRST, id;
 
+-- The jobs reap takes: every running job whose lease expired (or that has
+-- none), and every running job held by a dead worker, lease or not. A worker
+-- is dead when its row in `workers` has seen no heartbeat for `dead_after`
+-- of its own heartbeat intervals, counting only the time the server has
+-- been up (pg_postmaster_start_time: after a restart every worker needs a
+-- moment to reconnect, and none of them is dead for that). `worker` (host:pid,
+-- `reap --worker`) narrows the reap to that worker's jobs, taken as soon as
+-- its row is stale (three of its heartbeats); NULL: every worker. A worker's
+-- jobs are those whose locked_by is its id followed by :slot or :prefetch
+-- (the same match as workers_list). One row per job, with why it is taken:
+-- expired (its lease), dead (its worker, by the rule) or asked (--worker).
+
 -- name: lease_reap_preview
 -- What lease_reap would do now, without locking or writing anything: each
--- expired job with the status and the last_error it would get (the same
--- expressions as lease_reap's; tests compare the two). One row per job.
+-- job it would take with the status and the last_error it would get (the
+-- same expressions as lease_reap's). One row per job.
+WITH dead AS (
+    SELECT id, last_seen, heartbeat_seconds
+    FROM workers
+    WHERE CASE WHEN %(worker)s::text IS NULL
+               THEN greatest(last_seen, pg_postmaster_start_time())
+                    < now() - %(dead_after)s * heartbeat_seconds * interval '1 second'
+               ELSE id = %(worker)s
+                    AND last_seen < now() - 3 * heartbeat_seconds * interval '1 second'
+          END
+), taken AS (
+    SELECT j.*, d.id AS dead_worker,
+           CASE WHEN d.id IS NULL THEN 'expired'
+                WHEN %(worker)s::text IS NULL THEN 'dead' ELSE 'asked' END AS reason,
+           extract(epoch FROM now() - d.last_seen)::numeric(12, 1) AS silent_seconds,
+           d.heartbeat_seconds
+    FROM jobs AS j
+    LEFT JOIN dead AS d ON d.id = regexp_replace(j.locked_by, ':([0-9]+|prefetch)$', '')
+    WHERE j.status = 'running'
+      AND (d.id IS NOT NULL
+           OR (%(worker)s::text IS NULL AND (j.locked_until < now() OR j.locked_until IS NULL)))
+)
 SELECT *,
        CASE WHEN attempts - handbacks >= max_attempts THEN 'failed' ELSE 'pending' END
            AS reaped_status,
        CASE
+           WHEN reason <> 'expired'
+           THEN format('worker %%s %%s: no heartbeat for %%ss (it beats every %%ss) (held by %%s)',
+                       dead_worker,
+                       CASE reason WHEN 'dead' THEN 'dead' ELSE 'reaped on demand' END,
+                       silent_seconds, heartbeat_seconds, locked_by)
            WHEN locked_until IS NULL
            THEN format('running without a lease (held by %%s)',
                        coalesce(locked_by, 'an unnamed worker'))
@@ -138,37 +176,79 @@ SELECT *,
                        coalesce(locked_by, 'an unnamed worker'))
        END AS reaped_error,
        locked_by AS held_by
-FROM jobs
-WHERE status = 'running' AND (locked_until < now() OR locked_until IS NULL)
+FROM taken
 ORDER BY locked_until NULLS FIRST, id;
 
 -- name: lease_reap
--- The seed's reclaim in one statement. SKIP LOCKED: rows a worker is updating
--- right now (renewal, report) are left for the next run instead of waited on,
--- and two reaps at once never take the same row.
-UPDATE jobs
-SET status = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts
-                  THEN 'failed' ELSE 'pending' END,
-    finished_at = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts THEN now() END,
-    last_error = CASE
-        WHEN expired.locked_until IS NULL
-        THEN format('running without a lease (held by %%s)',
-                    coalesce(expired.locked_by, 'an unnamed worker'))
-        -- ISO 8601 in UTC to the millisecond, as pgqctl writes every time.
-        ELSE format('lease expired at %%s (held by %%s)',
-                    to_char(expired.locked_until AT TIME ZONE 'UTC',
-                            'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
-                    coalesce(expired.locked_by, 'an unnamed worker'))
-    END,
-    locked_until = NULL  -- locked_by stays: the worker that last held it
-FROM (
-    SELECT id, locked_by, locked_until
-    FROM jobs
-    WHERE status = 'running' AND (locked_until < now() OR locked_until IS NULL)
+-- The seed's reclaim in one statement, and the jobs of dead workers with
+-- it. SKIP LOCKED: rows a worker is updating right now (renewal, report,
+-- heartbeat) are left for the next run instead of waited on, and two reaps
+-- at once never take the same row. A dead worker's row is locked first and
+-- its staleness checked again on the row as it is then: a heartbeat that
+-- commits meanwhile makes it alive, and none of its jobs is taken. Each job
+-- is fenced as every transition out of running is (still running, the
+-- attempt read), so a late report of the dead worker matches nothing. The
+-- dead workers get reaped_at, and the count of their jobs taken.
+WITH dead AS (
+    SELECT id, last_seen, heartbeat_seconds
+    FROM workers
+    WHERE CASE WHEN %(worker)s::text IS NULL
+               THEN greatest(last_seen, pg_postmaster_start_time())
+                    < now() - %(dead_after)s * heartbeat_seconds * interval '1 second'
+               ELSE id = %(worker)s
+                    AND last_seen < now() - 3 * heartbeat_seconds * interval '1 second'
+          END
     FOR UPDATE SKIP LOCKED
-) AS expired
-WHERE jobs.id = expired.id
-RETURNING jobs.*, expired.locked_by AS held_by;
+), taken AS (
+    SELECT j.id, j.attempts, j.locked_by, j.locked_until, d.id AS dead_worker,
+           CASE WHEN d.id IS NULL THEN 'expired'
+                WHEN %(worker)s::text IS NULL THEN 'dead' ELSE 'asked' END AS reason,
+           extract(epoch FROM now() - d.last_seen)::numeric(12, 1) AS silent_seconds,
+           d.heartbeat_seconds
+    FROM jobs AS j
+    LEFT JOIN dead AS d ON d.id = regexp_replace(j.locked_by, ':([0-9]+|prefetch)$', '')
+    WHERE j.status = 'running'
+      AND (d.id IS NOT NULL
+           OR (%(worker)s::text IS NULL AND (j.locked_until < now() OR j.locked_until IS NULL)))
+    FOR UPDATE OF j SKIP LOCKED
+), reaped AS (
+    UPDATE jobs
+    SET status = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts
+                      THEN 'failed' ELSE 'pending' END,
+        finished_at = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts
+                           THEN now() END,
+        last_error = CASE
+            WHEN taken.reason <> 'expired'
+            THEN format('worker %%s %%s: no heartbeat for %%ss (it beats every %%ss) (held by %%s)',
+                        taken.dead_worker,
+                        CASE taken.reason WHEN 'dead' THEN 'dead' ELSE 'reaped on demand' END,
+                        taken.silent_seconds, taken.heartbeat_seconds, taken.locked_by)
+            WHEN taken.locked_until IS NULL
+            THEN format('running without a lease (held by %%s)',
+                        coalesce(taken.locked_by, 'an unnamed worker'))
+            -- ISO 8601 in UTC to the millisecond, as pgqctl writes every time.
+            ELSE format('lease expired at %%s (held by %%s)',
+                        to_char(taken.locked_until AT TIME ZONE 'UTC',
+                                'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+                        coalesce(taken.locked_by, 'an unnamed worker'))
+        END,
+        locked_until = NULL  -- locked_by stays: the worker that last held it
+    FROM taken
+    WHERE jobs.id = taken.id
+      AND jobs.attempts = taken.attempts
+      AND jobs.status = 'running'
+    RETURNING jobs.*, taken.locked_by AS held_by, taken.reason, taken.dead_worker
+), marked AS (
+    -- Once per death (not again until it heartbeats), and whenever jobs go.
+    UPDATE workers AS w
+    SET reaped_at = now(), reaped_jobs = w.reaped_jobs + coalesce(r.jobs, 0)
+    FROM dead AS d
+    LEFT JOIN (SELECT dead_worker, count(*) AS jobs FROM reaped GROUP BY 1) AS r
+           ON r.dead_worker = d.id
+    WHERE w.id = d.id
+      AND (r.jobs IS NOT NULL OR w.reaped_at IS NULL OR w.reaped_at < w.last_seen)
+)
+SELECT * FROM reaped;
 
 -- name: workers_notify
 -- Wake listening workers; delivered when the surrounding transaction commits.
@@ -650,7 +730,8 @@ SELECT current_setting('autovacuum') = 'on' AS enabled,
 
 -- name: workers_list
 -- Every registered worker, by host and pid, with its state (stale: no
--- heartbeat for three of its intervals) and the ids of the jobs it holds:
+-- heartbeat for three of its intervals; dead: a reap took its jobs as a
+-- dead worker's, or found it dead, after its last heartbeat) and the ids of the jobs it holds:
 -- running in its slots (jobs), and claimed ahead of a free slot (prefetched).
 -- The running jobs are read once, through jobs_lease_idx (status =
 -- 'running'), and grouped by holder: `locked_by` is host:pid:slot, the
@@ -665,7 +746,8 @@ WITH held AS (
     GROUP BY 1
 )
 SELECT w.*,
-       CASE WHEN w.last_seen >= now() - 3 * w.heartbeat_seconds * interval '1 second'
+       CASE WHEN w.reaped_at >= w.last_seen THEN 'dead'
+            WHEN w.last_seen >= now() - 3 * w.heartbeat_seconds * interval '1 second'
             THEN 'active' ELSE 'stale' END AS state,
        extract(epoch FROM now() - w.last_seen)::float8 AS seen_seconds_ago,
        coalesce(h.jobs, '{}') AS jobs,
@@ -674,11 +756,20 @@ FROM workers AS w
 LEFT JOIN held AS h ON h.worker = w.id
 ORDER BY w.host, w.pid, w.id;
 
+-- name: worker_get
+-- One worker's row, how long since its last heartbeat, and whether it is
+-- active (as workers_list says), or no row.
+SELECT w.*, extract(epoch FROM now() - w.last_seen)::float8 AS seen_seconds_ago,
+       w.last_seen >= now() - 3 * w.heartbeat_seconds * interval '1 second' AS active
+FROM workers AS w
+WHERE w.id = %(id)s;
+
 -- name: workers_states
 -- What check and metrics need of each worker: its queues (empty: every
 -- queue) and whether it is active, as workers_list says. One row per worker.
 SELECT queues,
-       last_seen >= now() - 3 * heartbeat_seconds * interval '1 second' AS active
+       last_seen >= now() - 3 * heartbeat_seconds * interval '1 second'
+           AND NOT coalesce(reaped_at >= last_seen, false) AS active
 FROM workers;
 
 -- ---------------------------------------------------------------------------
