@@ -844,6 +844,10 @@ class Worker:
             self._connection_failed(exc)
             return
         self.burst_ticked = True
+        skipped = [e for e in enqueued if e.skipped]
+        if skipped:
+            self._log_skipped(skipped)
+        enqueued = [e for e in enqueued if e.jobs]
         if not enqueued:
             return
         # One line for the whole statement, however many schedules ticked.
@@ -860,6 +864,24 @@ class Worker:
             ticks=[{"schedule": n, "tick": t, "job_id": i} for n, t, i in made],
         )
         self.claim_wanted = True
+
+    def _log_skipped(self, skipped: list[ticks.Enqueued]) -> None:
+        """One line for the ticks skipped by the schedules' overlap policy."""
+        parts = [
+            f"{e.schedule} {', '.join(payload.iso_utc(t) for t in e.skipped[-3:])}"
+            + (f" and {len(e.skipped) - 3} earlier" if e.skipped[3:] else "")
+            for e in skipped
+        ]
+        self.log.event(
+            "schedule_skipped",
+            f"skipped {sum(len(e.skipped) for e in skipped)} schedule tick(s) (overlap "
+            f"skip: one job of a schedule pending or running at a time): {'; '.join(parts)}",
+            ticks=[
+                {"schedule": e.schedule, "tick": payload.iso_utc(t)}
+                for e in skipped
+                for t in e.skipped
+            ],
+        )
 
     def _current_beat(self) -> claims.Beat:
         return replace(

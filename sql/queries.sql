@@ -817,17 +817,18 @@ SELECT queue, reason, paused_at, until FROM paused_queues_now ORDER BY queue;
 -- name: schedule_insert
 -- A new schedule; no row when the name is taken. Paused when asked.
 INSERT INTO schedules (name, cron, every_seconds, timezone, kind, payload, queue, priority,
-                       max_attempts, paused, source)
+                       max_attempts, paused, overlap, source, sync_source)
 VALUES (%(name)s, %(cron)s, %(every_seconds)s, %(timezone)s, %(kind)s, %(payload)s::jsonb,
-        %(queue)s, %(priority)s, %(max_attempts)s, %(paused)s, %(source)s)
+        %(queue)s, %(priority)s, %(max_attempts)s, %(paused)s, %(overlap)s, %(source)s,
+        %(sync_source)s)
 ON CONFLICT (name) DO NOTHING
 RETURNING name;
 
 -- name: schedule_update
 -- A schedule's new definition (from a sync file). A new timing ticks from
 -- now: the ticks of the old one before the change are not caught up. Its
--- pause is kept when `keep_paused`; a resumed schedule ticks from now too.
--- One row.
+-- pause is kept when `keep_paused`, its overlap when `keep_overlap`; a
+-- resumed schedule ticks from now too. One row.
 UPDATE schedules
 SET cron = %(cron)s,
     every_seconds = %(every_seconds)s,
@@ -838,9 +839,11 @@ SET cron = %(cron)s,
     priority = %(priority)s,
     max_attempts = %(max_attempts)s,
     paused = CASE WHEN %(keep_paused)s THEN paused ELSE %(paused)s END,
+    overlap = CASE WHEN %(keep_overlap)s THEN overlap ELSE %(overlap)s END,
     ticks_after = CASE WHEN %(retime)s OR (paused AND NOT %(keep_paused)s AND NOT %(paused)s)
                        THEN now() ELSE ticks_after END,
     source = %(source)s,
+    sync_source = %(sync_source)s,
     updated_at = now()
 WHERE name = %(name)s
 RETURNING name;
@@ -915,29 +918,49 @@ ORDER BY s.name;
 -- is ticking right now (it enqueues the same ticks); a row that worker has
 -- just changed is read again, as it now is, before it is locked. The unique
 -- (schedule, tick) index backs it all: a tick enqueued twice adds nothing.
+-- A schedule with overlap 'skip' has at most one job of its ticks pending
+-- or running: while the previous tick's job (last_job_id) is, its due ticks
+-- are skipped; else only the latest of them is enqueued and the earlier
+-- ones skipped. A skipped tick is done with all the same (last_tick moves
+-- past it), and counted: skipped_ticks, last_skipped_tick. The job's status
+-- is read under the schedule's lock, so the database, not a worker, decides.
 -- One row per schedule named: its definition's version and last tick now,
--- and the jobs (ids and ticks) this statement enqueued for it.
+-- the jobs (ids and ticks) this statement enqueued for it, and the ticks it
+-- skipped.
 WITH wanted AS (
     SELECT * FROM jsonb_to_recordset(%(ticks)s::jsonb)
                   AS t(name text, version timestamptz, tick timestamptz)
-), due AS (
-    SELECT s.name, s.kind, s.payload, s.queue, s.priority, s.max_attempts, w.tick
+), locked AS (
+    SELECT s.name, s.kind, s.payload, s.queue, s.priority, s.max_attempts, s.overlap,
+           s.last_job_id, w.tick
     FROM schedules AS s
     JOIN wanted AS w ON w.name = s.name AND w.version = s.updated_at
     WHERE NOT s.paused AND w.tick > greatest(s.ticks_after, s.last_tick)
     FOR UPDATE OF s SKIP LOCKED
+), due AS (
+    SELECT l.*,
+           l.overlap = 'skip' AND (
+               EXISTS (SELECT FROM jobs AS j
+                       WHERE j.id = l.last_job_id AND j.status IN ('pending', 'running'))
+               OR l.tick < max(l.tick) OVER (PARTITION BY l.name)) AS skipped
+    FROM locked AS l
 ), enqueued AS (
     INSERT INTO jobs (queue, kind, payload, priority, max_attempts, schedule, tick)
     SELECT queue, kind, payload, priority, max_attempts, name, tick
     FROM due
+    WHERE NOT skipped
     ORDER BY name, tick
     ON CONFLICT (schedule, tick) WHERE schedule IS NOT NULL DO NOTHING
     RETURNING id, schedule, tick
 ), advanced AS (
     UPDATE schedules AS s
     SET last_tick = d.tick,
-        last_job_id = coalesce(e.id, s.last_job_id)
-    FROM (SELECT name, max(tick) AS tick FROM due GROUP BY name) AS d
+        last_job_id = coalesce(e.id, s.last_job_id),
+        skipped_ticks = s.skipped_ticks + d.skipped,
+        last_skipped_tick = coalesce(d.last_skipped, s.last_skipped_tick)
+    FROM (SELECT name, max(tick) AS tick, count(*) FILTER (WHERE skipped) AS skipped,
+                 max(tick) FILTER (WHERE skipped) AS last_skipped
+          FROM due GROUP BY name) AS d
     LEFT JOIN enqueued AS e ON e.schedule = d.name AND e.tick = d.tick
     WHERE s.name = d.name
     RETURNING s.name, s.last_tick
@@ -945,7 +968,9 @@ WITH wanted AS (
 SELECT s.name, s.updated_at AS version,
        greatest(s.ticks_after, coalesce(a.last_tick, s.last_tick)) AS after,
        ARRAY(SELECT e.id FROM enqueued AS e WHERE e.schedule = s.name ORDER BY e.tick) AS jobs,
-       ARRAY(SELECT e.tick FROM enqueued AS e WHERE e.schedule = s.name ORDER BY e.tick) AS ticks
+       ARRAY(SELECT e.tick FROM enqueued AS e WHERE e.schedule = s.name ORDER BY e.tick) AS ticks,
+       ARRAY(SELECT d.tick FROM due AS d WHERE d.name = s.name AND d.skipped ORDER BY d.tick)
+           AS skipped
 FROM schedules AS s
 LEFT JOIN advanced AS a ON a.name = s.name
 WHERE s.name IN (SELECT name FROM wanted);
