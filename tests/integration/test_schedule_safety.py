@@ -18,7 +18,6 @@ from pgqctl import db
 from tests.conftest import run_cli
 from tests.integration import test_worker
 from tests.integration.test_schedules import ticker_at
-from tests.integration.test_worker import wait_until
 
 start_worker = test_worker.start_worker  # the fixture, for these tests too
 
@@ -208,12 +207,11 @@ def test_a_slow_job_of_a_secondly_schedule_does_not_pile_up_behind_itself(
         ).fetchall()
         most = max(most, live)
         time.sleep(0.05)
-    wait_until(lambda: "schedule tick(s) (overlap skip" in worker.log, 10, "a skip logged")
     worker.signal(signal.SIGTERM)
     assert worker.finish() == 0
-    [(made, skipped)] = conn.execute(
-        "SELECT (SELECT count(*) FROM jobs), skipped_ticks FROM schedules"
-    ).fetchall()
-    print(f"6 s of a 1 s schedule of 2.5 s jobs: {made} jobs, {skipped} ticks skipped")
+    [(made,)] = conn.execute("SELECT count(*) FROM jobs").fetchall()
+    print(f"6 s of a 1 s schedule of 2.5 s jobs: {made} jobs, at most {most} at once")
     assert most == 1  # one job of the schedule at a time: no backlog
+    [(skipped,)] = conn.execute("SELECT skipped_ticks FROM schedules").fetchall()
     assert skipped >= 3 and made <= 4
+    assert "schedule tick(s) (overlap skip" in worker.log
