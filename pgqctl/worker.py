@@ -638,6 +638,11 @@ class Worker:
             if self.conn is None:
                 return
         limit = self._claim_limit() if self._claim_due(now) else 0
+        if now >= self.next_heartbeat + (admin.STALE_AFTER - 1) * self.config.heartbeat:
+            # Silent for three heartbeats (stopped, suspended, starved): a
+            # reap may have taken our jobs as a dead worker's. Renewing now
+            # tells, and stops at once the jobs we no longer hold.
+            self.next_renew = now
         renew = now >= self.next_renew and self._leases_held()
         beat = now >= self.next_heartbeat
         if limit or renew or self.slotted or self.done or self.fails or self.handed_back:

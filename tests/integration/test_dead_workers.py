@@ -111,6 +111,43 @@ def test_a_worker_only_slow_to_heartbeat_keeps_its_jobs(
         assert w.finish() == 0
 
 
+def test_a_worker_back_after_its_jobs_were_taken_stops_them_and_its_reports_are_dropped(
+    dsn: str, conn: psycopg.Connection[Any], start_worker: Any
+) -> None:
+    # Attempt 1 hangs; attempt 2 (the rescuer's) finishes at once.
+    script = 'if [ "$PGQCTL_JOB_ATTEMPT" = 1 ]; then exec sleep 600; fi'
+    ids = insert_jobs(conn, [sh(script)] * 2)
+    stalled = start_worker(dsn, "--concurrency", "2", "--no-reap", *BEAT)
+    wait_until(lambda: len(STARTED.findall(stalled.log)) == 2, 15, "the jobs to start")
+    rescuer = start_worker(
+        dsn, "--concurrency", "2", "--reap-every", "0.5s", *BEAT, env={**os.environ, **DEAD_AFTER}
+    )
+    rescuer.wait_for_log(" started: ")
+    stalled.signal(signal.SIGSTOP)  # longer than the rule: taken for dead
+    try:
+        wait_until(
+            lambda: {job(conn, i)["status"] for i in ids} == {"done"}, 30, "the jobs run again"
+        )
+    finally:
+        stalled.signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    # Back, it learns at once that the leases are gone and stops attempt 1,
+    # without waiting for its next renewal (a third of the 5 min lease).
+    wait_until(lambda: stalled.log.count(" lease lost: ") == 2, 10, "both leases found lost")
+    print(
+        f"the stalled worker stopped its old attempts {time.monotonic() - resumed:.1f}s "
+        "after SIGCONT"
+    )
+    stalled.signal(signal.SIGTERM)
+    assert stalled.finish() == 0
+    assert [(job(conn, i)["status"], job(conn, i)["attempts"]) for i in ids] == [
+        ("done", 2),
+        ("done", 2),
+    ]
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.finish() == 0
+
+
 # --- reap, and reap --worker, on rows of workers ----------------------------------------
 
 
