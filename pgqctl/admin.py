@@ -413,12 +413,17 @@ def reap(
     return sorted(reaped, key=lambda r: r.job.id)
 
 
-def _reap_params(dead_after: int, worker: str | None) -> dict[str, Any]:
+def check_dead_after(dead_after: int) -> None:
+    """BadInput for a rule that would take a worker for dead before it shows stale."""
     if dead_after < STALE_AFTER:
         raise BadInput(
             f"--dead-after must be at least {STALE_AFTER} heartbeats (a worker shows stale "
             f"after {STALE_AFTER}), e.g. --dead-after {DEAD_AFTER}"
         )
+
+
+def _reap_params(dead_after: int, worker: str | None) -> dict[str, Any]:
+    check_dead_after(dead_after)
     return {"dead_after": dead_after, "worker": worker}
 
 

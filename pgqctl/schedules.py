@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -619,6 +620,20 @@ def _differs(old: Definition, new: Definition) -> tuple[str, ...]:
     if new.overlap is not None and old.overlap != new.overlap:
         changed.append("overlap")
     return tuple(changed)
+
+
+def source_of(file_name: str | None, source: str | None) -> str:
+    """The source a sync keeps its schedules under: `source` when given,
+    else the file's name without its directories (`file_name` None: stdin,
+    which has none); BadInput for an empty name or one `add` would refuse."""
+    if source is None:
+        if file_name is None:
+            raise BadInput("give --source NAME to sync from stdin: the schedules are kept under it")
+        source = os.path.basename(file_name)
+    if not source.strip():
+        raise BadInput("--source is empty: give the name of the file's team or purpose")
+    check_name("source", source)
+    return source
 
 
 @dataclass(frozen=True)

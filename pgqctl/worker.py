@@ -219,11 +219,7 @@ class WorkerConfig:
             raise BadInput(
                 "--reap-every must be more than 0s, e.g. --reap-every 30s (or --no-reap)"
             )
-        if self.dead_after < admin.STALE_AFTER:
-            raise BadInput(
-                f"--dead-after must be at least {admin.STALE_AFTER} heartbeats, "
-                f"e.g. --dead-after {admin.DEAD_AFTER}"
-            )
+        admin.check_dead_after(self.dead_after)
         if self.heartbeat <= 0:
             raise BadInput("--heartbeat must be more than 0s, e.g. --heartbeat 10s")
         if self.timeout is not None and self.timeout <= 0:

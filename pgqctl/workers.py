@@ -53,8 +53,8 @@ class Worker:
     # When a reap last found it dead (and took its jobs), and how many jobs
     # reaps took from it as a dead worker's; it is dead while no heartbeat
     # came since.
-    reaped_at: dt.datetime | None
-    reaped_jobs: int
+    reaped_at: dt.datetime | None = None
+    reaped_jobs: int = 0
 
     def as_record(self) -> dict[str, Any]:
         found = asdict(self)

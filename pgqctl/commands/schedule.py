@@ -3,7 +3,6 @@ pgqctl/schedules.py)."""
 
 from __future__ import annotations
 
-import os
 from typing import IO
 
 import click
@@ -326,11 +325,9 @@ def sync_command(
         )
     # click names its stdin <stdin> (a test runner's has no name).
     file_name = getattr(path, "name", "<stdin>")
-    named = "stdin" if file_name in ("-", "<stdin>") else file_name
-    if source is None:
-        if named == "stdin":
-            raise BadInput("give --source NAME to sync from stdin: the schedules are kept under it")
-        source = os.path.basename(named)
+    from_stdin = file_name in ("-", "<stdin>")
+    named = "stdin" if from_stdin else file_name
+    source = schedules.source_of(None if from_stdin else file_name, source)
     wanted = schedules.read_file(path.read(), named)
     if not wanted and not allow_empty:
         raise BadInput(

@@ -121,6 +121,8 @@ def test_each_files_sync_removes_only_the_schedules_of_its_own_source(
     assert piped.exit_code == 2 and "give --source NAME to sync from stdin" in piped.stderr
     moved = cli(dsn, "schedule", "sync", "-", "--source", "team-b.toml", "--json", input=TEAM_B)
     assert changes(moved) == []
+    nameless = cli(dsn, "schedule", "sync", team_b, "--source", " ")
+    assert nameless.exit_code == 2 and "--source is empty" in nameless.stderr
 
 
 def test_schedules_synced_before_sources_belong_to_the_file_that_names_them(
