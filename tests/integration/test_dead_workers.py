@@ -215,6 +215,26 @@ def test_reap_takes_the_jobs_of_a_dead_worker_and_leaves_a_stale_ones(
     assert listed(dsn)["dead:1"]["state"] == "active"
 
 
+def test_time_the_server_was_down_does_not_count_toward_death(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    # Last seen a day before the server started, with a rule (6 beats) a
+    # minute longer than the server has been up: silent for a day, yet the
+    # server has not been up long enough for it to have come back.
+    [(up,)] = conn.execute(
+        "SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8"
+    ).fetchall()
+    conn.execute(
+        "INSERT INTO workers (id, host, pid, version, concurrency, heartbeat_seconds, "
+        "lease_seconds, last_seen) VALUES ('back:1', 'back', 1, 'test', 1, %s, 300, "
+        "pg_postmaster_start_time() - interval '1 day')",
+        ((up + 60) / 6,),
+    )
+    kept = held(conn, "back:1:0")
+    assert run_cli("reap", "--dsn", dsn).stderr.strip() == "pgqctl: no expired leases"
+    assert job(conn, kept[0])["status"] == "running"
+
+
 @pytest.mark.parametrize("value", ["2", "0", "x"])
 def test_a_dead_after_below_the_stale_mark_exits_2(module_dsn: str, value: str) -> None:
     for args in (("reap",), ("worker", "--burst")):
