@@ -331,16 +331,28 @@ LEASE_FIELDS = (*FIELDS, "expired", "seconds_left")
 
 @dataclass(frozen=True)
 class Reaped:
-    """A job as reap left it (or would leave it), and the worker that held it."""
+    """A job as reap left it (or would leave it), the worker that held it,
+    and why it was taken: its lease expired (`expired`), its worker was dead
+    (`dead`), or the operator named its worker (`asked`, `reap --worker`)."""
 
     job: Job
     held_by: str | None
+    reason: str = "expired"
 
     def as_record(self) -> dict[str, Any]:
-        return {**self.job.as_record(), "held_by": self.held_by}
+        return {**self.job.as_record(), "held_by": self.held_by, "reason": self.reason}
 
 
-REAP_FIELDS = (*FIELDS, "held_by")
+REAP_FIELDS = (*FIELDS, "held_by", "reason")
+
+# A worker whose row has seen no heartbeat for this many of its own
+# heartbeat intervals is dead: reap takes its jobs without waiting for their
+# leases. It shows stale after three; three more are its time to come back
+# (a pause of its host, a database that restarted, a reconnection's backoff).
+DEAD_AFTER = 6
+# `reap --worker` takes a worker's jobs once its row is stale: no heartbeat
+# for this many of its intervals, as `pgqctl workers` shows it.
+STALE_AFTER = 3
 
 
 def leases(conn: Connection, *, expired_only: bool = False) -> list[Lease]:
@@ -355,9 +367,15 @@ def leases(conn: Connection, *, expired_only: bool = False) -> list[Lease]:
     ]
 
 
-def reap_preview(conn: Connection) -> list[Reaped]:
+def reap_preview(
+    conn: Connection, *, dead_after: int = DEAD_AFTER, worker: str | None = None
+) -> list[Reaped]:
     """The jobs `reap` would change now, each with the status and the
     last_error it would get."""
+    with atomic(conn):
+        if worker is not None:
+            _check_reapable(conn, worker)
+        rows = _rows(conn, "lease_reap_preview", _reap_params(dead_after, worker))
     return [
         Reaped(
             replace(
@@ -367,23 +385,71 @@ def reap_preview(conn: Connection) -> list[Reaped]:
                 last_error_cut=False,
             ),
             row["held_by"],
+            row["reason"],
         )
-        for row in _rows(conn, "lease_reap_preview")
+        for row in rows
     ]
 
 
-def reap(conn: Connection) -> list[Reaped]:
-    """Expired leases back to pending, or failed when out of attempts.
+def reap(
+    conn: Connection, *, dead_after: int = DEAD_AFTER, worker: str | None = None
+) -> list[Reaped]:
+    """Expired leases, and the jobs of dead workers, back to pending, or
+    failed when out of attempts.
 
-    Skips rows locked at this instant (a worker renewing or reporting), so it
-    never waits on workers and concurrent reaps never take the same job.
-    Workers are woken in the same transaction when a job became pending.
+    A worker is dead when its row in `workers` has seen no heartbeat for
+    `dead_after` of its heartbeat intervals (while the server was up); its
+    jobs are taken whatever their leases say, and its row is marked
+    (reaped_at). With `worker` (host:pid), only that worker's jobs, as soon
+    as its row is stale; BadInput when it is active or not registered.
+
+    Skips rows locked at this instant (a worker renewing, reporting or
+    heartbeating), so it never waits on workers and concurrent reaps never
+    take the same job. Workers are woken in the same transaction when a job
+    became pending.
     """
     with conn.transaction():
-        reaped = [Reaped(Job.from_row(row), row["held_by"]) for row in _rows(conn, "lease_reap")]
+        if worker is not None:
+            _check_reapable(conn, worker)
+        reaped = [
+            Reaped(Job.from_row(row), row["held_by"], row["reason"])
+            for row in _rows(conn, "lease_reap", _reap_params(dead_after, worker))
+        ]
         if any(r.job.status == "pending" for r in reaped):
             notify_workers(conn)
     return sorted(reaped, key=lambda r: r.job.id)
+
+
+def check_dead_after(dead_after: int) -> None:
+    """BadInput for a rule that would take a worker for dead before it shows stale."""
+    if dead_after < STALE_AFTER:
+        raise BadInput(
+            f"--dead-after must be at least {STALE_AFTER} heartbeats (a worker shows stale "
+            f"after {STALE_AFTER}), e.g. --dead-after {DEAD_AFTER}"
+        )
+
+
+def _reap_params(dead_after: int, worker: str | None) -> dict[str, Any]:
+    check_dead_after(dead_after)
+    return {"dead_after": dead_after, "worker": worker}
+
+
+def _check_reapable(conn: Connection, worker: str) -> None:
+    """BadInput unless `worker` is registered and stale: the jobs of a
+    worker that heartbeats are its own, and taking them would run them twice."""
+    rows = _rows(conn, "worker_get", {"id": worker})
+    if not rows:
+        raise BadInput(
+            f"no worker {worker!r} in the registry: `pgqctl workers` lists them by "
+            "host:pid (its jobs' leases still expire by themselves)"
+        )
+    row = rows[0]
+    if row["active"]:
+        raise BadInput(
+            f"worker {worker} is active (last heartbeat {row['seen_seconds_ago']:.0f}s ago, "
+            f"every {row['heartbeat_seconds']:g}s): stop it, or wait until `pgqctl workers` "
+            "shows it stale"
+        )
 
 
 def notify_workers(conn: Connection) -> None:

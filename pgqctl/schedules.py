@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,10 @@ MISSED_GRACE = 5.0
 CATCH_UP_MAX = 100
 CATCH_UP = ("latest", "none", "all")
 SOURCES = ("cli", "file")
+# What a tick does while the job of the schedule's previous tick is still
+# pending or running: enqueue nothing (skip, the default of new schedules:
+# a slow job does not pile up a backlog of itself) or enqueue it anyway.
+OVERLAP = ("skip", "allow")
 
 # The keys of a [schedules.NAME] table of a sync file.
 FILE_KEYS = (
@@ -58,6 +63,7 @@ FILE_KEYS = (
     "priority",
     "max_attempts",
     "paused",
+    "overlap",
 )
 # A schedule's fields in machine output, in order.
 FIELDS = (
@@ -71,7 +77,9 @@ FIELDS = (
     "priority",
     "max_attempts",
     "paused",
+    "overlap",
     "source",
+    "sync_source",
     "created_at",
     "updated_at",
     "next_tick",
@@ -79,6 +87,8 @@ FIELDS = (
     "last_job_id",
     "last_job_status",
     "missed_since",
+    "skipped_ticks",
+    "last_skipped_tick",
 )
 
 
@@ -251,8 +261,9 @@ class Definition:
     priority: int = 0
     max_attempts: int = 3
     paused: bool | None = None  # None: as it is (a new one: not paused)
+    overlap: str | None = None  # None: as it is (a new one: skip)
 
-    def params(self, source: str) -> dict[str, Any]:
+    def params(self, source: str, sync_source: str | None = None) -> dict[str, Any]:
         return {
             "name": self.name,
             "cron": self.timing.cron,
@@ -265,7 +276,10 @@ class Definition:
             "max_attempts": self.max_attempts,
             "paused": bool(self.paused),
             "keep_paused": self.paused is None,
+            "overlap": self.overlap or "skip",
+            "keep_overlap": self.overlap is None,
             "source": source,
+            "sync_source": sync_source,
         }
 
 
@@ -281,11 +295,14 @@ def define(
     priority: object = 0,
     max_attempts: object = 3,
     paused: bool | None = None,
+    overlap: str | None = None,
 ) -> Definition:
     """A checked definition: the job's fields as `enqueue` checks them
     (payload included), and the timing as the cron library and zoneinfo do."""
     _check_name(name)
     timing = Timing.make(cron, every, timezone)
+    if overlap is not None and overlap not in OVERLAP:
+        raise BadInput(f"overlap {overlap!r} is not one of {', '.join(OVERLAP)}")
     job = make_job(kind, payload, queue=queue, priority=priority, max_attempts=max_attempts)
     return Definition(
         name,
@@ -296,6 +313,7 @@ def define(
         job.priority,
         job.max_attempts,
         paused,
+        overlap,
     )
 
 
@@ -317,13 +335,17 @@ class Schedule:
     priority: int
     max_attempts: int
     paused: bool
+    overlap: str
     source: str
+    sync_source: str | None  # the sync's --source that made it (None: not a sync's, or older)
     created_at: dt.datetime
     updated_at: dt.datetime
     ticks_after: dt.datetime
     last_tick: dt.datetime | None
     last_job_id: int | None
     last_job_status: str | None
+    skipped_ticks: int  # ticks skipped (overlap skip) since it was made
+    last_skipped_tick: dt.datetime | None
     now: dt.datetime  # the database's, when read
 
     @classmethod
@@ -337,13 +359,17 @@ class Schedule:
             row["priority"],
             row["max_attempts"],
             row["paused"],
+            row["overlap"],
             row["source"],
+            row["sync_source"],
             row["created_at"],
             row["updated_at"],
             row["ticks_after"],
             row["last_tick"],
             row["last_job_id"],
             row.get("last_job_status"),
+            row["skipped_ticks"],
+            row["last_skipped_tick"],
             row["now"],
         )
 
@@ -372,6 +398,7 @@ class Schedule:
             self.priority,
             self.max_attempts,
             self.paused,
+            self.overlap,
         )
 
     def as_record(self) -> dict[str, Any]:
@@ -386,7 +413,9 @@ class Schedule:
             "priority": self.priority,
             "max_attempts": self.max_attempts,
             "paused": self.paused,
+            "overlap": self.overlap,
             "source": self.source,
+            "sync_source": self.sync_source,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             "next_tick": self.next_tick,
@@ -394,6 +423,8 @@ class Schedule:
             "last_job_id": self.last_job_id,
             "last_job_status": self.last_job_status,
             "missed_since": self.missed_since,
+            "skipped_ticks": self.skipped_ticks,
+            "last_skipped_tick": self.last_skipped_tick,
         }
 
 
@@ -522,7 +553,13 @@ def read_file(data: BinaryIO | bytes, source: str) -> list[Definition]:
         for key in table:
             if key not in FILE_KEYS:
                 raise BadInput(f"{where}: unknown key {key!r}; keys: {', '.join(FILE_KEYS)}")
-        for key, kind in (("cron", str), ("timezone", str), ("paused", bool), ("payload", dict)):
+        for key, kind in (
+            ("cron", str),
+            ("timezone", str),
+            ("paused", bool),
+            ("payload", dict),
+            ("overlap", str),
+        ):
             if key in table and not isinstance(table[key], kind):
                 raise BadInput(f"{where}: key {key!r} must be {_toml_type(kind)}")
         if "kind" not in table:
@@ -540,6 +577,7 @@ def read_file(data: BinaryIO | bytes, source: str) -> list[Definition]:
                     priority=table.get("priority", 0),
                     max_attempts=table.get("max_attempts", 3),
                     paused=table.get("paused"),
+                    overlap=table.get("overlap"),
                 )
             )
         except BadInput as exc:
@@ -564,7 +602,7 @@ def _key_of(exc: BadInput, table: Mapping[str, Any]) -> str:
     ):
         if sign in text:
             return f"key {key!r}: "
-    for key in ("every", "kind", "queue", "priority", "max_attempts"):
+    for key in ("every", "kind", "queue", "priority", "max_attempts", "overlap"):
         if text.startswith(key):
             return f"key {key!r}: "
     return ""
@@ -579,50 +617,95 @@ def _differs(old: Definition, new: Definition) -> tuple[str, ...]:
             changed.append(name)
     if new.paused is not None and bool(old.paused) != new.paused:
         changed.append("paused")
+    if new.overlap is not None and old.overlap != new.overlap:
+        changed.append("overlap")
     return tuple(changed)
+
+
+def source_of(file_name: str | None, source: str | None) -> str:
+    """The source a sync keeps its schedules under: `source` when given,
+    else the file's name without its directories (`file_name` None: stdin,
+    which has none); BadInput for an empty name or one `add` would refuse."""
+    if source is None:
+        if file_name is None:
+            raise BadInput("give --source NAME to sync from stdin: the schedules are kept under it")
+        source = os.path.basename(file_name)
+    if not source.strip():
+        raise BadInput("--source is empty: give the name of the file's team or purpose")
+    check_name("source", source)
+    return source
+
+
+@dataclass(frozen=True)
+class Synced:
+    """What a sync changed (or would), and the schedules an earlier sync made
+    with no source that this file does not name: no sync removes them."""
+
+    changes: list[Change]
+    unowned: list[str]
 
 
 def sync(
     conn: Connection,
     wanted: Sequence[Definition],
     *,
+    source: str,
     dry_run: bool = False,
-    prune_all: bool = False,
-) -> list[Change]:
-    """Make the stored schedules match `wanted`, in one transaction: add the
-    new ones, update those that differ (a schedule made by `add` that the
-    file names becomes the file's), remove the file's schedules that it no
-    longer names (with `prune_all`, every schedule it does not name). A
-    `paused` the file leaves out leaves the schedule's as it is. The
-    changes, by name; with `dry_run` nothing is changed."""
-    names = [d.name for d in wanted]
+) -> Synced:
+    """Make the schedules of `source` match `wanted`, in one transaction:
+    add the new ones, update those that differ, and remove the schedules of
+    `source` that it no longer names; never a schedule of another source,
+    nor one made by `add`. A schedule `wanted` names that `add` made, or
+    that a sync made before sources existed, becomes `source`'s; one of
+    another source is BadInput (nothing changes). A `paused` or `overlap`
+    the file leaves out leaves the schedule's as it is. With `dry_run`
+    nothing is changed."""
+    names = {d.name for d in wanted}
     with conn.transaction(force_rollback=dry_run):
         # Two syncs at once would each remove what the other adds.
         _rows(conn, "schedules_lock", {})
         stored = {
             s.name: s for s in (Schedule.from_row(r) for r in _rows(conn, "schedule_list", {}))
         }
+        _refuse_others(stored, wanted, source)
         changes: list[Change] = []
         for definition in wanted:
             old = stored.get(definition.name)
+            params = definition.params("file", source)
             if old is None:
                 changes.append(Change("add", definition.name))
-                _rows(conn, "schedule_insert", definition.params("file"))
+                _rows(conn, "schedule_insert", params)
                 continue
             differs = _differs(old.definition(), definition)
-            if old.source != "file":
+            if old.source != "file" or old.sync_source != source:
                 differs = (*differs, "source")
             if differs:
                 changes.append(Change("update", definition.name, differs))
-                _rows(
-                    conn,
-                    "schedule_update",
-                    {**definition.params("file"), "retime": "timing" in differs},
-                )
+                _rows(conn, "schedule_update", {**params, "retime": "timing" in differs})
         for name, old in stored.items():
-            if name not in names and (prune_all or old.source == "file"):
+            if name not in names and old.source == "file" and old.sync_source == source:
                 changes.append(Change("remove", name))
                 _rows(conn, "schedule_delete", {"name": name})
         if changes:
             _notify(conn)
-    return sorted(changes, key=lambda c: c.name)
+    unowned = [
+        name
+        for name, old in stored.items()
+        if name not in names and old.source == "file" and old.sync_source is None
+    ]
+    return Synced(sorted(changes, key=lambda c: c.name), sorted(unowned))
+
+
+def _refuse_others(
+    stored: Mapping[str, Schedule], wanted: Sequence[Definition], source: str
+) -> None:
+    """BadInput when the file names a schedule that another source's sync made."""
+    for definition in wanted:
+        old = stored.get(definition.name)
+        if old is not None and old.sync_source not in (None, source):
+            raise BadInput(
+                f"schedule {definition.name!r} belongs to source {old.sync_source!r}, not "
+                f"{source!r}: rename it in this file, or remove it from {old.sync_source!r} "
+                f"and sync that first (or sync with --source {old.sync_source!r} if this "
+                "file is that source)"
+            )

@@ -9,7 +9,10 @@ enqueues them all in one statement (``ticks_enqueue`` in the ticks section
 of sql/queries.sql). That statement, not the worker, decides: however many
 workers send the same tick at once, the schedule's row lock, its last_tick
 and the unique (schedule, tick) index leave one job. A worker that loses
-the race learns the schedule's last tick from the answer and moves on.
+the race learns the schedule's last tick from the answer and moves on. The
+same statement applies a schedule's overlap policy: with `skip`, a tick due
+while the previous tick's job is pending or running is skipped (counted on
+the schedule), so a slow job never piles up a backlog of itself.
 
 Times are the database's: the workers' clocks may differ, so the worker
 reads the database's now() with the schedules and counts from there on its
@@ -47,11 +50,13 @@ class _Cached:
 
 @dataclass(frozen=True)
 class Enqueued:
-    """A schedule's ticks a worker enqueued: job ids and ticks, in order."""
+    """A schedule's ticks a worker enqueued: job ids and ticks, in order; and
+    the ticks it skipped (overlap skip: the previous tick's job had not ended)."""
 
     schedule: str
     jobs: tuple[int, ...]
     ticks: tuple[dt.datetime, ...]
+    skipped: tuple[dt.datetime, ...] = ()
 
 
 @dataclass
@@ -138,7 +143,7 @@ class Ticker:
             rows = conn.execute(query("ticks_enqueue"), {"ticks": json.dumps(wanted)}).fetchall()
         answered = set()
         enqueued = []
-        for name, version, after, jobs, ticks in rows:
+        for name, version, after, jobs, ticks, skipped in rows:
             answered.add(name)
             cached = self.schedules.get(name)
             if cached is None:
@@ -147,8 +152,8 @@ class Ticker:
                 self.stale = True  # changed since read: read it again
             if after is not None and after > cached.after:
                 cached.after = after
-            if jobs:
-                enqueued.append(Enqueued(name, tuple(jobs), tuple(ticks)))
+            if jobs or skipped:
+                enqueued.append(Enqueued(name, tuple(jobs), tuple(ticks), tuple(skipped)))
         if any(w["name"] not in answered for w in wanted):
             self.stale = True  # removed since read
         return enqueued

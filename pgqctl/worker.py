@@ -189,6 +189,8 @@ class WorkerConfig:
     listen_dsn: str | None = None
     # Reclaim expired leases about this often (+-25%); None: never (cron does).
     reap_every: float | None = 30.0
+    # And the jobs of workers silent for this many of their heartbeats.
+    dead_after: int = admin.DEAD_AFTER
     # Enqueue the schedules' due ticks (pgqctl/ticks.py); and what becomes of
     # ticks missed while no worker ran (schedules.CATCH_UP).
     schedules: bool = True
@@ -220,6 +222,7 @@ class WorkerConfig:
             raise BadInput(
                 "--reap-every must be more than 0s, e.g. --reap-every 30s (or --no-reap)"
             )
+        admin.check_dead_after(self.dead_after)
         if self.heartbeat <= 0:
             raise BadInput("--heartbeat must be more than 0s, e.g. --heartbeat 10s")
         if self.timeout is not None and self.timeout <= 0:
@@ -517,7 +520,11 @@ class Worker:
             + (f"prefetch {c.prefetch}, " if c.prefetch else "")
             + f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
             f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}, "
-            + (f"reap every {seconds(c.reap_every)}" if c.reap_every else "no reap")
+            + (
+                f"reap every {seconds(c.reap_every)} (dead after {c.dead_after} heartbeats)"
+                if c.reap_every
+                else "no reap"
+            )
             + (f", schedules (catch-up {c.catch_up})" if c.schedules else ", no schedules")
             + f", heartbeat {seconds(c.heartbeat)}"
             + (f", policy {c.policy.name}" if c.policy else "")
@@ -530,6 +537,7 @@ class Worker:
             lease=c.lease,
             poll=c.poll or POLL_LISTENING,
             reap_every=c.reap_every,
+            dead_after=c.dead_after,
             schedules=c.schedules,
             catch_up=c.catch_up,
             heartbeat=c.heartbeat,
@@ -629,6 +637,11 @@ class Worker:
             if self.conn is None:
                 return
         limit = self._claim_limit() if self._claim_due(now) else 0
+        if now >= self.next_heartbeat + (admin.STALE_AFTER - 1) * self.config.heartbeat:
+            # Silent for three heartbeats (stopped, suspended, starved): a
+            # reap may have taken our jobs as a dead worker's. Renewing now
+            # tells, and stops at once the jobs we no longer hold.
+            self.next_renew = now
         renew = now >= self.next_renew and self._leases_held()
         beat = now >= self.next_heartbeat
         if limit or renew or self.slotted or self.done or self.fails or self.handed_back:
@@ -836,6 +849,10 @@ class Worker:
             self._connection_failed(exc)
             return
         self.burst_ticked = True
+        skipped = [e for e in enqueued if e.skipped]
+        if skipped:
+            self._log_skipped(skipped)
+        enqueued = [e for e in enqueued if e.jobs]
         if not enqueued:
             return
         # One line for the whole statement, however many schedules ticked.
@@ -852,6 +869,24 @@ class Worker:
             ticks=[{"schedule": n, "tick": t, "job_id": i} for n, t, i in made],
         )
         self.claim_wanted = True
+
+    def _log_skipped(self, skipped: list[ticks.Enqueued]) -> None:
+        """One line for the ticks skipped by the schedules' overlap policy."""
+        parts = [
+            f"{e.schedule} {', '.join(payload.iso_utc(t) for t in e.skipped[-3:])}"
+            + (f" and {len(e.skipped) - 3} earlier" if e.skipped[3:] else "")
+            for e in skipped
+        ]
+        self.log.event(
+            "schedule_skipped",
+            f"skipped {sum(len(e.skipped) for e in skipped)} schedule tick(s) (overlap "
+            f"skip: one job of a schedule pending or running at a time): {'; '.join(parts)}",
+            ticks=[
+                {"schedule": e.schedule, "tick": payload.iso_utc(t)}
+                for e in skipped
+                for t in e.skipped
+            ],
+        )
 
     def _current_beat(self) -> claims.Beat:
         return replace(
@@ -896,7 +931,7 @@ class Worker:
         self.next_reap = time.monotonic() + jittered(self.config.reap_every)
         idle = self._burst_idle()
         try:
-            reaped = admin.reap(self.conn)
+            reaped = admin.reap(self.conn, dead_after=self.config.dead_after)
             forgotten = claims.forget_stale(self.conn)
         except (psycopg.Error, PgqctlError) as exc:
             self._connection_failed(exc)  # a --burst worker reaps again once back
@@ -914,15 +949,21 @@ class Worker:
         ids = [r.job.id for r in reaped]
         failed = [r.job.id for r in reaped if r.job.status == "failed"]
         holders = sorted({r.held_by or "an unnamed worker" for r in reaped})
+        dead = sorted({(r.held_by or "").rpartition(":")[0] for r in reaped if r.reason == "dead"})
         shown = ", ".join(map(str, ids[:20])) + (f" and {len(ids) - 20} more" if ids[20:] else "")
+        what = f"{len(ids)} expired lease(s)"
+        if dead:
+            of_dead = sum(r.reason == "dead" for r in reaped)
+            what = f"{len(ids)} job(s) ({of_dead} of dead worker(s) {', '.join(dead)})"
         self.log.event(
             "reaped",
-            f"reaped {len(ids)} expired lease(s) (job {shown}) held by "
+            f"reaped {what} (job {shown}) held by "
             f"{', '.join(holders)}: {len(ids) - len(failed)} back to pending, "
             f"{len(failed)} failed (out of attempts)",
             jobs=ids,
             failed=failed,
             held_by=holders,
+            dead_workers=dead,
         )
         if len(failed) < len(ids):
             self.claim_wanted = True  # back in the queue and due now

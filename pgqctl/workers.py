@@ -4,7 +4,10 @@ Each worker writes its own row of `workers` (claims.Beat: it registers with
 its first exchange, heartbeats at least every --heartbeat, removes the row
 when it stops cleanly). A worker is active while its last heartbeat is at
 most three of its own intervals old, and stale after that: killed, or cut
-off from the database. Any worker removes a row stale for an hour. The SQL
+off from the database. It is dead once a reap took its jobs back for it
+(`admin.reap`: no heartbeat for --dead-after of its intervals, or `reap
+--worker`), until it heartbeats again. Any worker removes a row stale for
+an hour. The SQL
 is the `workers` section of sql/queries.sql. Nothing here prints or exits.
 """
 
@@ -22,7 +25,7 @@ from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
 
-STATES = ("active", "stale")
+STATES = ("active", "stale", "dead")
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,11 @@ class Worker:
     lease_seconds: float
     jobs: tuple[int, ...]  # the running jobs it holds in its slots, by locked_by, now
     prefetched: tuple[int, ...]  # those it holds claimed ahead, not started (--prefetch)
+    # When a reap last found it dead (and took its jobs), and how many jobs
+    # reaps took from it as a dead worker's; it is dead while no heartbeat
+    # came since.
+    reaped_at: dt.datetime | None = None
+    reaped_jobs: int = 0
 
     def as_record(self) -> dict[str, Any]:
         found = asdict(self)

@@ -136,14 +136,53 @@ WHERE status = 'running'
   AND (locked_until < now() OR locked_until IS NULL OR NOT %(expired_only)s)
 ORDER BY locked_until NULLS FIRST, id;
 
+-- The jobs reap takes: every running job whose lease expired (or that has
+-- none), and every running job held by a dead worker, lease or not. A worker
+-- is dead when its row in `workers` has seen no heartbeat for `dead_after`
+-- of its own heartbeat intervals, counting only the time the server has
+-- been up (pg_postmaster_start_time: after a restart every worker needs a
+-- moment to reconnect, and none of them is dead for that). `worker` (host:pid,
+-- `reap --worker`) narrows the reap to that worker's jobs, taken as soon as
+-- its row is stale (three of its heartbeats); NULL: every worker. A worker's
+-- jobs are those whose locked_by is its id followed by :slot or :prefetch
+-- (the same match as workers_list). One row per job, with why it is taken:
+-- expired (its lease), dead (its worker, by the rule) or asked (--worker).
+
 -- name: lease_reap_preview
 -- What lease_reap would do now, without locking or writing anything: each
--- expired job with the status and the last_error it would get (the same
--- expressions as lease_reap's; tests compare the two). One row per job.
+-- job it would take with the status and the last_error it would get (the
+-- same expressions as lease_reap's). One row per job.
+WITH dead AS (
+    SELECT id, last_seen, heartbeat_seconds
+    FROM workers
+    WHERE CASE WHEN %(worker)s::text IS NULL
+               THEN greatest(last_seen, pg_postmaster_start_time())
+                    < now() - %(dead_after)s * heartbeat_seconds * interval '1 second'
+               ELSE id = %(worker)s
+                    AND last_seen < now() - 3 * heartbeat_seconds * interval '1 second'
+          END
+), taken AS (
+    SELECT j.*, d.id AS dead_worker,
+           CASE WHEN d.id IS NULL THEN 'expired'
+                WHEN %(worker)s::text IS NULL THEN 'dead' ELSE 'asked' END AS reason,
+           extract(epoch FROM now() - d.last_seen)::numeric(12, 1) AS silent_seconds,
+           d.heartbeat_seconds
+    FROM jobs AS j
+    LEFT JOIN dead AS d ON d.id = regexp_replace(j.locked_by, ':([0-9]+|prefetch)$', '')
+    WHERE j.status = 'running'
+      AND (d.id IS NOT NULL
+           OR (%(worker)s::text IS NULL AND (j.locked_until < now() OR j.locked_until IS NULL)))
+)
 SELECT {job},
+       jobs.reason, jobs.dead_worker,
        CASE WHEN attempts - handbacks >= max_attempts THEN 'failed' ELSE 'pending' END
            AS reaped_status,
        CASE
+           WHEN reason <> 'expired'
+           THEN format('worker %%s %%s: no heartbeat for %%ss (it beats every %%ss) (held by %%s)',
+                       dead_worker,
+                       CASE reason WHEN 'dead' THEN 'dead' ELSE 'reaped on demand' END,
+                       silent_seconds, heartbeat_seconds, locked_by)
            WHEN locked_until IS NULL
            THEN format('running without a lease (held by %%s)',
                        coalesce(locked_by, 'an unnamed worker'))
@@ -153,37 +192,79 @@ SELECT {job},
                        coalesce(locked_by, 'an unnamed worker'))
        END AS reaped_error,
        locked_by AS held_by
-FROM jobs
-WHERE status = 'running' AND (locked_until < now() OR locked_until IS NULL)
+FROM taken AS jobs
 ORDER BY locked_until NULLS FIRST, id;
 
 -- name: lease_reap
--- The seed's reclaim in one statement. SKIP LOCKED: rows a worker is updating
--- right now (renewal, report) are left for the next run instead of waited on,
--- and two reaps at once never take the same row.
-UPDATE jobs
-SET status = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts
-                  THEN 'failed' ELSE 'pending' END,
-    finished_at = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts THEN now() END,
-    last_error = CASE
-        WHEN expired.locked_until IS NULL
-        THEN format('running without a lease (held by %%s)',
-                    coalesce(expired.locked_by, 'an unnamed worker'))
-        -- ISO 8601 in UTC to the millisecond, as pgqctl writes every time.
-        ELSE format('lease expired at %%s (held by %%s)',
-                    to_char(expired.locked_until AT TIME ZONE 'UTC',
-                            'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
-                    coalesce(expired.locked_by, 'an unnamed worker'))
-    END,
-    locked_until = NULL  -- locked_by stays: the worker that last held it
-FROM (
-    SELECT id, locked_by, locked_until
-    FROM jobs
-    WHERE status = 'running' AND (locked_until < now() OR locked_until IS NULL)
+-- The seed's reclaim in one statement, and the jobs of dead workers with
+-- it. SKIP LOCKED: rows a worker is updating right now (renewal, report,
+-- heartbeat) are left for the next run instead of waited on, and two reaps
+-- at once never take the same row. A dead worker's row is locked first and
+-- its staleness checked again on the row as it is then: a heartbeat that
+-- commits meanwhile makes it alive, and none of its jobs is taken. Each job
+-- is fenced as every transition out of running is (still running, the
+-- attempt read), so a late report of the dead worker matches nothing. The
+-- dead workers get reaped_at, and the count of their jobs taken.
+WITH dead AS (
+    SELECT id, last_seen, heartbeat_seconds
+    FROM workers
+    WHERE CASE WHEN %(worker)s::text IS NULL
+               THEN greatest(last_seen, pg_postmaster_start_time())
+                    < now() - %(dead_after)s * heartbeat_seconds * interval '1 second'
+               ELSE id = %(worker)s
+                    AND last_seen < now() - 3 * heartbeat_seconds * interval '1 second'
+          END
     FOR UPDATE SKIP LOCKED
-) AS expired
-WHERE jobs.id = expired.id
-RETURNING {job}, expired.locked_by AS held_by;
+), taken AS (
+    SELECT j.id, j.attempts, j.locked_by, j.locked_until, d.id AS dead_worker,
+           CASE WHEN d.id IS NULL THEN 'expired'
+                WHEN %(worker)s::text IS NULL THEN 'dead' ELSE 'asked' END AS reason,
+           extract(epoch FROM now() - d.last_seen)::numeric(12, 1) AS silent_seconds,
+           d.heartbeat_seconds
+    FROM jobs AS j
+    LEFT JOIN dead AS d ON d.id = regexp_replace(j.locked_by, ':([0-9]+|prefetch)$', '')
+    WHERE j.status = 'running'
+      AND (d.id IS NOT NULL
+           OR (%(worker)s::text IS NULL AND (j.locked_until < now() OR j.locked_until IS NULL)))
+    FOR UPDATE OF j SKIP LOCKED
+), reaped AS (
+    UPDATE jobs
+    SET status = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts
+                      THEN 'failed' ELSE 'pending' END,
+        finished_at = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts
+                           THEN now() END,
+        last_error = CASE
+            WHEN taken.reason <> 'expired'
+            THEN format('worker %%s %%s: no heartbeat for %%ss (it beats every %%ss) (held by %%s)',
+                        taken.dead_worker,
+                        CASE taken.reason WHEN 'dead' THEN 'dead' ELSE 'reaped on demand' END,
+                        taken.silent_seconds, taken.heartbeat_seconds, taken.locked_by)
+            WHEN taken.locked_until IS NULL
+            THEN format('running without a lease (held by %%s)',
+                        coalesce(taken.locked_by, 'an unnamed worker'))
+            -- ISO 8601 in UTC to the millisecond, as pgqctl writes every time.
+            ELSE format('lease expired at %%s (held by %%s)',
+                        to_char(taken.locked_until AT TIME ZONE 'UTC',
+                                'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+                        coalesce(taken.locked_by, 'an unnamed worker'))
+        END,
+        locked_until = NULL  -- locked_by stays: the worker that last held it
+    FROM taken
+    WHERE jobs.id = taken.id
+      AND jobs.attempts = taken.attempts
+      AND jobs.status = 'running'
+    RETURNING jobs.*, taken.locked_by AS held_by, taken.reason, taken.dead_worker
+), marked AS (
+    -- Once per death (not again until it heartbeats), and whenever jobs go.
+    UPDATE workers AS w
+    SET reaped_at = now(), reaped_jobs = w.reaped_jobs + coalesce(r.jobs, 0)
+    FROM dead AS d
+    LEFT JOIN (SELECT dead_worker, count(*) AS jobs FROM reaped GROUP BY 1) AS r
+           ON r.dead_worker = d.id
+    WHERE w.id = d.id
+      AND (r.jobs IS NOT NULL OR w.reaped_at IS NULL OR w.reaped_at < w.last_seen)
+)
+SELECT {job}, jobs.held_by, jobs.reason, jobs.dead_worker FROM reaped AS jobs;
 
 -- name: workers_notify
 -- Wake listening workers; delivered when the surrounding transaction commits.
@@ -665,7 +746,8 @@ SELECT current_setting('autovacuum') = 'on' AS enabled,
 
 -- name: workers_list
 -- Every registered worker, by host and pid, with its state (stale: no
--- heartbeat for three of its intervals) and the ids of the jobs it holds:
+-- heartbeat for three of its intervals; dead: a reap took its jobs as a
+-- dead worker's, or found it dead, after its last heartbeat) and the ids of the jobs it holds:
 -- running in its slots (jobs), and claimed ahead of a free slot (prefetched).
 -- The running jobs are read once, through jobs_lease_idx (status =
 -- 'running'), and grouped by holder: `locked_by` is host:pid:slot, the
@@ -680,7 +762,8 @@ WITH held AS (
     GROUP BY 1
 )
 SELECT w.*,
-       CASE WHEN w.last_seen >= now() - 3 * w.heartbeat_seconds * interval '1 second'
+       CASE WHEN w.reaped_at >= w.last_seen THEN 'dead'
+            WHEN w.last_seen >= now() - 3 * w.heartbeat_seconds * interval '1 second'
             THEN 'active' ELSE 'stale' END AS state,
        extract(epoch FROM now() - w.last_seen)::float8 AS seen_seconds_ago,
        coalesce(h.jobs, '{}') AS jobs,
@@ -689,11 +772,20 @@ FROM workers AS w
 LEFT JOIN held AS h ON h.worker = w.id
 ORDER BY w.host, w.pid, w.id;
 
+-- name: worker_get
+-- One worker's row, how long since its last heartbeat, and whether it is
+-- active (as workers_list says), or no row.
+SELECT w.*, extract(epoch FROM now() - w.last_seen)::float8 AS seen_seconds_ago,
+       w.last_seen >= now() - 3 * w.heartbeat_seconds * interval '1 second' AS active
+FROM workers AS w
+WHERE w.id = %(id)s;
+
 -- name: workers_states
 -- What check and metrics need of each worker: its queues (empty: every
 -- queue) and whether it is active, as workers_list says. One row per worker.
 SELECT queues,
-       last_seen >= now() - 3 * heartbeat_seconds * interval '1 second' AS active
+       last_seen >= now() - 3 * heartbeat_seconds * interval '1 second'
+           AND NOT coalesce(reaped_at >= last_seen, false) AS active
 FROM workers;
 
 -- ---------------------------------------------------------------------------
@@ -741,17 +833,18 @@ SELECT queue, reason, paused_at, until FROM paused_queues_now ORDER BY queue;
 -- name: schedule_insert
 -- A new schedule; no row when the name is taken. Paused when asked.
 INSERT INTO schedules (name, cron, every_seconds, timezone, kind, payload, queue, priority,
-                       max_attempts, paused, source)
+                       max_attempts, paused, overlap, source, sync_source)
 VALUES (%(name)s, %(cron)s, %(every_seconds)s, %(timezone)s, %(kind)s, %(payload)s::jsonb,
-        %(queue)s, %(priority)s, %(max_attempts)s, %(paused)s, %(source)s)
+        %(queue)s, %(priority)s, %(max_attempts)s, %(paused)s, %(overlap)s, %(source)s,
+        %(sync_source)s)
 ON CONFLICT (name) DO NOTHING
 RETURNING name;
 
 -- name: schedule_update
 -- A schedule's new definition (from a sync file). A new timing ticks from
 -- now: the ticks of the old one before the change are not caught up. Its
--- pause is kept when `keep_paused`; a resumed schedule ticks from now too.
--- One row.
+-- pause is kept when `keep_paused`, its overlap when `keep_overlap`; a
+-- resumed schedule ticks from now too. One row.
 UPDATE schedules
 SET cron = %(cron)s,
     every_seconds = %(every_seconds)s,
@@ -762,9 +855,11 @@ SET cron = %(cron)s,
     priority = %(priority)s,
     max_attempts = %(max_attempts)s,
     paused = CASE WHEN %(keep_paused)s THEN paused ELSE %(paused)s END,
+    overlap = CASE WHEN %(keep_overlap)s THEN overlap ELSE %(overlap)s END,
     ticks_after = CASE WHEN %(retime)s OR (paused AND NOT %(keep_paused)s AND NOT %(paused)s)
                        THEN now() ELSE ticks_after END,
     source = %(source)s,
+    sync_source = %(sync_source)s,
     updated_at = now()
 WHERE name = %(name)s
 RETURNING name;
@@ -839,29 +934,49 @@ ORDER BY s.name;
 -- is ticking right now (it enqueues the same ticks); a row that worker has
 -- just changed is read again, as it now is, before it is locked. The unique
 -- (schedule, tick) index backs it all: a tick enqueued twice adds nothing.
+-- A schedule with overlap 'skip' has at most one job of its ticks pending
+-- or running: while the previous tick's job (last_job_id) is, its due ticks
+-- are skipped; else only the latest of them is enqueued and the earlier
+-- ones skipped. A skipped tick is done with all the same (last_tick moves
+-- past it), and counted: skipped_ticks, last_skipped_tick. The job's status
+-- is read under the schedule's lock, so the database, not a worker, decides.
 -- One row per schedule named: its definition's version and last tick now,
--- and the jobs (ids and ticks) this statement enqueued for it.
+-- the jobs (ids and ticks) this statement enqueued for it, and the ticks it
+-- skipped.
 WITH wanted AS (
     SELECT * FROM jsonb_to_recordset(%(ticks)s::jsonb)
                   AS t(name text, version timestamptz, tick timestamptz)
-), due AS (
-    SELECT s.name, s.kind, s.payload, s.queue, s.priority, s.max_attempts, w.tick
+), locked AS (
+    SELECT s.name, s.kind, s.payload, s.queue, s.priority, s.max_attempts, s.overlap,
+           s.last_job_id, w.tick
     FROM schedules AS s
     JOIN wanted AS w ON w.name = s.name AND w.version = s.updated_at
     WHERE NOT s.paused AND w.tick > greatest(s.ticks_after, s.last_tick)
     FOR UPDATE OF s SKIP LOCKED
+), due AS (
+    SELECT l.*,
+           l.overlap = 'skip' AND (
+               EXISTS (SELECT FROM jobs AS j
+                       WHERE j.id = l.last_job_id AND j.status IN ('pending', 'running'))
+               OR l.tick < max(l.tick) OVER (PARTITION BY l.name)) AS skipped
+    FROM locked AS l
 ), enqueued AS (
     INSERT INTO jobs (queue, kind, payload, priority, max_attempts, schedule, tick)
     SELECT queue, kind, payload, priority, max_attempts, name, tick
     FROM due
+    WHERE NOT skipped
     ORDER BY name, tick
     ON CONFLICT (schedule, tick) WHERE schedule IS NOT NULL DO NOTHING
     RETURNING id, schedule, tick
 ), advanced AS (
     UPDATE schedules AS s
     SET last_tick = d.tick,
-        last_job_id = coalesce(e.id, s.last_job_id)
-    FROM (SELECT name, max(tick) AS tick FROM due GROUP BY name) AS d
+        last_job_id = coalesce(e.id, s.last_job_id),
+        skipped_ticks = s.skipped_ticks + d.skipped,
+        last_skipped_tick = coalesce(d.last_skipped, s.last_skipped_tick)
+    FROM (SELECT name, max(tick) AS tick, count(*) FILTER (WHERE skipped) AS skipped,
+                 max(tick) FILTER (WHERE skipped) AS last_skipped
+          FROM due GROUP BY name) AS d
     LEFT JOIN enqueued AS e ON e.schedule = d.name AND e.tick = d.tick
     WHERE s.name = d.name
     RETURNING s.name, s.last_tick
@@ -869,7 +984,9 @@ WITH wanted AS (
 SELECT s.name, s.updated_at AS version,
        greatest(s.ticks_after, coalesce(a.last_tick, s.last_tick)) AS after,
        ARRAY(SELECT e.id FROM enqueued AS e WHERE e.schedule = s.name ORDER BY e.tick) AS jobs,
-       ARRAY(SELECT e.tick FROM enqueued AS e WHERE e.schedule = s.name ORDER BY e.tick) AS ticks
+       ARRAY(SELECT e.tick FROM enqueued AS e WHERE e.schedule = s.name ORDER BY e.tick) AS ticks,
+       ARRAY(SELECT d.tick FROM due AS d WHERE d.name = s.name AND d.skipped ORDER BY d.tick)
+           AS skipped
 FROM schedules AS s
 LEFT JOIN advanced AS a ON a.name = s.name
 WHERE s.name IN (SELECT name FROM wanted);

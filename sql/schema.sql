@@ -120,7 +120,9 @@ CREATE VIEW paused_queues_now AS
 -- Schedules (see 0008): a cron expression in a time zone, or an interval in
 -- whole seconds; ticked by the workers. last_tick (the latest tick
 -- enqueued, and last_job_id its job) keeps a purged tick from coming back;
--- no tick at or before ticks_after is due.
+-- no tick at or before ticks_after is due. sync_source (see 0010): the
+-- source whose sync made it, the only one that may remove it; overlap: skip
+-- or allow a tick while the previous tick's job is pending or running.
 CREATE TABLE schedules (
     name          text PRIMARY KEY,
     cron          text,
@@ -138,11 +140,16 @@ CREATE TABLE schedules (
     ticks_after   timestamptz NOT NULL DEFAULT now(),
     last_tick     timestamptz,
     last_job_id   bigint,
-    CHECK ((cron IS NULL) <> (every_seconds IS NULL))
+    CHECK ((cron IS NULL) <> (every_seconds IS NULL)),
+    sync_source   text,
+    overlap       text NOT NULL DEFAULT 'skip' CHECK (overlap IN ('allow', 'skip')),
+    skipped_ticks bigint NOT NULL DEFAULT 0,
+    last_skipped_tick timestamptz
 );
 
 -- The workers that run (see 0007): one row per worker, id = host:pid as in
 -- locked_by before the slot; heartbeats rewrite last_seen and the counters.
+-- reaped_at (see 0010): when a reap last took its jobs as a dead worker's.
 CREATE TABLE workers (
     id                text PRIMARY KEY,
     host              text NOT NULL,
@@ -157,5 +164,7 @@ CREATE TABLE workers (
     last_seen         timestamptz NOT NULL DEFAULT now(),
     running           integer NOT NULL DEFAULT 0,
     done              bigint NOT NULL DEFAULT 0,
-    failed            bigint NOT NULL DEFAULT 0
+    failed            bigint NOT NULL DEFAULT 0,
+    reaped_at         timestamptz,
+    reaped_jobs       bigint NOT NULL DEFAULT 0
 );

@@ -19,6 +19,7 @@ from pgqctl.commands.options import (
     Database,
     command,
     database_options,
+    dead_after_option,
     format_options,
     id_filter,
     kind_filter,
@@ -299,11 +300,33 @@ def show_command(database: Database, job_id: int, fmt: str) -> None:
 @command("reap")
 @database_options
 @selection_option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
+@dead_after_option
+@selection_option(
+    "--worker",
+    metavar="HOST:PID",
+    help="Take back the running jobs of this worker now, as soon as `pgqctl workers` "
+    "shows it stale (an active one is refused), and nothing else.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print only when something changed (cron).")
 @format_options
-def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> None:
-    """Reclaim expired leases: each job goes back to pending, or to failed
-    when it has used all its attempts.
+def reap_command(
+    database: Database,
+    dry_run: bool,
+    dead_after: int,
+    worker: str | None,
+    quiet: bool,
+    fmt: str,
+) -> None:
+    """Reclaim expired leases, and the jobs of dead workers: each job goes
+    back to pending, or to failed when it has used all its attempts.
+
+    A worker is dead when its row in `pgqctl workers` has seen no heartbeat
+    for --dead-after of its own heartbeat intervals (time the server was
+    down does not count): its jobs are taken back at once, whatever their
+    leases say, and `pgqctl workers` shows it dead. Should it come back, its
+    reports for those jobs are dropped, as for any lost lease. --worker
+    HOST:PID takes one worker's jobs on demand, once its row is stale (exit
+    2 while it heartbeats).
 
     Jobs a worker is updating at this instant are skipped, not waited on, so
     reap is safe to run from cron while workers run; concurrent reaps never
@@ -312,29 +335,47 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
     On a terminal the table fits its width: text is cut with …, times are
     shown shorter (in UTC) and the least important columns left out when
     needed, and no value is broken across lines. Piped, the plain table is
-    never narrowed; --json has every field.
+    never narrowed; --json has every field (reason: expired, dead or asked).
 
     \b
     Example:
         pgqctl reap --dry-run
+        pgqctl reap --worker web-3:4121
         * * * * *  pgqctl reap --quiet      # crontab: every minute
     """
     with database.connect(writes=not dry_run) as conn:
-        reaped = admin.reap_preview(conn) if dry_run else admin.reap(conn)
+        if dry_run:
+            reaped = admin.reap_preview(conn, dead_after=dead_after, worker=worker)
+        else:
+            reaped = admin.reap(conn, dead_after=dead_after, worker=worker)
     if not reaped and quiet:
         return
     output.emit_jobs(reaped, CHANGE_COLUMNS, fmt, admin.REAP_FIELDS)
     if quiet:
         return
     if not reaped:
-        say("no expired leases")
+        say(f"worker {worker} holds no running job" if worker else "no expired leases")
         return
     failed = sum(1 for r in reaped if r.job.status == "failed")
     verb = "would reap" if dry_run else "reaped"
-    say(
-        f"{verb} {output.plural(len(reaped), 'expired lease')}: "
-        f"{len(reaped) - failed} back to pending, {failed} failed (out of attempts)"
-    )
+    what = output.plural(len(reaped), "expired lease")
+    if any(r.reason != "expired" for r in reaped):
+        what = f"{output.plural(len(reaped), 'job')} ({reap_causes(reaped)})"
+    say(f"{verb} {what}: {len(reaped) - failed} back to pending, {failed} failed (out of attempts)")
+
+
+def reap_causes(reaped: Sequence[admin.Reaped]) -> str:
+    """`2 expired leases, 4 of dead worker h:12`: why the jobs were taken."""
+    expired = sum(r.reason == "expired" for r in reaped)
+    parts = [output.plural(expired, "expired lease")] if expired else []
+    workers: dict[str, int] = {}
+    for r in reaped:
+        if r.reason != "expired":
+            holder = (r.held_by or "").rpartition(":")[0]
+            workers[holder] = workers.get(holder, 0) + 1
+    dead = "dead worker" if any(r.reason == "dead" for r in reaped) else "stale worker"
+    parts += [f"{n} of {dead} {holder}" for holder, n in sorted(workers.items())]
+    return ", ".join(parts)
 
 
 @command("requeue")

@@ -61,8 +61,11 @@ def workers_command(database: Database, fmt: str) -> None:
     every --heartbeat (10s by default) on the statements it sends anyway;
     a clean stop removes its row. A worker is active while its last
     heartbeat is at most three of its own intervals old, and stale after
-    that: killed, or cut off from the database (its jobs' leases then run
-    out and are reaped). Any worker removes a row stale for an hour.
+    that: killed, or cut off from the database. It is dead once a reap took
+    back its jobs for it (no heartbeat for `reap --dead-after` of its
+    intervals, or `reap --worker`), until it heartbeats again: reaped_at
+    says when, reaped_jobs how many jobs. Any worker removes a row stale
+    for an hour.
 
     Queues and kinds `all`: the worker claims from every one. running, done
     and failed are as of its last heartbeat (done and failed: attempts
@@ -86,11 +89,9 @@ def workers_command(database: Database, fmt: str) -> None:
         say("no workers registered")
     elif output.is_human(fmt):
         stale = sum(w.state == "stale" for w in found)
-        say(
-            f"{output.plural(len(found) - stale, 'worker')} active, {stale} stale"
-            if stale
-            else f"{output.plural(len(found), 'worker')} active"
-        )
+        dead = sum(w.state == "dead" for w in found)
+        active = f"{output.plural(len(found) - stale - dead, 'worker')} active"
+        say(active + (f", {stale} stale" if stale else "") + (f", {dead} dead" if dead else ""))
 
 
 @command("check")

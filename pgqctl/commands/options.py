@@ -424,3 +424,20 @@ def format_options(func: F) -> F:
         return func(*args, fmt="json" if as_json else fmt, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def dead_after_option(func: F) -> F:
+    """--dead-after: when a silent worker is dead and its jobs are reaped
+    (`reap`, and the worker's own reaps)."""
+    from pgqctl.admin import DEAD_AFTER, STALE_AFTER
+
+    return click.option(
+        "--dead-after",
+        type=click.IntRange(min=STALE_AFTER, max=2**31 - 1),
+        metavar="N",
+        default=DEAD_AFTER,
+        show_default=True,
+        help="Reap the jobs of a worker that sent no heartbeat for N of its own "
+        f"--heartbeat intervals (it shows stale after {STALE_AFTER}), without waiting "
+        "for their leases, e.g. --dead-after 10.",
+    )(func)

@@ -70,6 +70,14 @@ def schedule_group() -> None:
 @priority_option
 @max_attempts_option
 @selection_option("--paused", is_flag=True, help="Add it paused (`schedule resume` starts it).")
+@selection_option(
+    "--overlap",
+    type=click.Choice(schedules.OVERLAP),
+    default="skip",
+    show_default=True,
+    help="A tick while the previous tick's job is still pending or running: skip it "
+    "(counted in skipped_ticks), or allow a second job.",
+)
 @policy_option
 @format_options
 def add_command(
@@ -84,6 +92,7 @@ def add_command(
     priority: int,
     max_attempts: int,
     paused: bool,
+    overlap: str,
     policy_file: str | None,
     fmt: str,
 ) -> None:
@@ -94,6 +103,9 @@ def add_command(
     expression and the zone by the cron library and the system's time zone
     data (daylight-saving changes included: a time skipped by the change
     runs just after it, a time repeated runs once). Ticks start from now.
+    With --overlap skip (the default), a tick comes to nothing while the
+    job of the schedule's previous tick is pending or running: a slow job
+    never piles up a backlog of itself.
     With --policy FILE, a job that workers with that policy would refuse is
     refused here, as `enqueue --policy` refuses it.
 
@@ -115,6 +127,7 @@ def add_command(
         priority=priority,
         max_attempts=max_attempts,
         paused=paused,
+        overlap=overlap,
     )
     rules = read_policy_option(policy_file)
     if rules is not None:
@@ -256,57 +269,95 @@ def run_command(database: Database, name: str, fmt: str) -> None:
 @click.argument("path", metavar="FILE", type=click.File("rb"))
 @selection_option("--dry-run", is_flag=True, help="Show the changes; change nothing.")
 @selection_option(
-    "--prune-all",
-    is_flag=True,
-    help="Also remove schedules made by `schedule add` that FILE does not name.",
+    "--source",
+    metavar="NAME",
+    help="The name the file's schedules are kept under: a sync removes only the "
+    "schedules of its own source. Default: FILE's name (e.g. team-a.toml); "
+    "needed for FILE -.",
 )
+@selection_option(
+    "--allow-empty",
+    is_flag=True,
+    help="Sync a FILE that names no schedule: remove every schedule of the source.",
+)
+@selection_option("--prune-all", is_flag=True, hidden=True)
 @policy_option
 @format_options
 def sync_command(
     database: Database,
     path: IO[bytes],
     dry_run: bool,
+    source: str | None,
+    allow_empty: bool,
     prune_all: bool,
     policy_file: str | None,
     fmt: str,
 ) -> None:
-    """Make the schedules match a TOML file: add, update and remove.
+    """Make the schedules of a TOML file's source match it: add, update and remove.
 
     One table per schedule, [schedules.NAME], with the keys cron or every,
     timezone, kind, payload (an inline table), queue, priority,
-    max_attempts and paused. Schedules the file no longer names are removed
-    if a file made them (all of them with --prune-all); one made by
-    `schedule add` that the file names becomes the file's. A `paused` the
-    file leaves out leaves a schedule's pause as it is. Syncing the same
-    file again changes nothing. The whole file is checked first: a bad one
-    changes nothing (exit 2, naming the schedule and the key), and so does
-    a job that workers with the --policy FILE would refuse. Prints the
-    changes (--dry-run: that would be made).
+    max_attempts, paused and overlap. Each file is a source, named by
+    --source or else by the file's name: a sync removes the schedules of
+    its source that the file no longer names, never those of another
+    source nor those made by `schedule add`, so teams' files never undo
+    each other. A file naming a schedule of another source is refused; one
+    made by `schedule add` (or synced before sources existed) that the
+    file names becomes its source's. A file that names no schedule (empty,
+    only comments) is refused unless --allow-empty. A `paused` or `overlap`
+    the file leaves out leaves the schedule's as it is (a new schedule: not
+    paused, overlap skip). Syncing the same file again changes nothing. The
+    whole file is checked first: a bad one changes nothing (exit 2, naming
+    the schedule and the key), and so does a job that workers with the
+    --policy FILE would refuse. Prints the changes (--dry-run: that would be
+    made).
 
     \b
     Example:
         pgqctl schedule sync deploy/schedules.toml --dry-run
         pgqctl schedule sync deploy/schedules.toml
+        render-schedules | pgqctl schedule sync - --source billing
     """
-    source = "stdin" if path.name == "-" else path.name
-    wanted = schedules.read_file(path.read(), source)
+    if prune_all:
+        raise BadInput(
+            "--prune-all is gone: a sync removes only the schedules of its own --source; "
+            "remove others with `pgqctl schedule remove NAME`"
+        )
+    # click names its stdin <stdin> (a test runner's has no name).
+    file_name = getattr(path, "name", "<stdin>")
+    from_stdin = file_name in ("-", "<stdin>")
+    named = "stdin" if from_stdin else file_name
+    source = schedules.source_of(None if from_stdin else file_name, source)
+    wanted = schedules.read_file(path.read(), named)
+    if not wanted and not allow_empty:
+        raise BadInput(
+            f"{named} names no schedule (empty, or only comments): syncing it would remove "
+            f"every schedule of source {source!r}; give --allow-empty if that is meant"
+        )
     rules = read_policy_option(policy_file)
     if rules is not None:
         for definition in wanted:
             try:
                 check_policy(definition.kind, definition.payload, rules)
             except BadInput as exc:
-                raise BadInput(f"{source}: schedule {definition.name!r}: {exc}") from None
+                raise BadInput(f"{named}: schedule {definition.name!r}: {exc}") from None
     with database.connect(writes=True) as conn:
-        changes = schedules.sync(conn, wanted, dry_run=dry_run, prune_all=prune_all)
+        synced = schedules.sync(conn, wanted, source=source, dry_run=dry_run)
+    changes = synced.changes
     output.emit_sync(changes, fmt)
+    if synced.unowned:
+        say(
+            f"{output.plural(len(synced.unowned), 'schedule')} made by a sync before sources "
+            f"existed belong to no source ({', '.join(synced.unowned)}): name them in their "
+            "file to adopt them, or `pgqctl schedule remove NAME`"
+        )
     if not changes:
-        say(f"schedules match {source}: nothing to change")
+        say(f"schedules match {named} (source {source}): nothing to change")
         return
     counts = {a: sum(c.action == a for c in changes) for a in ("add", "update", "remove")}
     done = {"add": "added", "update": "updated", "remove": "removed"}
     what = ", ".join(f"{n} to {a}" if dry_run else f"{n} {done[a]}" for a, n in counts.items() if n)
-    say(f"dry run, nothing changed: {what}" if dry_run else f"synced {source}: {what}")
+    say(f"dry run, nothing changed: {what}" if dry_run else f"synced {named}: {what}")
 
 
 for _command in (

@@ -16,6 +16,7 @@ from pgqctl.commands.options import (
     Database,
     command,
     database_options,
+    dead_after_option,
     debugging,
     max_payload_bytes_option,
 )
@@ -132,6 +133,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     help="Reclaim expired leases (as `pgqctl reap` does) about this often (±25%), "
     "and once before --burst exits.",
 )
+@dead_after_option
 @click.option(
     "--no-reap",
     is_flag=True,
@@ -243,6 +245,7 @@ def worker_command(
     grace: float,
     backoff: float,
     reap_every: float,
+    dead_after: int,
     no_reap: bool,
     no_schedules: bool,
     catch_up: str,
@@ -274,7 +277,9 @@ def worker_command(
     Every --reap-every, the worker also returns jobs whose lease expired (a
     worker that died holding them) to the queue, as `pgqctl reap` does, so a
     fleet needs no cron for it; many workers reaping at once take each job
-    once, and never one of a live worker (its lease is renewed).
+    once, and never one of a live worker (its lease is renewed). The jobs of
+    a worker silent for --dead-after of its heartbeats (killed, its host
+    gone) come back then too, without waiting for their leases.
 
     Workers also enqueue the ticks of the schedules (`pgqctl schedule`): any
     worker may, at most once a second, and the database keeps each tick to
@@ -326,6 +331,7 @@ def worker_command(
         backoff=backoff,
         listen_dsn=listen_dsn,
         reap_every=None if no_reap else reap_every,
+        dead_after=dead_after,
         schedules=not no_schedules,
         catch_up=catch_up,
         heartbeat=heartbeat,

@@ -477,7 +477,17 @@ def test_two_workers_behind_a_transaction_pooler_tick_a_schedule_once_per_tick(
     pooled = txn_pooler.dsn(dsn)
     ok(
         pgqctl(
-            "schedule", "add", "beat", "--every", "1s", "k", '{"argv": ["true"]}', "--dsn", pooled
+            "schedule",
+            "add",
+            "beat",
+            "--every",
+            "1s",
+            "k",
+            '{"argv": ["true"]}',
+            "--dsn",
+            pooled,
+            "--overlap",
+            "allow",
         )
     )
     workers = [start_pgqctl("worker", "--dsn", pooled, "--no-reap") for _ in range(2)]

@@ -36,8 +36,9 @@ def test_four_workers_killed_and_restarted_enqueue_exactly_one_job_per_tick(
     dsn: str, conn: psycopg.Connection[Any], start_worker: Any
 ) -> None:
     added = run_cli(
-        "schedule", "add", "beat", "--every", "1s", "k", '{"argv": ["true"]}', "--dsn", dsn
-    )
+        "schedule", "add", "beat", "--every", "1s", "k", '{"argv": ["true"]}', "--dsn", dsn,
+        "--overlap", "allow",
+    )  # fmt: skip
     assert added.exit_code == 0, added.stderr
     args = ("--concurrency", "2", "--lease", "3s", "--reap-every", "1s")
     workers = [start_worker(dsn, *args) for _ in range(4)]
@@ -120,8 +121,9 @@ def test_catch_up_after_every_worker_stopped_enqueues_what_it_promises(
         migrated = run_cli("migrate", "--dsn", dsn, "--schema", f"s_{mode}")
         assert migrated.exit_code == 0, migrated.stderr
         added = run_cli(
-            "schedule", "add", "beat", "--every", "1s", "k", "--dsn", dsn, "--schema", f"s_{mode}"
-        )
+            "schedule", "add", "beat", "--every", "1s", "k", "--dsn", dsn, "--schema", f"s_{mode}",
+            "--overlap", "allow",
+        )  # fmt: skip
         assert added.exit_code == 0
     first = {
         mode: start_worker(dsn, "--schema", f"s_{mode}", "--handler", "k=true") for mode in modes

@@ -187,6 +187,10 @@ def test_a_sync_file_gives_each_schedule_checked() -> None:
             b'[schedules.a]\nevery = "1s"\nkind = "k"\npayload = { argv = "ls" }',
             "schedule 'a': key 'payload': payload cannot run",
         ),
+        (
+            b'[schedules.a]\nevery = "1s"\nkind = "k"\noverlap = "sometimes"',
+            "schedule 'a': key 'overlap': overlap 'sometimes' is not one of skip, allow",
+        ),
         (b'[schedules.a]\nkind = "k"', "key 'cron' or 'every'"),
         (b"[schedules.a\n", "not valid TOML"),
         (b'[jobs.a]\nkind = "k"', "unknown table 'jobs'"),
