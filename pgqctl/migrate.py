@@ -248,14 +248,46 @@ def _run_outside_transaction(
     with conn.transaction():
         if migration.name in _applied(conn, schema):
             return True
+    statement = outside_statement(step.text, schema)
     names = _CONCURRENT_INDEX.findall(step.text)
     _drop_failed_builds(conn, schema, names)
     # Another run may have started the same build a moment before: it goes on.
     with suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-        conn.execute(step.text.encode("utf-8"))
+        conn.execute(statement)
     while _drop_failed_builds(conn, schema, names):
-        conn.execute(step.text.encode("utf-8"))
+        conn.execute(statement)
     return False
+
+
+# The statements a step outside a transaction may run, with the name to
+# qualify: no transaction means no transaction-local search_path.
+_OUTSIDE_STATEMENTS = [
+    re.compile(
+        r"(CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?\w+\s+ON\s+)"
+        r"(\w+)(\s.*)",
+        re.IGNORECASE | re.DOTALL,
+    ),
+    re.compile(
+        r"(DROP\s+INDEX\s+CONCURRENTLY\s+(?:IF\s+EXISTS\s+)?)(\w+)(\s*;?\s*)",
+        re.IGNORECASE | re.DOTALL,
+    ),
+]
+
+
+def outside_statement(text: str, schema: str) -> sql.Composed:
+    """A step's CREATE INDEX CONCURRENTLY (or DROP INDEX CONCURRENTLY) with
+    its table (or index) qualified by the schema."""
+    lines = [line for line in text.strip().splitlines() if not line.startswith("--")]
+    statement = "\n".join(lines).strip()
+    for pattern in _OUTSIDE_STATEMENTS:
+        found = pattern.fullmatch(statement)
+        if found:
+            before, name, after = found.groups()
+            return sql.Composed([sql.SQL(before), sql.Identifier(schema, name), sql.SQL(after)])
+    raise MigrationError(
+        "a migration step outside a transaction may only be one CREATE INDEX "
+        f"CONCURRENTLY or DROP INDEX CONCURRENTLY, not: {statement[:60]!r}: reinstall pgqctl"
+    )
 
 
 def _drop_failed_builds(conn: psycopg.Connection[Any], schema: str, names: list[str]) -> bool:
@@ -413,16 +445,15 @@ def impacts(conn: psycopg.Connection[Any], schema: str, todo: list[Migration]) -
 
 def _impact(migration: Migration, sizes: dict[str, tuple[int, int]]) -> Impact:
     locks: list[str] = []
-    read_bytes = read_rows = 0
     seconds = 0.0
     for step in migration.steps:
         locks += [f"{table} {mode}" for table, mode in step.locks]
         for table in step.reads:
-            size, count = sizes.get(table, (0, 0))
-            read_bytes += size
-            read_rows += count
             passes = len(_CONCURRENT_INDEX.findall(step.text)) * _BUILD_PASSES or 1
-            seconds += passes * size / SCAN_BYTES_PER_SECOND
+            seconds += passes * sizes.get(table, (0, 0))[0] / SCAN_BYTES_PER_SECOND
+    read = {table for step in migration.steps for table in step.reads}
+    read_bytes = sum(sizes.get(table, (0, 0))[0] for table in read)
+    read_rows = sum(sizes.get(table, (0, 0))[1] for table in read)
     return Impact(
         name=migration.name,
         steps=len(migration.steps),

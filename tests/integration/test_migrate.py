@@ -47,9 +47,11 @@ def test_check_exits_3_while_pending_and_0_after(empty_dsn: str) -> None:
 
 
 def test_dry_run_lists_and_changes_nothing(empty_dsn: str) -> None:
-    result = run_cli("migrate", "--dry-run", "--dsn", empty_dsn)
+    import json
+
+    result = run_cli("migrate", "--dry-run", "--json", "--dsn", empty_dsn)
     assert result.exit_code == 0
-    assert result.stdout.splitlines() == [m.name for m in migrations()]
+    assert [r["name"] for r in json.loads(result.stdout)] == [m.name for m in migrations()]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT to_regclass('jobs')").fetchone() == (None,)
 

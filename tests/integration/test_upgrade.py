@@ -17,7 +17,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgqctl.migrate import EARLIER_CHECKSUMS
 from pgqctl.sql import migrations
 from tests.conftest import run_cli
 
@@ -167,6 +166,8 @@ def test_a_schema_an_earlier_pgqctl_migrated_with_the_earlier_texts_reads_as_app
     """As the release before the migration log left it: every migration in
     pgqctl_migrations, with the checksums of the files before they were cut
     into steps."""
+    from pgqctl.migrate import EARLIER_CHECKSUMS
+
     assert run_cli("migrate", "--dsn", empty_dsn).exit_code == 0
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute("DROP TABLE pgqctl_migration_log")
@@ -180,3 +181,70 @@ def test_a_schema_an_earlier_pgqctl_migrated_with_the_earlier_texts_reads_as_app
     again = run_cli("migrate", "--dsn", empty_dsn)
     assert again.exit_code == 0, again.stderr
     assert run_cli("stats", "--dsn", empty_dsn).exit_code == 0
+
+
+@pytest.fixture
+def oldest_schema(old_release: Path, empty_dsn: str) -> str:
+    """A database the oldest release migrated, with 30,000 finished jobs."""
+    assert old_pgqctl(old_release, "migrate", "--dsn", empty_dsn).returncode == 0
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO jobs (kind, payload, status, attempts, finished_at) "
+            "SELECT 'history', '{}', 'done', 1, now() FROM generate_series(1, 30000)"
+        )
+        c.execute("ANALYZE jobs")
+    return empty_dsn
+
+
+def test_dry_run_and_status_say_what_each_pending_migration_locks_and_reads(
+    oldest_schema: str,
+) -> None:
+    dry = run_cli("migrate", "--dry-run", "--json", "--dsn", oldest_schema)
+    assert dry.exit_code == 0, dry.stderr
+    planned = {r["name"]: r for r in json.loads(dry.stdout)}
+    assert list(planned) == [m.name for m in migrations()[1:]]
+    cancelled = planned["0004_cancelled.sql"]
+    assert cancelled["locks"] == "jobs ACCESS EXCLUSIVE, jobs SHARE UPDATE EXCLUSIVE"
+    assert cancelled["writers"] == "wait a moment"
+    assert cancelled["reads"].endswith("~30,000 rows")
+    assert cancelled["estimate"].startswith("~")
+    assert planned["0005_paused_queues.sql"] == {
+        "name": "0005_paused_queues.sql",
+        "locks": "none (new objects only)",
+        "writers": "go on",
+        "reads": "",
+        "estimate": "a moment",
+    }
+    assert planned["0002_claim_by_queue_and_kind.sql"]["writers"] == "go on"
+    status = run_cli("migrate", "--status", "--json", "--dsn", oldest_schema)
+    rows = {r["name"]: r for r in json.loads(status.stdout)}
+    assert rows["0001_create_jobs.sql"]["status"] == "applied"
+    assert rows["0001_create_jobs.sql"]["locks"] is None
+    assert rows["0004_cancelled.sql"]["locks"] == cancelled["locks"]
+
+
+def test_a_migration_waiting_for_a_lock_lets_writers_through(oldest_schema: str) -> None:
+    """The classic outage: an ALTER TABLE waits behind a long transaction and
+    every writer queues behind the ALTER. Here migrate gives way and retries."""
+    with psycopg.connect(oldest_schema) as holder, psycopg.connect(oldest_schema) as writer:
+        holder.execute("SELECT 1 FROM jobs LIMIT 1")  # a reader's open transaction
+        migrate = subprocess.Popen(
+            [sys.executable, "-m", "pgqctl", "migrate", "--dsn", oldest_schema],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert migrate.stderr is not None
+        for line in migrate.stderr:
+            if "trying again" in line:
+                break
+        else:
+            pytest.fail("migrate ended without waiting for its lock")
+        # Would wait for the holder's transaction behind the queued ALTER: fail
+        # after 10 s instead (the holder stays open until after it).
+        writer.execute("SET lock_timeout = '10s'")
+        writer.execute("INSERT INTO jobs (kind, payload) VALUES ('during', '{}')")
+        writer.commit()
+        holder.rollback()
+        _, rest = migrate.communicate(timeout=60)
+    assert migrate.returncode == 0, rest
+    assert "applied 0009_jobs_autovacuum.sql" in rest
