@@ -264,7 +264,7 @@ def _run_outside_transaction(
 _OUTSIDE_STATEMENTS = [
     re.compile(
         r"(CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?\w+\s+ON\s+)"
-        r"(\w+)(\s.*)",
+        r"(\w+)(\s[^;]*;?\s*)",
         re.IGNORECASE | re.DOTALL,
     ),
     re.compile(
