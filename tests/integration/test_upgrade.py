@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -128,8 +129,6 @@ def test_old_producers_and_workers_keep_working_through_an_upgrade(
         producer.wait_for_calls(during + 3)
         producer.stop.set()
         producer.thread.join()
-        # A release-era command started after the upgrade works too.
-        assert old_pgqctl(old_release, "stats", "--dsn", empty_dsn).returncode == 0
         wait_until_run(empty_dsn)
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -137,6 +136,8 @@ def test_old_producers_and_workers_keep_working_through_an_upgrade(
 
     failed = [(c.returncode, c.stderr.strip()) for c in producer.calls if c.returncode != 0]
     assert failed == []
+    # A release-era command started after the upgrade works too.
+    assert old_pgqctl(old_release, "stats", "--dsn", empty_dsn).returncode == 0
     assert worker.returncode == 0, worker_log
     enqueued = {int(c.stdout) for c in producer.calls}
     with psycopg.connect(empty_dsn) as c:
@@ -233,18 +234,25 @@ def test_a_migration_waiting_for_a_lock_lets_writers_through(oldest_schema: str)
             stderr=subprocess.PIPE,
             text=True,
         )
-        assert migrate.stderr is not None
-        for line in migrate.stderr:
-            if "trying again" in line:
-                break
-        else:
-            pytest.fail("migrate ended without waiting for its lock")
-        # Would wait for the holder's transaction behind the queued ALTER: fail
-        # after 10 s instead (the holder stays open until after it).
-        writer.execute("SET lock_timeout = '10s'")
-        writer.execute("INSERT INTO jobs (kind, payload) VALUES ('during', '{}')")
-        writer.commit()
-        holder.rollback()
-        _, rest = migrate.communicate(timeout=60)
+        lines: queue.Queue[str] = queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(s) for s in migrate.stderr or ()])
+        reader.start()
+        try:
+            said = ""
+            while "trying again" not in said:
+                try:
+                    said = lines.get(timeout=30)
+                except queue.Empty:
+                    pytest.fail("migrate waits for its lock and does not let writers by")
+            # Would wait for the holder's transaction behind the queued ALTER:
+            # fails after 10 s instead (the holder stays open until after it).
+            writer.execute("SET lock_timeout = '10s'")
+            writer.execute("INSERT INTO jobs (kind, payload) VALUES ('during', '{}')")
+            writer.commit()
+        finally:
+            holder.rollback()
+            migrate.wait(timeout=60)
+            reader.join()
+    rest = "".join(lines.queue)
     assert migrate.returncode == 0, rest
     assert "applied 0009_jobs_autovacuum.sql" in rest
