@@ -256,3 +256,40 @@ def test_a_migration_waiting_for_a_lock_lets_writers_through(oldest_schema: str)
     rest = "".join(lines.queue)
     assert migrate.returncode == 0, rest
     assert "applied 0009_jobs_autovacuum.sql" in rest
+
+
+def test_clients_older_than_the_schema_work_until_a_breaking_migration(
+    old_release: Path, empty_dsn: str
+) -> None:
+    """The compatibility rule (README: Which pgqctl can use which schema),
+    with migrations newer than every client: first an additive one, then a
+    breaking one, recorded as `migrate` records them."""
+    from pgqctl import migrate
+    from pgqctl.sql import Migration
+
+    assert old_pgqctl(old_release, "migrate", "--dsn", empty_dsn).returncode == 0
+    assert run_cli("migrate", "--dsn", empty_dsn).exit_code == 0
+
+    def apply_newer(number: int, compatibility: str) -> None:
+        newer = Migration(number, f"{number:04d}_newer.sql", f"-- compatibility: {compatibility}\n")
+        with psycopg.connect(empty_dsn, autocommit=True) as c, c.transaction():
+            migrate._record(c, newer)
+
+    apply_newer(90, "additive")
+    assert run_cli("stats", "--dsn", empty_dsn).exit_code == 0
+    assert old_pgqctl(old_release, "stats", "--dsn", empty_dsn).returncode == 0
+
+    apply_newer(91, "breaking")
+    new, old = (
+        run_cli("stats", "--dsn", empty_dsn),
+        old_pgqctl(old_release, "stats", "--dsn", empty_dsn),
+    )
+    assert (new.exit_code, new.stderr) == (
+        1,
+        "pgqctl: error: schema public was migrated by a newer pgqctl whose migration "
+        "0091_newer.sql changes what older ones rely on: upgrade pgqctl to use it\n",
+    )
+    assert (old.returncode, old.stderr) == (
+        1,
+        "pgqctl: error: schema public was migrated by a newer pgqctl: upgrade pgqctl to use it\n",
+    )
