@@ -64,9 +64,9 @@ EARLIER_CHECKSUMS = {
 # second: a rough figure measured on 2 cores (bench/migrate_bench.py), for
 # the estimates of --dry-run and --status.
 SCAN_BYTES_PER_SECOND = 150e6
-# An index build reads the table and sorts what it keeps; CONCURRENTLY, it
-# reads the table twice.
-_BUILD_PASSES = 3
+# An index build CONCURRENTLY reads the table twice (and sorts what it keeps):
+# 1,100,000 jobs (117 MB) took 1.0 to 1.6 s an index.
+_BUILD_PASSES = 2
 _CONCURRENT_INDEX = re.compile(
     r"\bINDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.IGNORECASE
 )
