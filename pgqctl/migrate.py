@@ -159,10 +159,7 @@ def apply(
         migration = todo[0]
         locks = _LockRetry(migration, lock_wait, retry_for, on_waiting)
         for number, step in enumerate(migration.steps, start=1):
-            if step.in_transaction:
-                applied = locks.run(number, conn, schema, step)
-            else:
-                applied = _run_outside_transaction(conn, schema, migration, step)
+            applied = locks.run(number, conn, schema, step)
             if applied:
                 break  # another run applied it meanwhile
         else:
@@ -191,13 +188,19 @@ class _LockRetry:
     def run(
         self, number: int, conn: psycopg.Connection[Any], schema: str, step: Step | None
     ) -> bool:
-        """Run a step in a transaction (see `_run_in_transaction`)."""
+        """Run a step (see `_run_in_transaction`, `_run_outside_transaction`).
+
+        A deadlock is retried too: concurrent runs of one migration can meet
+        in one (a run's step waits for the index build of another, which
+        waits for that step's transaction to end)."""
         timeout = f"{max(1, round(self.lock_wait * 1000))}ms"
         pause = self.lock_wait
         while True:
             try:
+                if step is not None and not step.in_transaction:
+                    return _run_outside_transaction(conn, schema, self.migration, step)
                 return _run_in_transaction(conn, schema, self.migration, step, timeout)
-            except psycopg.errors.LockNotAvailable as exc:
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
                 if time.monotonic() + pause > self.deadline:
                     raise MigrationError(
                         f"migration {self.migration.name} (step {number}) could not take "
