@@ -158,16 +158,24 @@ def apply(
             _create_bookkeeping(conn, schema)
         migration = todo[0]
         locks = _LockRetry(migration, lock_wait, retry_for, on_waiting)
-        for number, step in enumerate(migration.steps, start=1):
-            applied = locks.run(number, conn, schema, step)
-            if applied:
-                break  # another run applied it meanwhile
-        else:
-            if not migration.steps[-1].in_transaction:
-                locks.run(len(migration.steps), conn, schema, None)  # only records it
-        done.append(migration)
-        if on_applied:
-            on_applied(migration)
+        if _apply_steps(migration, locks, conn, schema):
+            done.append(migration)
+            if on_applied:
+                on_applied(migration)
+
+
+def _apply_steps(
+    migration: Migration, locks: _LockRetry, conn: psycopg.Connection[Any], schema: str
+) -> bool:
+    """Run every step and record the migration; False if another run
+    applied it meanwhile."""
+    for number, step in enumerate(migration.steps, start=1):
+        if locks.run(number, conn, schema, step):
+            return False
+    if not migration.steps[-1].in_transaction:
+        # Recorded in a transaction of its own.
+        return not locks.run(len(migration.steps), conn, schema, None)
+    return True
 
 
 class _LockRetry:
