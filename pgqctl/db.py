@@ -257,12 +257,17 @@ def require_primary(conn: QueueConnection) -> None:
 
 
 def require_migrated(conn: QueueConnection) -> None:
-    """Raise NotMigrated unless every migration this pgqctl knows is applied,
-    or PrivilegeMissing when this role may not see the queue."""
+    """Raise NotMigrated unless this pgqctl can use the schema, or
+    PrivilegeMissing when this role may not see the queue.
+
+    The rule (README: Upgrading): every migration this pgqctl knows must be
+    applied, and the schema's oldest client (the last breaking migration
+    applied, see pgqctl/migrate.py) must be one this pgqctl knows. Migrations
+    newer than this pgqctl that are additive for it do not stop it."""
     schema = conn.schema
     run_migrate = f"run `{migrate_command(schema)}`"
     state = _one(conn, "schema_state", {"schema": schema})
-    exists, usage, recorded, jobs, readable = state
+    exists, usage, recorded, jobs, readable, logged = state
     if exists and not usage:
         raise PrivilegeMissing(
             f"role {conn.role} may not use schema {schema}: "
@@ -279,21 +284,22 @@ def require_migrated(conn: QueueConnection) -> None:
         # `migrate` would find every migration applied and do nothing.
         raise NotMigrated(
             f"schema {schema} records pgqctl migrations but has no jobs table (dropped?): "
-            f"drop its pgqctl_migrations table too, then {run_migrate}"
+            f"drop its pgqctl_migrations and pgqctl_migration_log tables too, then {run_migrate}"
         )
     if not recorded:
         raise NotMigrated(f"no pgqctl queue in schema {schema}: {run_migrate}")
     if not readable:
-        raise PrivilegeMissing(privilege_message(conn, "pgqctl_migrations"))
-    (applied,) = _one(conn, "migrations_count")
-    known = len(migrations())
-    if applied < known:
+        table = "pgqctl_migration_log" if logged else "pgqctl_migrations"
+        raise PrivilegeMissing(privilege_message(conn, table))
+    applied, serves_from = _one(conn, "schema_version" if logged else "schema_version_legacy")
+    known = [m.name for m in migrations()]
+    behind = set(known) - set(applied)
+    if behind:
+        raise NotMigrated(f"schema {schema} is {len(behind)} migration(s) behind: {run_migrate}")
+    if serves_from is not None and serves_from not in known:
         raise NotMigrated(
-            f"schema {schema} is {known - applied} migration(s) behind: {run_migrate}"
-        )
-    if applied > known:
-        raise NotMigrated(
-            f"schema {schema} was migrated by a newer pgqctl: upgrade pgqctl to use it"
+            f"schema {schema} was migrated by a newer pgqctl whose migration {serves_from} "
+            "changes what older ones rely on: upgrade pgqctl to use it"
         )
 
 

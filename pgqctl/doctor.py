@@ -62,7 +62,7 @@ def queue_tables() -> list[str]:
     """The tables pgqctl makes in a queue's schema: every one a migration
     creates (so a table a later migration adds is examined too), and the
     bookkeeping `migrate` keeps. Which of them exist is read from the catalog."""
-    names = {"jobs", "pgqctl_migrations"}
+    names = {"jobs", "pgqctl_migrations", "pgqctl_migration_log"}
     for migration in migrations():
         names.update(_CREATED_TABLE.findall(migration.text))
     return sorted(names)

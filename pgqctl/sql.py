@@ -71,6 +71,36 @@ def query(name: str) -> str:
     return queries()[name]
 
 
+# A migration's declarations, comment lines of its file (README: Migrations):
+#   -- compatibility: additive | breaking
+#   -- step: transaction | no transaction [; locks TABLE MODE]... [; reads TABLE]...
+_COMPATIBILITY_LINE = re.compile(r"^-- compatibility: *(\S+) *$", re.MULTILINE)
+_STEP_LINE = re.compile(r"^-- step: *(.*?) *$", re.MULTILINE)
+_LOCK_FIELD = re.compile(r"^locks +(\w+) +([A-Z ]+)$")
+_READS_FIELD = re.compile(r"^reads +(\w+)$")
+# Table locks a writer (INSERT, UPDATE, DELETE: ROW EXCLUSIVE) waits for.
+WRITER_BLOCKING_LOCKS = frozenset({"SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"})
+_LOCK_MODES = WRITER_BLOCKING_LOCKS | {"SHARE UPDATE EXCLUSIVE"}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One part of a migration, run in a transaction of its own (or in none,
+    for CREATE INDEX CONCURRENTLY): what it runs and what it declares."""
+
+    text: str
+    in_transaction: bool = True
+    # (table, lock mode) for every lock it takes on an existing table.
+    locks: tuple[tuple[str, str], ...] = ()
+    # The existing tables it reads whole (a VALIDATE, an index build).
+    reads: tuple[str, ...] = ()
+    # False for a file without step lines: what it locks was not said.
+    declared: bool = True
+
+    def blocks_writers(self) -> bool:
+        return any(mode in WRITER_BLOCKING_LOCKS for _, mode in self.locks)
+
+
 @dataclass(frozen=True)
 class Migration:
     number: int
@@ -82,6 +112,47 @@ class Migration:
         import hashlib  # here: only `migrate` checks migrations' checksums
 
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+    @property
+    def compatibility(self) -> str | None:
+        """`additive` (clients that predate it keep working), `breaking`, or
+        None when the file does not say (then treated as breaking)."""
+        found = _COMPATIBILITY_LINE.search(self.text)
+        return found.group(1) if found else None
+
+    @property
+    def breaking(self) -> bool:
+        return self.compatibility != "additive"
+
+    @functools.cached_property
+    def steps(self) -> tuple[Step, ...]:
+        """The file cut at its `-- step:` lines; without any, one step in a
+        transaction."""
+        parts = _STEP_LINE.split(self.text)
+        if len(parts) == 1:
+            return (Step(self.text, declared=False),)
+        # parts = [preamble, declaration1, body1, declaration2, body2, ...]
+        return tuple(
+            _step(declaration, body, self.name)
+            for declaration, body in zip(parts[1::2], parts[2::2], strict=True)
+        )
+
+
+def _step(declaration: str, body: str, name: str) -> Step:
+    fields = [field.strip() for field in declaration.split(";")]
+    if fields[0] not in ("transaction", "no transaction"):
+        raise PgqctlError(f"migration {name}: a step is 'transaction' or 'no transaction'")
+    locks: list[tuple[str, str]] = []
+    reads: list[str] = []
+    for field in fields[1:]:
+        lock, read = _LOCK_FIELD.match(field), _READS_FIELD.match(field)
+        if lock and lock.group(2) in _LOCK_MODES:
+            locks.append((lock.group(1), lock.group(2)))
+        elif read:
+            reads.append(read.group(1))
+        else:
+            raise PgqctlError(f"migration {name}: cannot read step field {field!r}")
+    return Step(body, fields[0] == "transaction", tuple(locks), tuple(reads))
 
 
 def migrations() -> list[Migration]:

@@ -28,22 +28,34 @@ SELECT pg_is_in_recovery(), current_setting('transaction_read_only')::bool;
 
 -- name: schema_state
 -- Whether the queue's schema exists and this role may use it, whether it
--- holds pgqctl's bookkeeping and a jobs table, and whether this role may
--- read the bookkeeping. From the catalogs, so it works whatever the role
+-- holds pgqctl's bookkeeping and a jobs table, whether this role may read
+-- the bookkeeping, and whether that is the migration log (else the table
+-- pgqctl kept before it). From the catalogs, so it works whatever the role
 -- may see. One row.
 SELECT n.oid IS NOT NULL,
        n.oid IS NOT NULL AND has_schema_privilege(n.oid, 'USAGE'),
-       m.oid IS NOT NULL,
+       coalesce(l.oid, m.oid) IS NOT NULL,
        j.oid IS NOT NULL,
-       m.oid IS NOT NULL AND has_table_privilege(m.oid, 'SELECT')
+       coalesce(l.oid, m.oid) IS NOT NULL AND has_table_privilege(coalesce(l.oid, m.oid), 'SELECT'),
+       l.oid IS NOT NULL
 FROM (SELECT 1) AS one
 LEFT JOIN pg_namespace AS n ON n.nspname = %(schema)s
 LEFT JOIN pg_class AS m ON m.relnamespace = n.oid AND m.relname = 'pgqctl_migrations'
+LEFT JOIN pg_class AS l ON l.relnamespace = n.oid AND l.relname = 'pgqctl_migration_log'
 LEFT JOIN pg_class AS j ON j.relnamespace = n.oid AND j.relname = 'jobs';
 
--- name: migrations_count
--- How many migrations are applied in the schema. One row.
-SELECT count(*) FROM pgqctl_migrations;
+-- name: schema_version
+-- The migrations applied in the schema, and the oldest migration a client
+-- must know to use it (pgqctl/migrate.py). One row.
+SELECT coalesce(array_agg(name), '{}'), max(serves_from) FROM pgqctl_migration_log;
+
+-- name: schema_version_legacy
+-- The same, from a schema no pgqctl with the log has migrated yet. One row.
+SELECT coalesce(array_agg(name), '{}'), NULL::text FROM pgqctl_migrations;
+
+-- name: migration_log_exists
+-- Whether the schema has the migration log. One row or none.
+SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = 'pgqctl_migration_log';
 
 -- ---------------------------------------------------------------------------
 -- admin: the operator's commands, stats, leases, list, show, reap, requeue,
@@ -1532,8 +1544,13 @@ FROM information_schema.columns
 WHERE table_schema = %(schema)s AND table_name = 'pgqctl_migrations';
 
 -- name: migrations_applied
--- Every applied migration with its checksum. One row each.
+-- Every migration recorded in the table that pgqctl before the log kept.
+-- One row each.
 SELECT name, checksum, applied_at FROM pgqctl_migrations;
+
+-- name: migration_log_applied
+-- Every applied migration with its checksum. One row each.
+SELECT name, checksum, applied_at FROM pgqctl_migration_log;
 
 -- name: jobs_relation_kind
 -- The kind of relation (pg_class.relkind) named jobs in the schema, if any.
@@ -1555,6 +1572,67 @@ CREATE TABLE IF NOT EXISTS pgqctl_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- name: migration_log_create
+-- The migration log, in the schema the transaction names; on its creation,
+-- it takes over what the table of earlier pgqctl recorded. serves_from: the
+-- oldest migration a client must know to use the schema once this one is
+-- applied. No rows.
+CREATE TABLE IF NOT EXISTS pgqctl_migration_log (
+    name        text PRIMARY KEY,
+    checksum    text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now(),
+    serves_from text NOT NULL
+);
+
+-- name: migration_log_take_over
+-- Copy the migrations an earlier pgqctl recorded into the new log. No rows.
+INSERT INTO pgqctl_migration_log (name, checksum, applied_at, serves_from)
+SELECT name, checksum, applied_at, %(first)s FROM pgqctl_migrations
+ON CONFLICT (name) DO NOTHING;
+
 -- name: migration_record
--- Record one applied migration. No rows.
-INSERT INTO pgqctl_migrations (name, checksum) VALUES (%(name)s, %(checksum)s);
+-- Record one applied migration: a breaking one must be known to every
+-- client, an additive one keeps the oldest client served so far. No rows.
+INSERT INTO pgqctl_migration_log (name, checksum, serves_from)
+SELECT %(name)s, %(checksum)s,
+       CASE WHEN %(breaking)s THEN %(name)s
+            ELSE coalesce(max(serves_from), %(name)s) END
+FROM pgqctl_migration_log;
+
+-- name: migration_record_legacy
+-- Record a migration in the table pgqctl before the log reads (it compares
+-- its row count with the migrations it knows). No rows.
+INSERT INTO pgqctl_migrations (name, checksum) VALUES (%(name)s, %(checksum)s)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: migration_legacy_catch_up
+-- Record every applied migration in that table too: pgqctl before the log
+-- then reads the schema as migrated by a newer pgqctl and refuses it. No
+-- rows.
+INSERT INTO pgqctl_migrations (name, checksum, applied_at)
+SELECT name, checksum, applied_at FROM pgqctl_migration_log
+ON CONFLICT (name) DO NOTHING;
+
+-- name: migration_lock_timeout
+-- How long a migration's statements wait for a table lock in this
+-- transaction. One row.
+SELECT set_config('lock_timeout', %(timeout)s, true);
+
+-- name: migration_indexes
+-- The schema's indexes of these names: whether each is valid, and whether a
+-- CREATE INDEX CONCURRENTLY is building it now. One row each.
+SELECT c.relname,
+       i.indisvalid,
+       EXISTS (SELECT 1 FROM pg_stat_progress_create_index AS p WHERE p.index_relid = c.oid)
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+JOIN pg_index AS i ON i.indexrelid = c.oid
+WHERE n.nspname = %(schema)s AND c.relname = ANY(%(names)s::text[]);
+
+-- name: migration_table_sizes
+-- Size on disk and estimated rows of the schema's tables of these names.
+-- One row each.
+SELECT c.relname, pg_table_size(c.oid), greatest(c.reltuples, 0)::bigint
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relname = ANY(%(names)s::text[]) AND c.relkind IN ('r', 'p');

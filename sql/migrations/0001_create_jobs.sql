@@ -1,6 +1,8 @@
+-- compatibility: additive
 -- The queue table, with the column names and status values of the classic
 -- SKIP LOCKED design, so plain SQL written for that design runs unchanged.
 
+-- step: transaction
 CREATE TABLE jobs (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue         text NOT NULL DEFAULT 'default',

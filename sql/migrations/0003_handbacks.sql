@@ -1,3 +1,4 @@
+-- compatibility: additive
 -- Hand-backs: claims that do not count as tries.
 --
 -- A worker that stops before its job ends hands the job back: pending, due
@@ -12,4 +13,5 @@
 -- Adding a column with a constant default rewrites nothing (PostgreSQL 11
 -- and later): this takes a moment whatever the table holds.
 
+-- step: transaction; locks jobs ACCESS EXCLUSIVE
 ALTER TABLE jobs ADD COLUMN handbacks integer NOT NULL DEFAULT 0;

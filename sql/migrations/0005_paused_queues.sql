@@ -1,3 +1,4 @@
+-- compatibility: additive
 -- Paused queues: workers claim nothing from a queue listed here until its
 -- pause ends (`until`, NULL: until `pgqctl resume`). Kept in the database so
 -- a pause holds across worker restarts, for workers started later, and for
@@ -8,6 +9,7 @@
 -- now(). The table stays tiny (one row per paused queue), so the claim's
 -- one read of it per statement costs nothing measurable.
 
+-- step: transaction
 CREATE TABLE paused_queues (
     queue     text PRIMARY KEY,
     reason    text,

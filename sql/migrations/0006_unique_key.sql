@@ -1,3 +1,4 @@
+-- compatibility: additive
 -- Unique jobs: at most one pending or running job per (queue, unique_key).
 --
 -- The database enforces it, so producers that race each other (several
@@ -12,13 +13,14 @@
 -- The predicate names the two live statuses rather than excluding the
 -- finished ones, so a finished status added later stays outside it.
 --
--- Adding a nullable column without a default rewrites nothing. The index
--- holds only keyed live jobs, so it stays small; building it reads the whole
--- table once under a SHARE lock (enqueues and claims wait, reads go on).
--- For a big table, build it beforehand under this name and definition with
--- CREATE UNIQUE INDEX CONCURRENTLY once the column exists; this migration
--- then leaves it be.
+-- Adding a nullable column without a default rewrites nothing: a moment
+-- under ACCESS EXCLUSIVE. The index holds only keyed live jobs, so it stays
+-- small; it is built CONCURRENTLY (reading the whole table once while
+-- writers go on). Until then no job has a key, so none can conflict.
 
+-- step: transaction; locks jobs ACCESS EXCLUSIVE
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS unique_key text;
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_unique_key_idx ON jobs (queue, unique_key)
+
+-- step: no transaction; locks jobs SHARE UPDATE EXCLUSIVE; reads jobs
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS jobs_unique_key_idx ON jobs (queue, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');

@@ -1,3 +1,4 @@
+-- compatibility: additive
 -- The workers that run: each registers itself when it starts, heartbeats
 -- (last_seen and its live counters) on its own exchanges, and removes its
 -- row when it stops cleanly. A worker killed or cut off leaves its row
@@ -9,6 +10,7 @@
 -- rewritten by each heartbeat: no column but id is indexed, so the rewrite
 -- is a HOT update that leaves the index alone.
 
+-- step: transaction
 CREATE TABLE workers (
     id                text PRIMARY KEY,
     host              text NOT NULL,

@@ -1,3 +1,4 @@
+-- compatibility: additive
 -- Schedules: cron expressions and intervals, ticked by the running workers.
 --
 -- A schedule is a row of `schedules`; every worker (without --no-schedules)
@@ -28,9 +29,11 @@
 -- removes only the latter unless told. `updated_at` changes with the
 -- definition; a worker enqueues a tick only for the definition it read.
 --
--- Adding nullable columns without defaults rewrites nothing. The index holds
--- only scheduled jobs; building it reads the table once under a SHARE lock.
+-- Adding nullable columns without defaults rewrites nothing: a moment under
+-- ACCESS EXCLUSIVE. The index holds only scheduled jobs; it is built
+-- CONCURRENTLY (reading the table once while writers go on).
 
+-- step: transaction; locks jobs ACCESS EXCLUSIVE
 CREATE TABLE IF NOT EXISTS schedules (
     name          text PRIMARY KEY,
     cron          text,
@@ -53,5 +56,6 @@ CREATE TABLE IF NOT EXISTS schedules (
 
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS schedule text;
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS tick timestamptz;
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_schedule_tick_idx ON jobs (schedule, tick)
+-- step: no transaction; locks jobs SHARE UPDATE EXCLUSIVE; reads jobs
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS jobs_schedule_tick_idx ON jobs (schedule, tick)
     WHERE schedule IS NOT NULL;

@@ -1,3 +1,4 @@
+-- compatibility: additive
 -- Autovacuum for a queue table: vacuum and analyze `jobs` after a fixed
 -- number of changed rows, not a fraction of the table.
 --
@@ -24,6 +25,7 @@
 -- ALTER TABLE that restores them. Setting storage parameters takes a SHARE
 -- UPDATE EXCLUSIVE lock only: workers go on.
 
+-- step: transaction; locks jobs SHARE UPDATE EXCLUSIVE
 ALTER TABLE jobs SET (
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,

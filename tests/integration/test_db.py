@@ -98,10 +98,14 @@ def test_a_port_that_is_not_a_number_is_named_before_any_connection(
     ("setup", "message"),
     [
         (
-            "DROP TABLE jobs, pgqctl_migrations; CREATE TABLE jobs (id int)",
+            "DROP TABLE jobs, pgqctl_migrations, pgqctl_migration_log; CREATE TABLE jobs (id int)",
             "has a jobs relation that pgqctl did not create: use --schema",
         ),
-        ("DROP TABLE jobs", "has no jobs table (dropped?): drop its pgqctl_migrations table too"),
+        (
+            "DROP TABLE jobs",
+            "has no jobs table (dropped?): drop its pgqctl_migrations and "
+            "pgqctl_migration_log tables too",
+        ),
     ],
 )
 def test_a_schema_migrate_cannot_fix_is_not_answered_with_run_migrate(

@@ -19,7 +19,7 @@ from tests.integration.jobrows import add_jobs, expired
 def test_format_and_schema_come_from_the_environment(dsn: str) -> None:
     result = run_cli("migrate", "--status", env={"PGQCTL_DSN": dsn, "PGQCTL_FORMAT": "csv"})
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.startswith("name,status,applied_at\n")
+    assert result.stdout.startswith("name,status,applied_at,locks,writers,reads,estimate\n")
     other = run_cli("migrate", "--check", env={"PGQCTL_DSN": dsn, "PGQCTL_SCHEMA": "elsewhere"})
     assert other.exit_code == 3
 

@@ -16,7 +16,7 @@ from tests.integration.seed import SEED_ROWS
 def applied_names(dsn: str, schema: str = "public") -> list[str]:
     with psycopg.connect(dsn) as c:
         c.execute(psycopg.sql.SQL("SET search_path = {}").format(psycopg.sql.Identifier(schema)))
-        return [r[0] for r in c.execute("SELECT name FROM pgqctl_migrations ORDER BY name")]
+        return [r[0] for r in c.execute("SELECT name FROM pgqctl_migration_log ORDER BY name")]
 
 
 def test_migrate_creates_the_jobs_table_then_has_nothing_to_do(empty_dsn: str) -> None:
@@ -47,9 +47,11 @@ def test_check_exits_3_while_pending_and_0_after(empty_dsn: str) -> None:
 
 
 def test_dry_run_lists_and_changes_nothing(empty_dsn: str) -> None:
-    result = run_cli("migrate", "--dry-run", "--dsn", empty_dsn)
+    import json
+
+    result = run_cli("migrate", "--dry-run", "--json", "--dsn", empty_dsn)
     assert result.exit_code == 0
-    assert result.stdout.splitlines() == [m.name for m in migrations()]
+    assert [r["name"] for r in json.loads(result.stdout)] == [m.name for m in migrations()]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT to_regclass('jobs')").fetchone() == (None,)
 
@@ -85,7 +87,7 @@ def test_a_changed_migration_file_is_refused_by_name(empty_dsn: str) -> None:
     run_cli("migrate", "--dsn", empty_dsn)
     # What a changed file looks like from the database: another checksum.
     with psycopg.connect(empty_dsn) as c:
-        c.execute("UPDATE pgqctl_migrations SET checksum = 'edited' WHERE name LIKE '0001%'")
+        c.execute("UPDATE pgqctl_migration_log SET checksum = 'edited' WHERE name LIKE '0001%'")
     result = run_cli("migrate", "--dsn", empty_dsn)
     assert result.exit_code == 1
     assert "0001_create_jobs.sql" in result.stderr
@@ -136,7 +138,10 @@ def test_whatever_else_holds_the_names_is_left_untouched_in_every_mode(
 def test_a_schema_migrated_by_a_newer_pgqctl_fails_the_check(empty_dsn: str) -> None:
     assert run_cli("migrate", "--dsn", empty_dsn).exit_code == 0
     with psycopg.connect(empty_dsn) as c:
-        c.execute("INSERT INTO pgqctl_migrations (name, checksum) VALUES ('9999_later.sql', 'x')")
+        c.execute(
+            "INSERT INTO pgqctl_migration_log (name, checksum, serves_from) "
+            "VALUES ('9999_later.sql', 'x', '9999_later.sql')"
+        )
     check = run_cli("migrate", "--check", "--dsn", empty_dsn)
     assert check.exit_code == 1
     assert "newer pgqctl (9999_later.sql applied" in check.stderr

@@ -14,19 +14,19 @@ CATALOG_QUERIES = {
         SELECT table_name, column_name, data_type, is_nullable, column_default,
                is_identity, identity_generation
         FROM information_schema.columns
-        WHERE table_schema = %(schema)s AND table_name <> 'pgqctl_migrations'
+        WHERE table_schema = %(schema)s AND table_name NOT LIKE 'pgqctl_migration%%'
         ORDER BY table_name, ordinal_position
     """,
     "constraints": """
         SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid)
         FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
-        WHERE n.nspname = %(schema)s AND c.conrelid::regclass::text NOT LIKE '%%pgqctl_migrations'
+        WHERE n.nspname = %(schema)s AND c.conrelid::regclass::text NOT LIKE '%%pgqctl_migration%%'
         ORDER BY 2
     """,
     "indexes": """
         SELECT indexname, replace(indexdef, %(schema)s || '.', '')
         FROM pg_indexes
-        WHERE schemaname = %(schema)s AND tablename <> 'pgqctl_migrations'
+        WHERE schemaname = %(schema)s AND tablename NOT LIKE 'pgqctl_migration%%'
         ORDER BY indexname
     """,
     "triggers": """
