@@ -1,3 +1,4 @@
+-- compatibility: additive
 -- Schedules a sync cannot wipe, schedules that do not pile up behind a slow
 -- job, and workers known to be dead before their leases end.
 --
@@ -23,7 +24,13 @@
 -- Every column is nullable or has a constant default: no table is
 -- rewritten, and each ALTER holds its lock only for a moment. The CHECK on
 -- overlap reads the schedules table once (a row per schedule).
+--
+-- Additive for earlier clients: their workers tick every schedule as
+-- 'allow' and take no dead worker's jobs early, their `schedule sync`
+-- knows no sources (it removes what its file does not name, as it always
+-- did), and their `schedule add` gets the new default, 'skip'.
 
+-- step: transaction
 ALTER TABLE schedules ADD COLUMN IF NOT EXISTS sync_source text;
 ALTER TABLE schedules ADD COLUMN IF NOT EXISTS overlap text NOT NULL DEFAULT 'allow'
     CHECK (overlap IN ('allow', 'skip'));
