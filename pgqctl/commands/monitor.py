@@ -94,7 +94,7 @@ def workers_command(database: Database, fmt: str) -> None:
 
 
 @command("check")
-@database_options
+@database_options(lock_timeout="2s", statement_timeout="10s")
 @threshold_options
 @selection_option(
     "--queue",
@@ -191,7 +191,7 @@ class ListenAddress(click.ParamType):  # type: ignore[type-arg]  # generic only 
 
 
 @command("metrics")
-@database_options
+@database_options(lock_timeout="2s", statement_timeout="10s")
 @click.option(
     "--exact",
     is_flag=True,
@@ -243,7 +243,8 @@ def metrics_command(
         raise click.UsageError("give --textfile or --listen, not both")
 
     def read() -> Any:
-        with database.connect() as conn:
+        # Explained here too: a scrape's error is answered, not raised.
+        with database.explained(), database.connect() as conn:
             return monitor.metrics_registry(monitor.metrics_snapshot(conn, exact=exact))
 
     if listen is None:
