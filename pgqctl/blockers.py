@@ -34,6 +34,10 @@ class Timeouts:
     lock: float
     statement: float
 
+    def limit(self, kind: str) -> float:
+        """The timeout of `kind` ('lock' or 'statement', as `timeout_kind` says)."""
+        return self.lock if kind == "lock" else self.statement
+
     def settings(self) -> dict[str, str]:
         """As transaction-local settings (whole milliseconds, as the server takes them)."""
         return {
@@ -82,6 +86,13 @@ class Blocker:
         return f"SELECT pg_terminate_backend({self.pid});"
 
 
+def waited(kind: str, limit: float) -> float:
+    """How long a statement ended at a `kind` timeout of `limit` surely
+    waited for its lock: a statement timeout may have run half its time
+    before it had to wait."""
+    return limit if kind == "lock" else limit / 2
+
+
 def find_blocker(
     dsn: str, *, schema: str, waited: float, ours: Iterable[int] = ()
 ) -> Blocker | None:
@@ -114,11 +125,9 @@ def timed_out(
     kind = timeout_kind(exc)
     if kind is None:
         return None
-    limit = timeouts.lock if kind == "lock" else timeouts.statement
+    limit = timeouts.limit(kind)
     option = f"--{kind}-timeout"
-    # A statement timeout may have run part of its time before it waited.
-    waited = limit if kind == "lock" else limit / 2
-    blocker = find_blocker(dsn, schema=schema, waited=waited, ours=ours)
+    blocker = find_blocker(dsn, schema=schema, waited=waited(kind, limit), ours=ours)
     spent = (
         f"waited {spelled(limit)}"
         if kind == "lock"
