@@ -17,7 +17,8 @@ from pgqctl.errors import CheckFailed
 
 
 @command("migrate")
-@database_options
+# No statement limit: a migration may rewrite or validate a big table.
+@database_options(statement_timeout="0")
 @selection_option("--dry-run", is_flag=True, help="List what would be applied; change nothing.")
 @selection_option("--check", is_flag=True, help="Exit 3 if any migration is pending, else 0.")
 @selection_option(
