@@ -372,7 +372,7 @@ class Database:
     timeouts: Timeouts = field(default_factory=lambda: Timeouts(0.0, 0.0))  # 0: none
     command: str = "pgqctl"  # for messages: `stats`, `schedule sync`
     resolved: str | None = None  # the DSN connected to last
-    backends: list[int] = field(default_factory=list)  # the server sessions opened
+    backend: int | None = None  # the server session of the connection opened last
 
     def dsn(self) -> str:
         target = config.resolve_target(self.dsn_option, os.environ)
@@ -400,7 +400,7 @@ class Database:
             source=self.source,
             settings=self.timeouts.settings(),
         )
-        self.backends.append(self.last.info.backend_pid)
+        self.backend = self.last.info.backend_pid
         return self.last
 
     def explain(self, exc: psycopg.Error) -> Exception | None:
@@ -414,7 +414,7 @@ class Database:
             timeouts=self.timeouts,
             dsn=self.resolved,
             schema=self.schema,
-            ours=self.backends,
+            ours=[] if self.backend is None else [self.backend],
         )
         if meant is None and self.last is not None:
             meant = db.explain(exc, self.last)
