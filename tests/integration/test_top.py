@@ -121,9 +121,14 @@ def test_top_shows_the_queue_move_and_q_restores_the_terminal(
         "the worker in top's workers",
     )
     assert worker.wait(60) == 0  # type: ignore[attr-defined]
-    wait_until(
-        lambda: (queue_row(pane.screen()) or ["", "?"])[1] == "0", PATIENCE, "pending to reach 0"
-    )
+    try:
+        wait_until(
+            lambda: (queue_row(pane.screen()) or ["", "?"])[1] == "0",
+            PATIENCE,
+            "pending to reach 0",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the screen:\n{pane.screen()}") from None
 
     pane.tmux("send-keys", "-t", "top", "q")
     wait_until(lambda: "modes shown" in pane.screen(), PATIENCE, "top to exit")
