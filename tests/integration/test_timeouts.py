@@ -19,10 +19,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.integration.servers import Pooler, start_pooler
 from tests.integration.test_monitor import _scrape, _serve
 from tests.integration.test_worker import WorkerProcess, insert_jobs, start_worker, wait_until
 
-__all__ = ["start_worker"]  # a fixture these tests use
+__all__ = ["start_pooler", "start_worker"]  # fixtures these tests use
 
 # Far above any timeout set here: only a command that waits for the lock's
 # end, as before timeouts, gets near it.
@@ -113,6 +114,17 @@ def test_the_timeouts_as_global_options(dsn: str, locker: int) -> None:
     twice = pgqctl("--lock-timeout", "1s", "stats", "--dsn", dsn, "--lock-timeout", "2s")
     assert twice.returncode == 2
     assert "--lock-timeout was given before the command and after it" in twice.stderr
+
+
+def test_through_a_transaction_pooler_too(
+    dsn: str, locker: int, start_pooler: Callable[..., Pooler]
+) -> None:
+    """The timeouts are set in each transaction, and the holder is looked
+    for on another connection: both work through PgBouncer."""
+    pooled = start_pooler("transaction", pool_size=2).dsn(dsn)
+    done = pgqctl("stats", "--dsn", pooled, "--lock-timeout", "1s")
+    assert done.returncode == 1
+    assert_names_the_locker(done.stderr, locker, "stats")
 
 
 def test_check_gives_up_by_itself(dsn: str, locker: int) -> None:
