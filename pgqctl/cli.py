@@ -43,9 +43,9 @@ from pgqctl.errors import EXIT_FAILURE, EXIT_USAGE, DatabaseUnavailable, PgqctlE
 def cli(debug: bool, **options: Any) -> None:
     """Run and administer a job queue stored in one PostgreSQL table.
 
-    --dsn, --schema, --format and --json may come before the command, as
-    --debug may: `pgqctl --schema staging list` is `pgqctl list --schema
-    staging`.
+    --dsn, --schema, --format, --json, --lock-timeout and
+    --statement-timeout may come before the command, as --debug may:
+    `pgqctl --schema staging list` is `pgqctl list --schema staging`.
 
     \b
     Example:

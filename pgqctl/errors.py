@@ -60,3 +60,8 @@ class ReadOnlyServer(PgqctlError):
 
 class PrivilegeMissing(PgqctlError):
     """The role lacks a privilege the command needs; the message names the GRANT."""
+
+
+class TimedOut(PgqctlError):
+    """A statement waited for a lock, or ran, longer than its timeout; the
+    message names the session that held it up."""

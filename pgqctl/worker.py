@@ -86,6 +86,7 @@ from typing import Any
 import psycopg
 
 from pgqctl import __version__, admin, claims, db, hardening, limits, payload, runner, ticks
+from pgqctl.blockers import Blocker, Timeouts, find_blocker, spelled, timeout_kind, waited
 from pgqctl.claims import Failure
 from pgqctl.config import describe
 from pgqctl.db import reason
@@ -118,9 +119,10 @@ POLL_DEAF = 1.0
 # several times more than running it; its SQL is written so that the one
 # cached plan stays right (see worker_exchange). Without prepared statements
 # (behind a pooler) the setting has no effect.
+# The defaults of worker --lock-timeout and --statement-timeout.
+TIMEOUTS = Timeouts(lock=10.0, statement=30.0)
 SESSION_SETTINGS = {
-    "statement_timeout": "30s",
-    "lock_timeout": "10s",
+    **TIMEOUTS.settings(),
     "plan_cache_mode": "force_generic_plan",
     # No statement of the worker's gains from JIT compilation, and a plan
     # whose estimate grows with a backlog would turn it on for every run.
@@ -208,6 +210,8 @@ class WorkerConfig:
     log_output_bytes: int = LOG_OUTPUT_BYTES
     # A claimed job with a longer payload (JSON text, UTF-8) fails for good.
     max_payload_bytes: int = limits.MAX_PAYLOAD_BYTES
+    # How long a statement may wait for a lock, and run (--lock-timeout...).
+    timeouts: Timeouts = TIMEOUTS
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
@@ -279,7 +283,7 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
             writes=True,
             migrated=False,
             application_name=name,
-            settings=SESSION_SETTINGS,
+            settings={**SESSION_SETTINGS, **config.timeouts.settings()},
             **CONNECTION_PARAMS,
         )
 
@@ -306,6 +310,7 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
         listen_connect=listen_connect,
         describe_target=describe(dsn),
         describe_listen_target=describe(listen_dsn),
+        find_blocker=functools.partial(find_blocker, dsn, schema=config.schema),
     )
     return worker.run(conn)
 
@@ -390,9 +395,13 @@ class Worker:
         environ: Mapping[str, str] | None = None,
         describe_target: str = "",
         describe_listen_target: str = "",
+        find_blocker: Callable[..., Blocker | None] | None = None,
     ) -> None:
         self.config = config
         self.connect = connect
+        # Who holds the lock a statement gave up on (find_blocker's
+        # keywords `waited` and `ours`).
+        self.find_blocker = find_blocker or (lambda **_: None)
         self.listen_connect = listen_connect or connect
         self.log = log
         self.worker_id = identity()
@@ -1149,6 +1158,10 @@ class Worker:
             # A standby (a failover), or a missing GRANT: retrying cannot help.
             self._cannot_go_on(str(meant))
             return
+        kind = timeout_kind(exc)
+        if kind is not None and not self._broken():
+            self._held_up(exc, kind)
+            return
         if isinstance(exc, psycopg.errors.TransactionRollback) and not self._broken():
             # Serialization failure or deadlock: the statement was rolled
             # back as a whole, the connection is fine; do it again at once.
@@ -1177,6 +1190,35 @@ class Worker:
         else:
             self.log.error("database error; retrying with backoff", exc)
         self._drop_connection()
+
+    def _held_up(self, exc: BaseException, kind: str) -> None:
+        """A statement gave up at its lock (or statement) timeout: the
+        database is there, another session holds it up. Say which, and try
+        again at once (each try waits that timeout again)."""
+        assert self.conn is not None
+        ours = [self.conn.info.backend_pid]
+        _rollback_quietly(self.conn)
+        limit = self.config.timeouts.limit(kind)
+        blocker = self.find_blocker(waited=waited(kind, limit), ours=ours)
+        if blocker is None:
+            message = (
+                f"gave up after the {kind} timeout ({spelled(limit)}): {reason(exc)}, "
+                "and no session holds a lock on the queue's tables now; retrying"
+            )
+        else:
+            message = (
+                f"blocked by {blocker.describe()}, which holds a lock on {blocker.relation} "
+                f"(waited {spelled(limit)}, the {kind} timeout); retrying: "
+                f"{blocker.ending()} ends it"
+            )
+        self.log.event(
+            "db_blocked",
+            message,
+            error=reason(exc),
+            blocker=None if blocker is None else blocker.pid,
+        )
+        self.next_renew = time.monotonic()
+        self.claim_wanted = True
 
     def _broken(self) -> bool:
         return self.conn is None or self.conn.broken or self.conn.closed

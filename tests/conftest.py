@@ -196,8 +196,9 @@ def ctrl_c_at_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def gone(pid: int, within: float = 2.0) -> bool:
-    """Whether `pid` stops running within `within` seconds."""
+def gone(pid: int, within: float = 30.0) -> bool:
+    """Whether `pid` stops running within `within` seconds (by default as
+    long as a busy machine may need: only a process that stays fails)."""
     deadline = time.monotonic() + within
     while alive(pid):
         if time.monotonic() > deadline:

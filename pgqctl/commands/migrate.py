@@ -27,7 +27,11 @@ IMPACT_COLUMNS = ["locks", "writers", "reads", "estimate"]
 
 
 @command("migrate")
-@database_options
+# No statement limit: a migration may rewrite or validate a big table. No
+# lock limit for the whole run either: a migrate waits for another one to
+# finish (the advisory lock), and each step bounds its own table locks with
+# --lock-wait, giving way to writers and trying again.
+@database_options(lock_timeout="0", statement_timeout="0")
 @selection_option(
     "--dry-run",
     is_flag=True,

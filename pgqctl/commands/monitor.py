@@ -95,7 +95,7 @@ def workers_command(database: Database, fmt: str) -> None:
 
 
 @command("check")
-@database_options
+@database_options(lock_timeout="2s", statement_timeout="10s")
 @threshold_options
 @selection_option(
     "--queue",
@@ -192,7 +192,7 @@ class ListenAddress(click.ParamType):  # type: ignore[type-arg]  # generic only 
 
 
 @command("metrics")
-@database_options
+@database_options(lock_timeout="2s", statement_timeout="10s")
 @click.option(
     "--exact",
     is_flag=True,
@@ -244,7 +244,8 @@ def metrics_command(
         raise click.UsageError("give --textfile or --listen, not both")
 
     def read() -> Any:
-        with database.connect() as conn:
+        # Explained here too: a scrape's error is answered, not raised.
+        with database.explained(), database.connect() as conn:
             return monitor.metrics_registry(monitor.metrics_snapshot(conn, exact=exact))
 
     if listen is None:

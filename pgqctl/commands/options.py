@@ -6,14 +6,16 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import click
 import psycopg
 
 from pgqctl import config, db, output
+from pgqctl.blockers import Timeouts, timed_out
 from pgqctl.durations import parse_duration
 from pgqctl.errors import BadInput
 
@@ -130,12 +132,20 @@ def command(name: str, **kwargs: Any) -> Callable[[F], click.Command]:
 
 # --- global options ------------------------------------------------------------
 #
-# --dsn, --schema, --format and --json may come before the command as well as
-# after it (`pgqctl --schema staging list`), as --debug does. Before it, they
-# are read from the command line only (the command's own options read the
-# PGQCTL_ variables); given in both places, they are refused.
+# --dsn, --schema, --format, --json and the timeouts may come before the
+# command as well as after it (`pgqctl --schema staging list`), as --debug
+# does. Before it, they are read from the command line only (the command's
+# own options read the PGQCTL_ variables); given in both places, they are
+# refused.
 
-GLOBAL_FLAGS = {"dsn": "--dsn", "schema": "--schema", "fmt": "--format", "as_json": "--json"}
+GLOBAL_FLAGS = {
+    "dsn": "--dsn",
+    "schema": "--schema",
+    "fmt": "--format",
+    "as_json": "--json",
+    "lock_timeout": "--lock-timeout",
+    "statement_timeout": "--statement-timeout",
+}
 
 
 def global_options(func: F) -> F:
@@ -154,6 +164,22 @@ def global_options(func: F) -> F:
                 cls=OnceOption,
                 allow_from_autoenv=False,
                 help="As the command's --schema.",
+            ),
+            click.option(
+                "--lock-timeout",
+                cls=OnceOption,
+                type=DURATION,
+                metavar="DURATION",
+                allow_from_autoenv=False,
+                help="As the command's --lock-timeout.",
+            ),
+            click.option(
+                "--statement-timeout",
+                cls=OnceOption,
+                type=DURATION,
+                metavar="DURATION",
+                allow_from_autoenv=False,
+                help="As the command's --statement-timeout.",
             ),
             click.option(
                 "--format",
@@ -327,6 +353,14 @@ def embedded_started(started: EmbeddedStart) -> str:
     )
 
 
+# How long a command's statements may wait for a lock, and run, unless
+# --lock-timeout and --statement-timeout say otherwise: long enough for any
+# healthy read or write, short enough that a command behind a lock ends with
+# the name of its holder before anyone wonders.
+LOCK_TIMEOUT = "5s"
+STATEMENT_TIMEOUT = "1m"
+
+
 @dataclass
 class Database:
     """Where this invocation connects; the connection is opened on demand."""
@@ -335,6 +369,10 @@ class Database:
     schema: str
     last: db.QueueConnection | None = None  # the connection opened last
     source: str | None = None  # where the DSN came from (`config.Target.source`)
+    timeouts: Timeouts = field(default_factory=lambda: Timeouts(0.0, 0.0))  # 0: none
+    command: str = "pgqctl"  # for messages: `stats`, `schedule sync`
+    resolved: str | None = None  # the DSN connected to last
+    backend: int | None = None  # the server session of the connection opened last
 
     def dsn(self) -> str:
         target = config.resolve_target(self.dsn_option, os.environ)
@@ -353,15 +391,70 @@ class Database:
 
     def connect(self, *, migrated: bool = True, writes: bool = False) -> Any:
         """A connection to the queue; `writes`: refuse a standby at once."""
-        dsn = self.dsn()
+        self.resolved = self.dsn()
         self.last = db.open_queue(
-            dsn, schema=self.schema, migrated=migrated, writes=writes, source=self.source
+            self.resolved,
+            schema=self.schema,
+            migrated=migrated,
+            writes=writes,
+            source=self.source,
+            settings=self.timeouts.settings(),
         )
+        self.backend = self.last.info.backend_pid
         return self.last
 
+    def explain(self, exc: psycopg.Error) -> Exception | None:
+        """The error pgqctl means by a server error (a timeout, naming who
+        held the command up; a standby; a missing GRANT); None for another."""
+        if self.resolved is None:
+            return None
+        meant: Exception | None = timed_out(
+            exc,
+            what=self.command,
+            timeouts=self.timeouts,
+            dsn=self.resolved,
+            schema=self.schema,
+            ours=[] if self.backend is None else [self.backend],
+        )
+        if meant is None and self.last is not None:
+            meant = db.explain(exc, self.last)
+        return meant
 
-def database_options(func: F) -> F:
-    """--dsn and --schema, for every command that talks to the queue."""
+    @contextmanager
+    def explained(self) -> Iterator[None]:
+        """Server errors raised inside, said as what they mean (see `explain`)."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            meant = self.explain(exc)
+            if meant is None:
+                raise
+            raise meant from exc
+
+
+@overload
+def database_options(func: F) -> F: ...
+
+
+@overload
+def database_options(
+    *, lock_timeout: str = ..., statement_timeout: str = ...
+) -> Callable[[F], F]: ...
+
+
+def database_options(
+    func: F | None = None,
+    *,
+    lock_timeout: str = LOCK_TIMEOUT,
+    statement_timeout: str = STATEMENT_TIMEOUT,
+) -> Any:
+    """--dsn, --schema and the timeouts, for every command that talks to the
+    queue; `@database_options(lock_timeout=..., statement_timeout=...)` sets
+    the command's own defaults."""
+    if func is None:
+        return functools.partial(
+            database_options, lock_timeout=lock_timeout, statement_timeout=statement_timeout
+        )
 
     @click.option(
         "--dsn",
@@ -378,8 +471,35 @@ def database_options(func: F) -> F:
         show_default=True,
         help="Schema holding the jobs table.",
     )
+    @click.option(
+        "--lock-timeout",
+        cls=OnceOption,
+        type=DURATION,
+        default=lock_timeout,
+        show_default=True,
+        metavar="DURATION",
+        help="Give up when a statement has waited this long for a lock another session "
+        "holds, and name that session; 0 waits as long as it takes. E.g. --lock-timeout 30s.",
+    )
+    @click.option(
+        "--statement-timeout",
+        cls=OnceOption,
+        type=DURATION,
+        default=statement_timeout,
+        show_default=True,
+        metavar="DURATION",
+        help="Give up when a statement has run this long, waits included; 0: no limit. "
+        "E.g. --statement-timeout 5m.",
+    )
     @functools.wraps(func)
-    def wrapper(*args: Any, dsn: str | None, schema: str, **kwargs: Any) -> Any:
+    def wrapper(
+        *args: Any,
+        dsn: str | None,
+        schema: str,
+        lock_timeout: float,
+        statement_timeout: float,
+        **kwargs: Any,
+    ) -> Any:
         dsn_before, schema_before = given_before("dsn"), given_before("schema")
         if dsn_before is not None:
             if dsn is not None:
@@ -389,17 +509,29 @@ def database_options(func: F) -> F:
             if _from_command_line("schema"):
                 raise _twice("--schema")
             schema = schema_before  # over PGQCTL_SCHEMA, as after the command
-        database = Database(dsn, schema)
-        try:
+        timeouts = Timeouts(
+            lock=_global_or_own("lock_timeout", "--lock-timeout", lock_timeout),
+            statement=_global_or_own("statement_timeout", "--statement-timeout", statement_timeout),
+        )
+        ctx = click.get_current_context()
+        what = ctx.command_path.partition(" ")[2] or ctx.command_path
+        database = Database(dsn, schema, timeouts=timeouts, command=what)
+        # A timeout, a standby, a missing GRANT: said as what they are, with what to do.
+        with database.explained():
             return func(*args, database=database, **kwargs)
-        except psycopg.Error as exc:
-            # A standby, a missing GRANT: said as what they are, with what to do.
-            meant = None if database.last is None else db.explain(exc, database.last)
-            if meant is None:
-                raise
-            raise meant from exc
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
+
+
+def _global_or_own(name: str, flag: str, own: float) -> float:
+    """A global option given before the command, over the command's own
+    (or its PGQCTL_ variable's, or its default); refused in both places."""
+    before = given_before(name)
+    if before is None:
+        return own
+    if _from_command_line(name):
+        raise _twice(flag)
+    return float(before)
 
 
 def format_options(func: F) -> F:

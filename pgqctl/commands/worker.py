@@ -53,7 +53,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
 
 
 @command("worker")
-@database_options
+@database_options(lock_timeout="10s", statement_timeout="30s")
 @click.option(
     "--queue",
     "queues",
@@ -339,6 +339,7 @@ def worker_command(
         log_output_lines=log_output_lines,
         log_output_bytes=log_output_bytes,
         max_payload_bytes=max_payload_bytes,
+        timeouts=database.timeouts,
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     warn_of_password_on_command_line(log, database.dsn_option, listen_dsn)

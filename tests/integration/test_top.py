@@ -24,6 +24,9 @@ from tests.integration.servers import (
 
 __all__ = ["start_pgqctl"]
 
+# How long to wait for what a test expects on a machine busy with other work.
+PATIENCE = 30.0
+
 
 class Pane:
     """A shell in a tmux pane of a fixed size, on a tmux server of its own."""
@@ -36,7 +39,7 @@ class Pane:
             ["tmux", "-L", self.socket, *args],
             capture_output=True,
             text=True,
-            timeout=10,
+            timeout=PATIENCE,
             check=True,
         )
         return result.stdout
@@ -81,10 +84,13 @@ def run_top(pane: Pane, dsn: str, tmp_path: Path) -> None:
         'echo "top exited $?"\n'
         # What top left the terminal's modes at: canonical input and echo again.
         "stty -a | tr ' ;' '\\n\\n' | grep -x -e icanon -e -icanon -e echo -e -echo\n"
+        # The script's end: its every line is on the screen (a busy machine
+        # may show "top exited" well before the modes).
+        "echo modes shown\n"
     )
     # bash waits for top to handle Ctrl-C itself (sh would die of it at once).
     pane.tmux("send-keys", "-t", "top", f"bash {shlex.quote(str(script))}", "Enter")
-    wait_until(lambda: "pgqctl top" in pane.screen(), 20, "top to draw")
+    wait_until(lambda: "pgqctl top" in pane.screen(), PATIENCE, "top to draw")
 
 
 def test_top_shows_the_queue_move_and_q_restores_the_terminal(
@@ -92,7 +98,7 @@ def test_top_shows_the_queue_move_and_q_restores_the_terminal(
 ) -> None:
     insert_jobs(dsn, [["sleep", "0.2"]] * 60)  # about 3 s of work for 4 slots
     run_top(pane, dsn, tmp_path)
-    wait_until(lambda: queue_row(pane.screen()) is not None, 10, "the queue's row")
+    wait_until(lambda: queue_row(pane.screen()) is not None, PATIENCE, "the queue's row")
     first = queue_row(pane.screen())
     assert first is not None and first[1] == "60" and first[2] == "0"  # pending, running
     assert pane.state("alternate_on") == "1"  # on the alternate screen
@@ -106,19 +112,26 @@ def test_top_shows_the_queue_move_and_q_restores_the_terminal(
             seen.append(row)
         return bool(row) and int(row[1]) < 60 and float(row[3]) > 0  # done/s
 
-    wait_until(moved, 30, "top to show jobs being done")
+    wait_until(moved, PATIENCE, "top to show jobs being done")
     # The worker's registry row, while it runs: its host:pid, active.
     pid = worker.proc.pid  # type: ignore[attr-defined]
     wait_until(
         lambda: any(f":{pid}" in line and "active" in line for line in pane.screen().splitlines()),
-        10,
+        PATIENCE,
         "the worker in top's workers",
     )
     assert worker.wait(60) == 0  # type: ignore[attr-defined]
-    wait_until(lambda: (queue_row(pane.screen()) or ["", "?"])[1] == "0", 10, "pending to reach 0")
+    try:
+        wait_until(
+            lambda: (queue_row(pane.screen()) or ["", "?"])[1] == "0",
+            PATIENCE,
+            "pending to reach 0",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the screen:\n{pane.screen()}") from None
 
     pane.tmux("send-keys", "-t", "top", "q")
-    wait_until(lambda: "top exited" in pane.screen(), 10, "top to exit")
+    wait_until(lambda: "modes shown" in pane.screen(), PATIENCE, "top to exit")
     screen = pane.screen()
     assert "top exited 0" in screen
     assert "pgqctl top" not in screen  # the alternate screen left, the shell's shown again
@@ -130,7 +143,7 @@ def test_top_shows_the_queue_move_and_q_restores_the_terminal(
 def test_ctrl_c_leaves_top_cleanly_too(dsn: str, pane: Pane, tmp_path: Path) -> None:
     run_top(pane, dsn, tmp_path)
     pane.tmux("send-keys", "-t", "top", "C-c")
-    wait_until(lambda: "top exited" in pane.screen(), 10, "top to exit")
+    wait_until(lambda: "modes shown" in pane.screen(), PATIENCE, "top to exit")
     screen = pane.screen()
     assert "top exited 0" in screen and "Traceback" not in screen
     assert pane.state("alternate_on") == "0" and pane.state("cursor_flag") == "1"

@@ -84,7 +84,7 @@ def test_a_guard_that_stops_reading_is_given_up_without_holding_the_worker() -> 
         started = time.monotonic()
         for pgid in range(100_000):  # far more than the pipe holds
             guard.started(pgid + 10**9)
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 30  # not held for ever
         assert guard.lost
         guard._proc.wait(5)  # killed: it would act on a stale list
     finally:

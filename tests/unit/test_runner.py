@@ -334,7 +334,7 @@ def test_on_line_raising_kills_the_child_and_propagates(pidfile: Path) -> None:
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="log sink broke on 'x'"):
         run(sh(f"sleep 100 & echo $! > {pidfile}; echo x; wait"), ENV, on_line=explode)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 50  # not the 100 s of the sleep
     assert gone(grandchild(pidfile))
 
 
@@ -433,7 +433,7 @@ class Collected:
                 self.errors[key] = error
             self.threads.add(threading.current_thread().name)
 
-    def wait_for(self, count: int, seconds: float = 10) -> None:
+    def wait_for(self, count: int, seconds: float = 30) -> None:
         deadline = time.monotonic() + seconds
         while len(self.outcomes) < count:
             assert time.monotonic() < deadline, f"only {len(self.outcomes)} of {count} ended"
@@ -446,12 +446,12 @@ def test_supervisor_runs_children_side_by_side() -> None:
     try:
         started = time.monotonic()
         for n in range(6):
-            supervisor.submit(n, sh(f"sleep 0.5; echo {n}; exit {n}"), ENV)
+            supervisor.submit(n, sh(f"sleep 2; echo {n}; exit {n}"), ENV)
         got.wait_for(6)
         elapsed = time.monotonic() - started
     finally:
         supervisor.close(5)
-    assert elapsed < 2.5  # not one after the other (3 s)
+    assert elapsed < 10  # not one after the other (12 s), however busy the machine
     assert {k: (o.exit_code, o.output_tail) for k, o in got.outcomes.items()} == {
         n: (n, f"{n}\n") for n in range(6)
     }
@@ -741,7 +741,7 @@ def test_wake_ends_a_drive_early_and_close_kills_what_runs(pidfile: Path) -> Non
     threading.Timer(0.2, supervisor.wake).start()
     started = time.monotonic()
     supervisor.drive(30)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # woken, not the 30 s
     supervisor.close(5)
     assert gone(grandchild(pidfile))
     assert got.outcomes == {}  # close reports nothing
