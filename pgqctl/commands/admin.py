@@ -372,8 +372,9 @@ def reap_command(database: Database, dry_run: bool, quiet: bool, fmt: str) -> No
 )
 @selection_option(
     "--limit",
-    type=COUNT,
-    help="At most this many jobs: the oldest finished first (pending ones: soonest due).",
+    type=click.IntRange(min=0, max=2**31 - 1),
+    help="At most this many jobs: the oldest finished first (pending ones: soonest due); "
+    "0: every match, as `list --limit 0`.",
 )
 @selection_option(
     "--spread",
@@ -447,6 +448,8 @@ def requeue_command(
             "nothing selected: give --failed, --cancelled or --pending to requeue every "
             "job in that status, or narrow with --id, --kind, --queue or --since"
         )
+    if limit == 0:
+        limit = None  # every match, as `list --limit 0`
     if not chosen:
         # An --id names its job whatever it is; a filter alone, failed jobs.
         chosen = list(REQUEUED) if ids else ["failed"]
