@@ -233,6 +233,18 @@ def kind_filter(f: F) -> F:
     )(f)
 
 
+def no_empty_names(ctx: click.Context, param: click.Parameter, values: Any) -> Any:
+    """A callback refusing an empty name in a repeatable --queue or --kind:
+    `worker --queue ''` would claim from no queue at all while looking
+    like a worker that serves them all (an unset shell variable)."""
+    flag = max(getattr(param, "opts", ["--" + str(param.name)]), key=len)
+    if any(not value for value in values):
+        raise click.BadParameter(
+            f"an empty name matches no job: leave {flag} out to take them all", ctx, param
+        )
+    return values
+
+
 # --- option types ------------------------------------------------------------
 
 

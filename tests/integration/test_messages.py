@@ -94,3 +94,105 @@ def test_a_kind_with_a_newline_keeps_one_line_in_a_piped_table(
     assert result.exit_code == 0, result.stderr
     assert len(result.stdout.splitlines()) == 3  # header, rule, the job
     assert "two\\x0alines" in result.stdout
+
+
+# --- names that match nothing ------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["--queue", "--kind"])
+def test_a_worker_with_an_empty_queue_or_kind_is_refused(
+    conn: psycopg.Connection[Any], dsn: str, option: str
+) -> None:
+    """Was: exit 0, "queues all" in its log, and none of the due jobs claimed."""
+    add_jobs(conn, 3)
+    result = run_cli("worker", option, "", "--burst", "--dsn", dsn)
+    assert result.exit_code == 2
+    assert f"an empty name matches no job: leave {option} out" in result.stderr
+    assert conn.execute("SELECT count(*) FROM workers").fetchone() == (0,)
+
+
+def test_pause_of_a_queue_never_seen_is_refused_with_the_closest_name(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    """Was: exit 0 and a pause of `imagse`, while `images` kept running."""
+    add_jobs(conn, 1, queue="images")
+    result = run_cli("pause", "imagse", "--dsn", dsn)
+    assert result.exit_code == 2
+    assert "no queue named imagse: did you mean images?" in result.stderr
+    assert "--force" in result.stderr
+    assert conn.execute("SELECT count(*) FROM paused_queues").fetchone() == (0,)
+    forced = run_cli("pause", "imagse", "--force", "--dsn", dsn)
+    assert forced.exit_code == 0, forced.stderr
+    assert conn.execute("SELECT queue FROM paused_queues").fetchall() == [("imagse",)]
+
+
+@pytest.mark.parametrize("where", ["pending", "running", "paused", "schedule", "statistics"])
+def test_a_queue_is_known_by_its_jobs_its_pause_its_schedule_or_the_statistics(
+    conn: psycopg.Connection[Any], dsn: str, where: str
+) -> None:
+    if where == "pending":
+        add_jobs(conn, 1, queue="q1")
+    elif where == "running":
+        add_jobs(conn, 1, queue="q1", status="running", attempts=1, locked_by="h:1:0")
+    elif where == "paused":
+        conn.execute("INSERT INTO paused_queues (queue, until) VALUES ('q1', now() + '1h')")
+    elif where == "schedule":
+        made = run_cli("schedule", "add", "s", "--every", "1h", "--queue", "q1", "k", "--dsn", dsn)
+        assert made.exit_code == 0, made.stderr
+    else:  # only done jobs, which no index keeps by queue: ANALYZE has seen them
+        add_jobs(conn, 20, queue="q1", status="done", attempts=1)
+        conn.execute("ANALYZE jobs")
+    result = run_cli("pause", "q1", "--dsn", dsn)
+    assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.parametrize("command", [["cancel"], ["requeue", "--failed"]])
+def test_cancel_and_requeue_name_a_queue_never_seen(
+    conn: psycopg.Connection[Any], dsn: str, command: list[str]
+) -> None:
+    """Was: exit 0 with only "no ... jobs match"."""
+    add_jobs(conn, 1, queue="images")
+    result = run_cli(*command, "--queue", "imagse", "--queue", "images", "--dsn", dsn)
+    assert result.exit_code == 0, result.stderr
+    assert "pgqctl: no queue named imagse: did you mean images?\n" in result.stderr
+    assert "queue named images" not in result.stderr
+
+
+def test_a_worker_serving_a_queue_never_seen_says_so(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    """Was: a worker that started and sat idle beside the backlog of `images`."""
+    add_jobs(conn, 2, queue="images")
+    result = run_cli("worker", "--queue", "imagse", "--burst", "--log-format", "json", "--dsn", dsn)
+    assert result.exit_code == 0, result.stderr
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    unknown = [e for e in events if e["event"] == "unknown_queue"]
+    assert [(e["queue"], e["close"]) for e in unknown] == [("imagse", "images")]
+    assert "did you mean images?" in unknown[0]["message"]
+
+
+# --- check and paused queues -------------------------------------------------------
+
+
+def test_check_names_a_paused_queue_and_leaves_its_backlog_alone(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    """Was: exit 3, `CRITICAL images: oldest pending job waited 1h`, with
+    nothing said of the pause."""
+    from tests.integration.jobrows import ago
+
+    add_jobs(conn, 5, queue="images", run_at=ago("1 hour"))
+    assert run_cli("pause", "images", "--reason", "disk", "--dsn", dsn).exit_code == 0
+    result = run_cli("check", "--max-pending-age", "5m", "--dsn", dsn)
+    assert result.exit_code == 0, result.stdout
+    assert result.stdout == ""
+    assert "queue images is paused (until resumed: disk)" in result.stderr
+
+    held = run_cli("check", "--max-pending-age", "5m", "--include-paused", "--dsn", dsn)
+    assert held.exit_code == 3
+    assert held.stdout == "CRITICAL images (paused): oldest pending job waited 1h (max 5m)\n"
+
+    as_json = run_cli("check", "--max-pending-age", "5m", "--json", "--dsn", dsn)
+    (queue,) = json.loads(as_json.stdout)["queues"]
+    assert (queue["queue"], queue["paused"], queue["ok"]) == ("images", True, True)
+    assert queue["figures"]["oldest_pending_age_seconds"]["threshold"] is None
