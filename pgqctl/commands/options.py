@@ -319,7 +319,7 @@ class SchemaName(click.ParamType):  # type: ignore[type-arg]  # generic only in 
     or be cut short silently and name another schema.
     """
 
-    name = "schema"
+    name = "text"  # its metavar, as before it was checked
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         name = str(value)
