@@ -1483,3 +1483,15 @@ CREATE TABLE IF NOT EXISTS pgqctl_migrations (
 -- name: migration_record
 -- Record one applied migration. No rows.
 INSERT INTO pgqctl_migrations (name, checksum) VALUES (%(name)s, %(checksum)s);
+
+-- ---------------------------------------------------------------------------
+-- embedded: the embedded PostgreSQL (pgqctl/embedded.py)
+-- ---------------------------------------------------------------------------
+
+-- name: embedded_workers_connected
+-- The workers connected to a server, in any database (by the
+-- application_name each worker gives its connections). One row per worker.
+SELECT DISTINCT application_name
+FROM pg_stat_activity
+WHERE application_name LIKE 'pgqctl worker %'
+ORDER BY application_name;

@@ -196,3 +196,56 @@ def test_check_names_a_paused_queue_and_leaves_its_backlog_alone(
     (queue,) = json.loads(as_json.stdout)["queues"]
     assert (queue["queue"], queue["paused"], queue["ok"]) == ("images", True, True)
     assert queue["figures"]["oldest_pending_age_seconds"]["threshold"] is None
+
+
+# --- a server that refuses for want of a resource ------------------------------------
+
+DISK_FULL_TRIGGER = """
+CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'disk_full',
+        MESSAGE = 'could not extend file "base/5/16384": No space left on device';
+END $$;
+CREATE TRIGGER disk_full BEFORE UPDATE ON jobs
+    FOR EACH ROW WHEN (NEW.status = 'done') EXECUTE FUNCTION disk_full();
+"""
+
+
+def test_a_worker_told_the_disk_is_full_says_so_and_backs_off(
+    conn: psycopg.Connection[Any], dsn: str, tmp_path: Any
+) -> None:
+    """The server refuses each report of a finished job with SQLSTATE 53100,
+    as a full disk makes it. Was: "database unavailable" and "database
+    connection restored" at every retry, with no backoff (329 pairs in 3
+    minutes)."""
+    import subprocess
+    import sys
+    import time
+
+    [job] = add_jobs(conn, 1)
+    conn.execute(DISK_FULL_TRIGGER)
+    log_path = tmp_path / "worker.log"
+    with log_path.open("w") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "pgqctl", "worker", "--log-format", "json", "--dsn", dsn],
+            stderr=log,
+        )
+    try:
+        time.sleep(5)  # the report is refused again and again meanwhile
+        conn.execute("DROP TRIGGER disk_full ON jobs")
+        deadline = time.monotonic() + 60
+        while conn.execute("SELECT status FROM jobs WHERE id = %s", [job]).fetchone() != ("done",):
+            assert time.monotonic() < deadline, "the job to be reported done"
+            time.sleep(0.1)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    events = [json.loads(line) for line in log_path.read_text().splitlines()]
+    names = [e["event"] for e in events]
+    assert "db_lost" not in names and "db_restored" not in names, names
+    refused = [e for e in events if e["event"] == "server_refused"]
+    assert refused, names
+    assert refused[0]["sqlstate"] == "53100"
+    assert "No space left on device" in refused[0]["message"]
+    waits = [e["retry_in"] for e in refused]
+    assert waits == sorted(waits) and waits[-1] > waits[0], waits
