@@ -1076,34 +1076,17 @@ def _bloat_text(bloat: Any) -> str:
     return f"bloat {size(bloat.bytes)} ({bloat.percent:g}%, {exact})"
 
 
-def doctor_lines(report: Report) -> list[str]:
-    """The report as text: each table, the horizon, autovacuum, then the findings."""
+def doctor_lines(report: Report, *, verbose: bool = False) -> list[str]:
+    """The report as text: the findings first (what to do), then the
+    horizon, autovacuum and one line per table; each table's counters and
+    indexes only when `verbose`."""
     lines = []
-    for t in report.tables:
-        c = t.counters
-        lines.append(
-            f"{t.name}: {t.live:,} live, {t.dead:,} dead tuples; table {size(t.table_bytes)}, "
-            f"indexes {size(t.index_bytes)}; {_bloat_text(t.bloat)}"
-        )
-        lines.append(
-            f"  vacuum {_when(c['last_vacuum'], c['vacuum_count'])}, "
-            f"autovacuum {_when(c['last_autovacuum'], c['autovacuum_count'])}"
-        )
-        lines.append(
-            f"  analyze {_when(c['last_analyze'], c['analyze_count'])}, "
-            f"autoanalyze {_when(c['last_autoanalyze'], c['autoanalyze_count'])}"
-        )
-        lines.append(
-            f"  changed since: {int(c['n_mod_since_analyze'] or 0):,} rows since analyze, "
-            f"{int(c['n_ins_since_vacuum'] or 0):,} inserted since vacuum; in all "
-            f"{int(c['n_tup_ins'] or 0):,} inserted, {int(c['n_tup_upd'] or 0):,} updated, "
-            f"{int(c['n_tup_del'] or 0):,} deleted"
-        )
-        if t.options:
-            lines.append("  settings: " + ", ".join(f"{k}={v}" for k, v in t.options.items()))
-        for i in t.indexes:
-            density = "" if i.leaf_density is None else f", leaf density {i.leaf_density:g}%"
-            lines.append(f"  index {i.name}: {size(i.bytes)}, {_bloat_text(i.bloat)}{density}")
+    for f in report.findings:
+        lines.append(printable(f"FINDING {f.kind} ({f.subject}): {f.summary}", LINE_ESCAPES))
+        lines.append(f"  do: {f.recommendation}")
+        for statement in f.sql:
+            lines.append(f"  {printable(statement, LINE_ESCAPES)}")
+        lines.append("")
     lines.append("horizon:")
     if not report.holders:
         lines.append("  nothing holds it back")
@@ -1114,12 +1097,34 @@ def doctor_lines(report: Report) -> list[str]:
         f"autovacuum: {'on' if av['enabled'] else 'OFF'}, {av['busy_workers']} of "
         f"{av['max_workers']} workers busy, naptime {format_seconds(av['naptime_seconds'])}"
     )
-    for f in report.findings:
-        lines.append("")
-        lines.append(printable(f"FINDING {f.kind} ({f.subject}): {f.summary}", LINE_ESCAPES))
-        lines.append(f"  do: {f.recommendation}")
-        for statement in f.sql:
-            lines.append(f"  {printable(statement, LINE_ESCAPES)}")
+    for t in report.tables:
+        lines.append(
+            f"{t.name}: {t.live:,} live, {t.dead:,} dead tuples; table {size(t.table_bytes)}, "
+            f"indexes {size(t.index_bytes)}; {_bloat_text(t.bloat)}"
+        )
+        if verbose:
+            lines.extend(_table_details(t))
+    return lines
+
+
+def _table_details(t: Any) -> list[str]:
+    """A table's vacuum and analyze counters, settings and indexes (--verbose)."""
+    c = t.counters
+    lines = [
+        f"  vacuum {_when(c['last_vacuum'], c['vacuum_count'])}, "
+        f"autovacuum {_when(c['last_autovacuum'], c['autovacuum_count'])}",
+        f"  analyze {_when(c['last_analyze'], c['analyze_count'])}, "
+        f"autoanalyze {_when(c['last_autoanalyze'], c['autoanalyze_count'])}",
+        f"  changed since: {int(c['n_mod_since_analyze'] or 0):,} rows since analyze, "
+        f"{int(c['n_ins_since_vacuum'] or 0):,} inserted since vacuum; in all "
+        f"{int(c['n_tup_ins'] or 0):,} inserted, {int(c['n_tup_upd'] or 0):,} updated, "
+        f"{int(c['n_tup_del'] or 0):,} deleted",
+    ]
+    if t.options:
+        lines.append("  settings: " + ", ".join(f"{k}={v}" for k, v in t.options.items()))
+    for i in t.indexes:
+        density = "" if i.leaf_density is None else f", leaf density {i.leaf_density:g}%"
+        lines.append(f"  index {i.name}: {size(i.bytes)}, {_bloat_text(i.bloat)}{density}")
     return lines
 
 
@@ -1163,12 +1168,12 @@ def _holder_text(h: Any) -> str:
     )
 
 
-def emit_doctor(report: Report, fmt: str) -> None:
+def emit_doctor(report: Report, fmt: str, *, verbose: bool = False) -> None:
     """JSON: every figure and finding; else the report as text."""
     if resolve_format(fmt) in ("json", "ndjson"):
         emit_object(report.as_json())
         return
-    sys.stdout.write("\n".join(doctor_lines(report)) + "\n")
+    sys.stdout.write("\n".join(doctor_lines(report, verbose=verbose)) + "\n")
 
 
 # --- top --------------------------------------------------------------------------

@@ -591,8 +591,11 @@ FROM {ext}.pgstatindex(%(oid)s::bigint::oid::regclass);
 -- name: doctor_sessions
 -- Sessions of this database whose transaction holds an xid or a snapshot
 -- (xmin), oldest first, but this one, autovacuum's (vacuum's own xmin holds
--- nobody back) and WAL senders (doctor_standbys). Sessions of other
--- databases do not hold back this database's tables. One row each.
+-- nobody back) and WAL senders (doctor_standbys), and a pgqctl worker's
+-- own transaction younger than a second (its claims and reports: a busy
+-- worker is always in one, and holds the horizon back by no more than that).
+-- Sessions of other databases do not hold back this database's tables. One
+-- row each.
 SELECT a.pid, a.usename AS "user", a.application_name AS application,
        host(a.client_addr) AS client_addr, a.state, a.backend_type, a.datname AS database,
        a.backend_xid::text AS xid, a.backend_xmin::text AS xmin,
@@ -603,6 +606,8 @@ FROM pg_stat_activity AS a
 WHERE (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
   AND a.datname = current_database() AND a.pid <> pg_backend_pid()
   AND coalesce(a.backend_type, 'hidden') NOT IN ('autovacuum worker', 'walsender')
+  AND NOT (a.application_name LIKE 'pgqctl worker %%'
+           AND coalesce(a.xact_start > now() - interval '1 second', false))
 ORDER BY xid_age DESC, a.pid;
 
 -- name: doctor_prepared
