@@ -290,3 +290,43 @@ def test_doctor_leaves_out_a_workers_own_sub_second_transaction(dsn: str) -> Non
     assert worker == set()
     other, _ = holder_pids("report-builder")  # any other young transaction is shown
     assert len(other) == 1
+
+
+# --- views at 120 columns ----------------------------------------------------------
+
+
+def table_at(width: int, *args: str) -> list[str]:
+    result = run_cli(*args, "--format", "table", env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_workers_at_120_columns_keep_queues_and_job_ids_whole(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    """Was: `email…` for the queues and `9, 10,…` for the jobs, beside the
+    empty version and prefetched columns."""
+    queues = ["emails-transactional", "images-thumbnails", "reports-long-name"]
+    conn.execute(
+        "INSERT INTO workers (id, host, pid, version, queues, concurrency, heartbeat_seconds,"
+        " lease_seconds) VALUES ('vm:18836', 'vm', 18836, '', %s, 6, 10, 300)",
+        [queues],
+    )
+    add_jobs(conn, 6, status="running", attempts=1, locked_by="vm:18836:0", queue=queues[0])
+    lines = table_at(120, "workers", "--dsn", dsn)
+    assert ",".join(queues) in lines[2]
+    assert lines[2].rstrip().endswith("│ 1-6")
+    assert "version" not in lines[0] and "prefetched" not in lines[0]
+    assert max(len(line) for line in lines) <= 120
+
+
+def test_schedule_list_at_120_columns_keeps_the_cron_expression_whole(dsn: str) -> None:
+    """Was: `cron */15 9-17…` beside five empty columns; now the times are
+    shortened, and empty columns left out, before a value is cut."""
+    made = run_cli(
+        "schedule", "add", "nightly", "--cron", "*/15 9-17 * * mon-fri", "k", "--dsn", dsn
+    )
+    assert made.exit_code == 0, made.stderr
+    lines = table_at(120, "schedule", "list", "--dsn", dsn)
+    assert "cron */15 9-17 * * mon-fri" in lines[2]
+    assert max(len(line) for line in lines) <= 120
