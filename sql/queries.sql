@@ -1452,8 +1452,12 @@ WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled';
 SELECT pg_advisory_xact_lock(%(key)s, hashtext(%(schema)s));
 
 -- name: migrations_table_exists
--- Whether the schema has a table named pgqctl_migrations. One row or none.
-SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = 'pgqctl_migrations';
+-- Whether the schema has a table named pgqctl_migrations (from the catalog,
+-- whatever the role may read), and whether this role may read it. One row or
+-- none.
+SELECT has_table_privilege(format('%%I.%%I', schemaname, tablename), 'SELECT'),
+       current_user
+FROM pg_tables WHERE schemaname = %(schema)s AND tablename = 'pgqctl_migrations';
 
 -- name: migrations_table_columns
 -- The columns of that table, to tell pgqctl's from another's. One row each.

@@ -8,9 +8,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.conftest import run_cli
 from tests.integration.jobrows import add_jobs
+from tests.integration.servers import Roles, roles
+
+__all__ = ["roles"]
 
 # --- schema names ------------------------------------------------------------------
 
@@ -330,3 +334,23 @@ def test_schedule_list_at_120_columns_keeps_the_cron_expression_whole(dsn: str) 
     lines = table_at(120, "schedule", "list", "--dsn", dsn)
     assert "cron */15 9-17 * * mon-fri" in lines[2]
     assert max(len(line) for line in lines) <= 120
+
+
+# --- migrate by a role that may not read the queue's tables ---------------------------
+
+
+def test_migrate_by_a_role_that_cannot_read_the_bookkeeping_names_the_grant(
+    dsn: str, roles: Roles
+) -> None:
+    """Was: "schema public has a pgqctl_migrations table that pgqctl did not
+    create", as if another program had made it."""
+    role = roles.create("noread")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("GRANT USAGE, CREATE ON SCHEMA public TO {}").format(sql.Identifier(role))
+        )
+    result = run_cli("migrate", "--dsn", roles.dsn(dsn, role))
+    assert result.exit_code == 1
+    assert f'role {role} may not read "public"."pgqctl_migrations"' in result.stderr
+    assert f'GRANT SELECT ON "public"."pgqctl_migrations" TO "{role}"' in result.stderr
+    assert "did not create" not in result.stderr
