@@ -12,6 +12,7 @@ Nothing here prints or exits.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,18 @@ class Paused:
 
 
 @dataclass(frozen=True)
+class UnknownQueue:
+    """A queue pgqctl knows nothing of, and the known name closest to it."""
+
+    queue: str
+    close: str | None
+
+    def message(self) -> str:
+        hint = f": did you mean {self.close}?" if self.close else ""
+        return f"no queue named {self.queue}{hint}"
+
+
+@dataclass(frozen=True)
 class Resumed:
     resumed: list[Pause]  # the pauses that ended, by queue
     not_paused: list[str]  # queues named that were not paused
@@ -91,8 +104,13 @@ def pause(
     *,
     seconds: float | None = None,
     reason: str | None = None,
+    force: bool = False,
 ) -> list[Paused]:
     """Pause these queues for `seconds` (None: until resumed), by queue.
+
+    A queue that has never had a job nor a pause (see `unknown_queues`) is
+    most likely a typo, whose pause would leave the meant queue running:
+    BadInput unless `force`, which pauses a queue before its first job.
 
     A queue paused already gets the new end (and the new reason, when one is
     given) and keeps when it was paused. Workers are notified in the same
@@ -112,6 +130,12 @@ def pause(
     if reason is not None and "\0" in reason:
         raise BadInput("--reason cannot hold a NUL character")
     with conn.transaction():
+        unknown = [] if force else unknown_queues(conn, names)
+        if unknown:
+            raise BadInput(
+                f"{'; '.join(u.message() for u in unknown)} "
+                "(--force pauses a queue that has had no job yet)"
+            )
         _run(conn, "paused_expired_delete", {})
         rows = _run(conn, "paused_upsert", {"queues": names, "seconds": seconds, "reason": reason})
         _notify_workers(conn)
@@ -137,6 +161,25 @@ def paused(conn: Connection) -> list[Pause]:
     """The pauses in effect now, by queue."""
     with atomic(conn):
         return [Pause.from_row(row) for row in _run(conn, "paused_list", {})]
+
+
+def unknown_queues(conn: Connection, queues: Sequence[str]) -> list[UnknownQueue]:
+    """The queues among `queues` that have never had a job nor a pause, as
+    far as can be told cheaply (see queues_known), each with the known name
+    most like it: `imagse` is most likely `images` mistyped."""
+    names = list(dict.fromkeys(queues))
+    if not names:
+        return []
+    with atomic(conn):
+        known = {row["queue"] for row in _run(conn, "queues_known", {"queues": names})}
+        unknown = [name for name in names if name not in known]
+        if not unknown:
+            return []
+        candidates = [row["queue"] for row in _run(conn, "queue_names", {})]
+    return [
+        UnknownQueue(name, next(iter(difflib.get_close_matches(name, candidates, n=1)), None))
+        for name in unknown
+    ]
 
 
 def _notify_workers(conn: Connection) -> None:

@@ -16,7 +16,10 @@ Layout and behaviour:
   that is refused with an error naming ``PGQCTL_EMBEDDED_DIR``, rather than moving the
   socket somewhere shared such as /tmp.
 - ``pg_ctl start`` runs in a new session, so the server outlives the pgqctl command that
-  started it and later commands reuse it until ``stop()``.
+  started it and later commands reuse it until ``stop()``. A stop the user asked for
+  (``stop(stay_stopped=True)``) leaves a ``pgqctl-stopped`` file in the data directory:
+  ``ensure_running`` then refuses to start the server behind their back, until
+  ``start()`` removes it.
 - Concurrent callers are serialized with ``flock`` on the data directory itself (no lock
   file, because ``initdb`` wants an empty directory). Reusing a running server takes no
   lock and spawns nothing: it reads ``postmaster.pid`` and connects to the socket.
@@ -50,6 +53,8 @@ from pgqctl.errors import EmbeddedError
 
 PORT = 5432  # only names the socket file: the socket directory is private anyway
 SERVER_LOG = "pgqctl-server.log"
+# Left by a stop the user asked for: no command starts the server until `start`.
+STOPPED_MARK = "pgqctl-stopped"
 # PostgreSQL's limit: sizeof(sockaddr_un.sun_path) - 1.
 SOCKET_PATH_MAX = 103 if sys.platform == "darwin" else 107
 
@@ -189,8 +194,41 @@ def status(data_dir: Path | None = None) -> EmbeddedStatus:
 
 
 def ensure_running(data_dir: Path | None = None) -> EmbeddedStart:
-    """Reuse the embedded server, or start it, creating the cluster on first use."""
-    return _ensure(_resolve(data_dir), _EVERYDAY)
+    """Reuse the embedded server, or start it, creating the cluster on first use.
+
+    EmbeddedError, starting nothing, when the user stopped it (`stop` with
+    `stay_stopped`): they meant it to stay down, for a backup or an upgrade.
+    """
+    data_dir = _resolve(data_dir)
+    if (data_dir / STOPPED_MARK).exists() and _running_pid(data_dir) is None:
+        raise EmbeddedError(
+            "the embedded PostgreSQL was stopped with `pgqctl embedded stop`: "
+            "`pgqctl embedded start` starts it again (or set PGQCTL_DSN to use another database)"
+        )
+    return _ensure(data_dir, _EVERYDAY)
+
+
+def start(data_dir: Path | None = None) -> EmbeddedStart:
+    """Start the embedded server (creating it on first use), even after a
+    stop that asked it to stay stopped."""
+    data_dir = _resolve(data_dir)
+    (data_dir / STOPPED_MARK).unlink(missing_ok=True)
+    return _ensure(data_dir, _EVERYDAY)
+
+
+def connected_workers(data_dir: Path | None = None) -> list[str]:
+    """The names (`pgqctl worker HOST:PID`) of the workers connected to the
+    running embedded server, in every database; none when it is not running."""
+    data_dir = _resolve(data_dir)
+    if _running_pid(data_dir) is None:
+        return []
+    import psycopg
+
+    from pgqctl.sql import query
+
+    with psycopg.connect(dsn(data_dir), autocommit=True, connect_timeout=10) as conn:
+        rows = conn.execute(query("embedded_workers_connected")).fetchall()
+    return [row[0] for row in rows]
 
 
 def start_throwaway(data_dir: Path) -> EmbeddedStart:
@@ -204,11 +242,16 @@ def start_throwaway(data_dir: Path) -> EmbeddedStart:
     return _ensure(data_dir, _THROWAWAY)
 
 
-def stop(data_dir: Path | None = None) -> bool:
-    """Stop the server (fast shutdown). True if it was running; False is not an error."""
+def stop(data_dir: Path | None = None, *, stay_stopped: bool = False) -> bool:
+    """Stop the server (fast shutdown). True if it was running; False is not an error.
+
+    `stay_stopped`: until `start`, `ensure_running` refuses to start it again.
+    """
     data_dir = _resolve(data_dir)
     if not (data_dir / "PG_VERSION").is_file():
         return False
+    if stay_stopped:
+        (data_dir / STOPPED_MARK).touch()
     with _locked(data_dir):
         pid_file = _read_pid_file(data_dir)
         # pg_ctl signals whatever pid the file names: never let it hit a reused pid.

@@ -126,8 +126,7 @@ class DuplicateJob(PgqctlError):
         self.queue, self.unique_key, self.holder, self.status = queue, unique_key, holder, status
         super().__init__(
             f"job {holder} ({status}) already has unique key {unique_key!r} in queue "
-            f'{queue!r}: nothing was enqueued; --on-conflict skip (on_conflict="skip") '
-            "gives its id instead"
+            f"{queue!r}: nothing was enqueued; `--on-conflict skip` gives its id instead"
         )
 
 

@@ -36,7 +36,7 @@ import psycopg
 from psycopg import sql
 
 from pgqctl.db import atomic
-from pgqctl.errors import MigrationError
+from pgqctl.errors import MigrationError, PrivilegeMissing
 from pgqctl.sql import Migration, Step, migrations, query
 
 # First key of the two-key advisory lock; the second is the schema's hash.
@@ -350,8 +350,18 @@ def _applied(conn: psycopg.Connection[Any], schema: str) -> dict[str, tuple[str,
         if conn.execute(query("migration_log_exists"), params).fetchone():
             rows = conn.execute(query("migration_log_applied")).fetchall()
             return {name: (checksum, applied_at) for name, checksum, applied_at in rows}
-        if not conn.execute(query("migrations_table_exists"), params).fetchone():
+        found = conn.execute(query("migrations_table_exists"), params).fetchone()
+        if not found:
             return {}
+        readable, role = found
+        if not readable:
+            # Its columns would look missing, as if another program made it.
+            name = sql.Identifier(schema, "pgqctl_migrations").as_string(None)
+            raise PrivilegeMissing(
+                f"role {role} may not read {name}, which the queue's migrations are kept in: "
+                f"run migrate as the role that owns the queue's tables, or have it run "
+                f"`GRANT SELECT ON {name} TO {sql.Identifier(role).as_string(None)}`"
+            )
         columns = {row[0] for row in conn.execute(query("migrations_table_columns"), params)}
         if not {"name", "checksum", "applied_at"} <= columns:
             raise MigrationError(

@@ -137,6 +137,9 @@ class Threshold:
     breach: Callable[[float, float], str]  # the line for (value, limit), after the queue
     default: float | None = None  # applied when no threshold is given at all
     minimum: bool = False  # breached below the limit (--min-*), else above it (--max-*)
+    # Measures waiting jobs: a paused queue's are meant to wait, so it is
+    # held to it only with --include-paused.
+    backlog: bool = False
 
     @property
     def option(self) -> str:
@@ -173,6 +176,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
         help="Oldest due pending job waited longer than this, e.g. 5m.",
         read=lambda q: q.counts.oldest_pending_age_seconds,
         breach=lambda v, m: f"oldest pending job waited {_d(v)} (max {_d(m)})",
+        backlog=True,
     ),
     Threshold(
         "max_pending",
@@ -181,6 +185,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
         help="More pending jobs than this (due or not).",
         read=lambda q: q.counts.by_status["pending"],
         breach=lambda v, m: f"{_count(v, 'pending job')} (max {int(m):,})",
+        backlog=True,
     ),
     Threshold(
         "max_failed",
@@ -220,6 +225,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
             f"(stalled after {_d(m)})"
         ),
         default=600,
+        backlog=True,
     ),
     Threshold(
         "min_workers",
@@ -274,16 +280,18 @@ class QueueCheck:
     queue: str
     figures: tuple[Figure, ...]
     finished_in_window: int | None  # within --stalled, when applied
+    pause: control.Pause | None = None  # paused now
 
     @property
     def ok(self) -> bool:
         return all(f.ok for f in self.figures)
 
     def breaches(self) -> Iterator[str]:
+        paused = " (paused)" if self.pause else ""
         for f in self.figures:
             if not f.ok:
                 assert f.value is not None and f.limit is not None
-                yield f"CRITICAL {self.queue}: {f.threshold.breach(f.value, f.limit)}"
+                yield f"CRITICAL {self.queue}{paused}: {f.threshold.breach(f.value, f.limit)}"
 
 
 @dataclass(frozen=True)
@@ -348,6 +356,8 @@ class CheckResult:
                 {
                     "queue": q.queue,
                     "ok": q.ok,
+                    "paused": q.pause is not None,
+                    "paused_until": None if q.pause is None else q.pause.until,
                     "figures": {f.threshold.figure: f.as_record() for f in q.figures},
                     "finished_in_window": q.finished_in_window,
                 }
@@ -368,21 +378,30 @@ def check(
     queues: Sequence[str] = (),
     *,
     with_schedules: bool = False,
+    include_paused: bool = False,
 ) -> CheckResult:
     """Hold each queue (only `queues`, when given) to `thresholds` (by
     Threshold name, as `applied` returns them), and with `with_schedules`
-    each schedule to its ticks."""
+    each schedule to its ticks. A paused queue is held to its backlog
+    thresholds only with `include_paused`: its jobs wait because they were
+    told to."""
     window = thresholds.get(STALL.name)
     measured = measure(conn, window=window, queues=queues)
+    pauses = {p.queue: p for p in control.paused(conn)}
     checked = []
     for name, q in measured.items():
+        pause = pauses.get(name)
         figures = tuple(
             # The stall figure needs the window's finished jobs, read only with one.
-            Figure(t, None if t is STALL and window is None else t.read(q), thresholds.get(t.name))
+            Figure(
+                t,
+                None if t is STALL and window is None else t.read(q),
+                None if pause and t.backlog and not include_paused else thresholds.get(t.name),
+            )
             for t in THRESHOLDS
         )
         finished = None if window is None else q.finished_in_window()
-        checked.append(QueueCheck(name, figures, finished))
+        checked.append(QueueCheck(name, figures, finished, pause))
     held = None
     if with_schedules:
         held = tuple(

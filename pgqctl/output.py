@@ -528,9 +528,22 @@ def _worker_cells(worker: Mapping[str, Any]) -> dict[str, Any]:
         "queues": ",".join(worker["queues"]) or "all",
         "kinds": ",".join(worker["kinds"]) or "all",
         "last_seen": format_seconds(max(float(worker["seen_seconds_ago"]), 0.0)) + " ago",
-        "jobs": ", ".join(map(str, worker["jobs"])),
-        "prefetched": ", ".join(map(str, worker["prefetched"])),
+        "jobs": id_ranges(worker["jobs"]),
+        "prefetched": id_ranges(worker["prefetched"]),
     }
+
+
+def id_ranges(ids: Sequence[int]) -> str:
+    """Job ids the way a person reads many of them: `9-14, 20` for
+    9, 10, 11, 12, 13, 14 and 20 (a worker claims in batches, so its ids
+    often run on)."""
+    runs: list[list[int]] = []
+    for job_id in sorted(ids):
+        if runs and job_id == runs[-1][1] + 1:
+            runs[-1][1] = job_id
+        else:
+            runs.append([job_id, job_id])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def emit_workers(workers: Sequence[Record], fmt: str, fields: Sequence[str]) -> None:
@@ -777,7 +790,7 @@ COLUMNS: dict[str, Column] = {
     # schedules: the name stays, the time of the next tick and of a missed
     # one too; the zone and the last tick's job give way first.
     "name": Column("text", 0, 12),
-    "timing": Column("text", 0, 14),
+    "timing": Column("text", 0, 40),  # a cron expression cut says nothing
     "timezone": Column("text", 20, 8),
     "next_tick": Column("time", 0),
     "last_tick": Column("time", 30),
@@ -790,13 +803,13 @@ COLUMNS: dict[str, Column] = {
     "host": Column("text", 0, 10),
     "pid": Column("whole", 0),
     "state": Column("whole", 0),
-    "queues": Column("text", 0, 6),
+    "queues": Column("text", 0, 60),
     "kinds": Column("text", 20, 6),
     "concurrency": Column("whole", 25),
     "version": Column("whole", 5),
     "started_at": Column("time", 10),
     "last_seen": Column("whole", 35),
-    "jobs": Column("text", 40, 6),
+    "jobs": Column("text", 40, 20),
     "prefetched": Column("text", 38, 6),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
@@ -855,7 +868,8 @@ def fit(
 
     Tried in order, the first that fits wins: every column, with times from
     the longest style to the shortest, then without the least important
-    column (an empty one first), and so on; cut columns keep at least their
+    column (an empty one first, whatever its rank, and no value is cut
+    while an empty column is shown), and so on; cut columns keep at least their
     `ease` (or what they hold, if less). The first column is never left
     out. When even that does not fit, the layout that comes closest, with
     cut columns as narrow as their header.
@@ -872,15 +886,16 @@ def fit(
         for style in TIME_STYLES
     }
     # The first column says what a row is (a job's id, a queue): it stays.
-    empty = {c for c in columns[1:] if COLUMNS[c].rank and not any(texts[c])}
+    # An empty column says nothing whatever its rank: it goes first.
+    empty = {c for c in columns[1:] if not any(texts[c])}
     droppable = sorted(
-        (c for c in columns[1:] if COLUMNS[c].rank),
+        (c for c in columns[1:] if COLUMNS[c].rank or c in empty),
         key=lambda c: (c not in empty, COLUMNS[c].rank),
     )
 
-    def attempt(kept: list[str], style: str, loose: bool) -> Layout | None:
+    def attempt(kept: list[str], style: str, loose: bool, cut: bool = True) -> Layout | None:
         widths = {c: time_widths[style].get(c, natural[c]) for c in kept}
-        cuttable = [c for c in kept if COLUMNS[c].shape in ("error", "text")]
+        cuttable = [c for c in kept if cut and COLUMNS[c].shape in ("error", "text")]
         floor = {
             c: head[c] if loose else max(head[c], min(natural[c], COLUMNS[c].ease))
             for c in cuttable
@@ -899,8 +914,10 @@ def fit(
 
     for dropped in range(len(droppable) + 1):
         kept = [c for c in columns if c not in droppable[:dropped]]
+        # Rather than cut a value, leave the empty columns out first.
+        may_cut = not empty.intersection(kept)
         for style in TIME_STYLES:
-            layout = attempt(kept, style, loose=False)
+            layout = attempt(kept, style, loose=False, cut=may_cut)
             if layout is not None:
                 return layout
     kept = [c for c in columns if c not in droppable]
@@ -1076,34 +1093,17 @@ def _bloat_text(bloat: Any) -> str:
     return f"bloat {size(bloat.bytes)} ({bloat.percent:g}%, {exact})"
 
 
-def doctor_lines(report: Report) -> list[str]:
-    """The report as text: each table, the horizon, autovacuum, then the findings."""
+def doctor_lines(report: Report, *, verbose: bool = False) -> list[str]:
+    """The report as text: the findings first (what to do), then the
+    horizon, autovacuum and one line per table; each table's counters and
+    indexes only when `verbose`."""
     lines = []
-    for t in report.tables:
-        c = t.counters
-        lines.append(
-            f"{t.name}: {t.live:,} live, {t.dead:,} dead tuples; table {size(t.table_bytes)}, "
-            f"indexes {size(t.index_bytes)}; {_bloat_text(t.bloat)}"
-        )
-        lines.append(
-            f"  vacuum {_when(c['last_vacuum'], c['vacuum_count'])}, "
-            f"autovacuum {_when(c['last_autovacuum'], c['autovacuum_count'])}"
-        )
-        lines.append(
-            f"  analyze {_when(c['last_analyze'], c['analyze_count'])}, "
-            f"autoanalyze {_when(c['last_autoanalyze'], c['autoanalyze_count'])}"
-        )
-        lines.append(
-            f"  changed since: {int(c['n_mod_since_analyze'] or 0):,} rows since analyze, "
-            f"{int(c['n_ins_since_vacuum'] or 0):,} inserted since vacuum; in all "
-            f"{int(c['n_tup_ins'] or 0):,} inserted, {int(c['n_tup_upd'] or 0):,} updated, "
-            f"{int(c['n_tup_del'] or 0):,} deleted"
-        )
-        if t.options:
-            lines.append("  settings: " + ", ".join(f"{k}={v}" for k, v in t.options.items()))
-        for i in t.indexes:
-            density = "" if i.leaf_density is None else f", leaf density {i.leaf_density:g}%"
-            lines.append(f"  index {i.name}: {size(i.bytes)}, {_bloat_text(i.bloat)}{density}")
+    for f in report.findings:
+        lines.append(printable(f"FINDING {f.kind} ({f.subject}): {f.summary}", LINE_ESCAPES))
+        lines.append(f"  do: {f.recommendation}")
+        for statement in f.sql:
+            lines.append(f"  {printable(statement, LINE_ESCAPES)}")
+        lines.append("")
     lines.append("horizon:")
     if not report.holders:
         lines.append("  nothing holds it back")
@@ -1114,12 +1114,34 @@ def doctor_lines(report: Report) -> list[str]:
         f"autovacuum: {'on' if av['enabled'] else 'OFF'}, {av['busy_workers']} of "
         f"{av['max_workers']} workers busy, naptime {format_seconds(av['naptime_seconds'])}"
     )
-    for f in report.findings:
-        lines.append("")
-        lines.append(printable(f"FINDING {f.kind} ({f.subject}): {f.summary}", LINE_ESCAPES))
-        lines.append(f"  do: {f.recommendation}")
-        for statement in f.sql:
-            lines.append(f"  {printable(statement, LINE_ESCAPES)}")
+    for t in report.tables:
+        lines.append(
+            f"{t.name}: {t.live:,} live, {t.dead:,} dead tuples; table {size(t.table_bytes)}, "
+            f"indexes {size(t.index_bytes)}; {_bloat_text(t.bloat)}"
+        )
+        if verbose:
+            lines.extend(_table_details(t))
+    return lines
+
+
+def _table_details(t: Any) -> list[str]:
+    """A table's vacuum and analyze counters, settings and indexes (--verbose)."""
+    c = t.counters
+    lines = [
+        f"  vacuum {_when(c['last_vacuum'], c['vacuum_count'])}, "
+        f"autovacuum {_when(c['last_autovacuum'], c['autovacuum_count'])}",
+        f"  analyze {_when(c['last_analyze'], c['analyze_count'])}, "
+        f"autoanalyze {_when(c['last_autoanalyze'], c['autoanalyze_count'])}",
+        f"  changed since: {int(c['n_mod_since_analyze'] or 0):,} rows since analyze, "
+        f"{int(c['n_ins_since_vacuum'] or 0):,} inserted since vacuum; in all "
+        f"{int(c['n_tup_ins'] or 0):,} inserted, {int(c['n_tup_upd'] or 0):,} updated, "
+        f"{int(c['n_tup_del'] or 0):,} deleted",
+    ]
+    if t.options:
+        lines.append("  settings: " + ", ".join(f"{k}={v}" for k, v in t.options.items()))
+    for i in t.indexes:
+        density = "" if i.leaf_density is None else f", leaf density {i.leaf_density:g}%"
+        lines.append(f"  index {i.name}: {size(i.bytes)}, {_bloat_text(i.bloat)}{density}")
     return lines
 
 
@@ -1163,12 +1185,12 @@ def _holder_text(h: Any) -> str:
     )
 
 
-def emit_doctor(report: Report, fmt: str) -> None:
+def emit_doctor(report: Report, fmt: str, *, verbose: bool = False) -> None:
     """JSON: every figure and finding; else the report as text."""
     if resolve_format(fmt) in ("json", "ndjson"):
         emit_object(report.as_json())
         return
-    sys.stdout.write("\n".join(doctor_lines(report)) + "\n")
+    sys.stdout.write("\n".join(doctor_lines(report, verbose=verbose)) + "\n")
 
 
 # --- top --------------------------------------------------------------------------
@@ -1183,22 +1205,103 @@ def _top_pause(until: dt.datetime | None) -> str:
 
 
 def top_render(view: TopView, where: str, interval: float) -> Any:
-    """One frame of `top` as a rich renderable."""
-    from rich import box
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+    """One frame of `top` as a rich renderable, laid out for the terminal's
+    height when it is drawn."""
+    return _TopFrame(view, where, interval)
 
-    header = Text(
-        f"pgqctl top  {where}  {view.ts.isoformat(sep=' ', timespec='seconds')}  "
-        f"every {format_seconds(interval)}  (q quits)",
-        style="bold",
-    )
 
-    # The whole width of a column whose values are wider than its header.
-    wide = {"paused": len("until resumed")}
+# Each section of top: its title, the table's top edge, header, rule and
+# bottom edge around its rows.
+_TOP_SECTION_LINES = 5
 
-    def table(title: str, names: tuple[str, ...], left: tuple[str, ...] = ()) -> Table:
+
+def share_rows(wanted: Sequence[int], available: int) -> list[int]:
+    """Rows for each section of a screen `available` rows high: each gets
+    its fair share first (what it wants, when that is less), then what is
+    left goes to the sections in order."""
+    given = [0] * len(wanted)
+    left = max(available, 0)
+    fair = left // max(len(wanted), 1)
+    for i, want in enumerate(wanted):
+        given[i] = min(want, fair)
+    left -= sum(given)
+    for i, want in enumerate(wanted):
+        more = min(want - given[i], left)
+        given[i] += more
+        left -= more
+    return given
+
+
+class _TopFrame:
+    """One frame of `top`: a one-line header, then queues, leases and
+    workers, each section given rows of the terminal's height so that none
+    is pushed off the bottom (a section with more rows than it is given
+    says how many more)."""
+
+    def __init__(self, view: TopView, where: str, interval: float) -> None:
+        self.view, self.where, self.interval = view, where, interval
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
+        from rich.text import Text
+
+        view = self.view
+        when = view.ts.astimezone(dt.timezone.utc).strftime("%H:%M:%SZ")
+        # One line whatever the width: where it connects goes last, and is cut.
+        header = Text(
+            f"pgqctl top  {when}  every {format_seconds(self.interval)}  q quits  "
+            f"{printable(self.where, ONE_LINE_ESCAPES)}",
+            style="bold",
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+        header.truncate(options.max_width, overflow="ellipsis")
+        queues = [self._queue_row(name) for name in view.queues()]
+        leases = [self._lease_row(lease) for lease in view.leases]
+        # Active workers first: the stale ones are what gives way.
+        workers = [
+            self._worker_row(w)
+            for w in sorted(view.workers, key=lambda w: (w.state != "active", w.id))
+        ]
+        height = options.height or console.size.height
+        rows = share_rows(
+            [len(queues), len(leases), len(workers)], height - 1 - 3 * _TOP_SECTION_LINES
+        )
+        yield header
+        yield self._table(
+            "queues",
+            ("queue", "pending", "running", "done/s", "failed/s", "oldest due", "paused"),
+            ("queue",),
+            queues,
+            rows[0],
+        )
+        yield self._table(
+            "leases ending soonest",
+            ("id", "queue", "kind", "attempt", "holder", "left"),
+            ("queue", "kind", "holder", "left"),
+            leases,
+            rows[1],
+        )
+        yield self._table(
+            "workers",
+            ("worker", "state", "jobs", "queues", "last seen"),
+            ("worker", "state", "queues"),
+            workers,
+            rows[2],
+        )
+
+    @staticmethod
+    def _table(
+        title: str,
+        names: tuple[str, ...],
+        left: tuple[str, ...],
+        rows: list[tuple[Any, ...]],
+        room: int,
+    ) -> Any:
+        from rich import box
+        from rich.table import Table
+
+        # The whole width of a column whose values are wider than its header.
+        wide = {"paused": len("until resumed")}
         # One line per row whatever the width: the text columns (`left`) are
         # cut to fit (at most 14 wide, never narrower than 8), so that the
         # figures and times, which stay whole, fit 80 columns.
@@ -1219,20 +1322,23 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
                 min_width=min(len(name), 8) if name in left else max(len(name), wide.get(name, 0)),
                 max_width=14 if name in left else None,
             )
+        shown = rows if len(rows) <= room else rows[: max(room - 1, 0)]
+        for row in shown:
+            made.add_row(*row)
+        if len(shown) < len(rows) and room > 0:
+            made.add_row(f"+{len(rows) - len(shown):,} more", *[""] * (len(names) - 1))
         return made
 
-    queues = table(
-        "queues",
-        ("queue", "pending", "running", "done/s", "failed/s", "oldest due", "paused"),
-        left=("queue",),
-    )
-    for name in view.queues():
+    def _queue_row(self, name: str) -> tuple[Any, ...]:
+        from rich.text import Text
+
+        view = self.view
         c = view.counts.get(name)
         pending = c.by_status["pending"] if c else 0
         running = c.by_status["running"] if c else 0
         age = c.oldest_pending_age_seconds if c else None
         pause = view.paused.get(name)
-        queues.add_row(
+        return (
             Text(printable(name, ONE_LINE_ESCAPES)),
             f"{pending:,}",
             f"{running:,}",
@@ -1241,15 +1347,14 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
             "-" if age is None else format_seconds(age),
             _top_pause(pause.until) if pause else "",
         )
-    leases = table(
-        "leases ending soonest",
-        ("id", "queue", "kind", "attempt", "holder", "left"),
-        left=("queue", "kind", "holder", "left"),
-    )
-    for lease in view.leases:
+
+    @staticmethod
+    def _lease_row(lease: Any) -> tuple[Any, ...]:
+        from rich.text import Text
+
         job = lease.job
         left = "none" if lease.seconds_left is None else format_seconds(lease.seconds_left)
-        leases.add_row(
+        return (
             str(job.id),
             Text(printable(job.queue, ONE_LINE_ESCAPES)),
             Text(printable(job.kind, ONE_LINE_ESCAPES)),
@@ -1257,20 +1362,18 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
             Text(printable(job.locked_by or "", ONE_LINE_ESCAPES)),
             left + (" (expired)" if lease.expired else ""),
         )
-    workers = table(
-        "workers",
-        ("worker", "state", "jobs", "queues", "last seen"),
-        left=("worker", "state", "queues"),
-    )
-    for w in view.workers:
-        workers.add_row(
+
+    @staticmethod
+    def _worker_row(w: Any) -> tuple[Any, ...]:
+        from rich.text import Text
+
+        return (
             Text(printable(w.id, ONE_LINE_ESCAPES)),
             w.state,
             f"{len(w.jobs)}/{w.concurrency}",
             Text(printable(", ".join(w.queues) or "all", ONE_LINE_ESCAPES)),
             format_seconds(w.seen_seconds_ago) + " ago",
         )
-    return Group(header, queues, leases, workers)
 
 
 def top_screen(render: Callable[[], Any], interval: float) -> None:

@@ -340,6 +340,13 @@ def backoff_delay(attempt: int, base: float) -> float:
     return min(jittered(base * 2.0 ** min(attempt - 1, 32)), BACKOFF_CAP)
 
 
+def _insufficient_resources(exc: BaseException) -> bool:
+    """SQLSTATE class 53 (disk_full, out_of_memory, too_many_connections...):
+    the server answered, and said no for want of a resource. psycopg's
+    classes for them do not all derive from InsufficientResources."""
+    return isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("53")
+
+
 def jittered(delay: float) -> float:
     return delay * random.uniform(0.75, 1.25)
 
@@ -478,6 +485,10 @@ class Worker:
         self.reconnect_delay = RECONNECT_FIRST
         self.reconnect_at = now
         self.lost_since: float | None = None
+        # The server refused for want of a resource (disk full...): no
+        # exchange before refused_until, refused_delay longer each time.
+        self.refused_until = 0.0
+        self.refused_delay = RECONNECT_FIRST
 
         self.signals = 0
         self.stopping = False
@@ -637,6 +648,8 @@ class Worker:
             self.read_only or now < self.reconnect_at or not self._reconnect()
         ):
             return
+        if now < self.refused_until:
+            return
         if self.cancel_notices:
             self._check_cancel_notices()
             if self.conn is None:
@@ -724,6 +737,9 @@ class Worker:
             deadlines.append(self.report_deadline)
         if self.conn is None:
             deadlines.append(self.reconnect_at)
+            return min(deadlines)
+        if now < self.refused_until:
+            deadlines.append(self.refused_until)
             return min(deadlines)
         if self.done or self.fails or self.handed_back or self.cancel_notices:
             deadlines.append(now)
@@ -1175,6 +1191,9 @@ class Worker:
             self.next_renew = time.monotonic()
             self.claim_wanted = True
             return
+        if _insufficient_resources(exc) and not self._broken():
+            self._server_refused(exc)
+            return
         if isinstance(exc, (psycopg.OperationalError, PgqctlError)):
             what = "database connection lost" if self._broken() else "database unavailable"
             waiting = len(self._unreported())
@@ -1219,6 +1238,34 @@ class Worker:
         )
         self.next_renew = time.monotonic()
         self.claim_wanted = True
+
+    def _server_refused(self, exc: BaseException) -> None:
+        """The server refused a statement for want of a resource (SQLSTATE
+        class 53: disk full, out of memory...). The connection is fine and a
+        new one would be refused the same: say what the server said and wait,
+        longer each time while it goes on (a refusal after a quiet while
+        starts short again)."""
+        now = time.monotonic()
+        if now - self.refused_until > 2 * RECONNECT_CAP:
+            self.refused_delay = RECONNECT_FIRST
+        delay = jittered(self.refused_delay)
+        self.refused_delay = min(self.refused_delay * 2, RECONNECT_CAP)
+        self.refused_until = now + delay
+        waiting = len(self._unreported())
+        sqlstate = getattr(exc, "sqlstate", None)
+        self.log.event(
+            "server_refused",
+            f"the server refused: {reason(exc)} (SQLSTATE {sqlstate}); retrying in "
+            f"{seconds(delay)} ({len(self.running)} job(s) keep running; their results and "
+            f"{waiting} finished job(s) are reported once it accepts them)",
+            error=reason(exc),
+            sqlstate=sqlstate,
+            retry_in=round(delay, 3),
+            running=len(self.running),
+            unreported=waiting,
+        )
+        assert self.conn is not None
+        _rollback_quietly(self.conn)
 
     def _broken(self) -> bool:
         return self.conn is None or self.conn.broken or self.conn.closed

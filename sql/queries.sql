@@ -716,8 +716,11 @@ FROM {ext}.pgstatindex(%(oid)s::bigint::oid::regclass);
 -- name: doctor_sessions
 -- Sessions of this database whose transaction holds an xid or a snapshot
 -- (xmin), oldest first, but this one, autovacuum's (vacuum's own xmin holds
--- nobody back) and WAL senders (doctor_standbys). Sessions of other
--- databases do not hold back this database's tables. One row each.
+-- nobody back) and WAL senders (doctor_standbys), and a pgqctl worker's
+-- own transaction younger than a second (its claims and reports: a busy
+-- worker is always in one, and holds the horizon back by no more than that).
+-- Sessions of other databases do not hold back this database's tables. One
+-- row each.
 SELECT a.pid, a.usename AS "user", a.application_name AS application,
        host(a.client_addr) AS client_addr, a.state, a.backend_type, a.datname AS database,
        a.backend_xid::text AS xid, a.backend_xmin::text AS xmin,
@@ -728,6 +731,8 @@ FROM pg_stat_activity AS a
 WHERE (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
   AND a.datname = current_database() AND a.pid <> pg_backend_pid()
   AND coalesce(a.backend_type, 'hidden') NOT IN ('autovacuum worker', 'walsender')
+  AND NOT (a.application_name LIKE 'pgqctl worker %%'
+           AND coalesce(a.xact_start > now() - interval '1 second', false))
 ORDER BY xid_age DESC, a.pid;
 
 -- name: doctor_prepared
@@ -868,6 +873,48 @@ RETURNING queue, reason, paused_at, until;
 -- name: paused_list
 -- The pauses in effect, by queue. One row each.
 SELECT queue, reason, paused_at, until FROM paused_queues_now ORDER BY queue;
+
+-- name: queues_known
+-- Which of these queues pgqctl knows: one with a pending or running job, a
+-- pause, a schedule, or one the table's statistics (ANALYZE's sample of the
+-- whole table, history included) have seen. Each test reads an index or a
+-- small table, never the finished history: a queue that is not known costs
+-- no more than one that is. One row per known queue.
+SELECT q AS queue
+FROM unnest(%(queues)s::text[]) AS q
+WHERE EXISTS (SELECT 1 FROM jobs WHERE status IS NOT DISTINCT FROM 'pending' AND queue = q)
+   OR EXISTS (SELECT 1 FROM jobs WHERE status = 'running' AND queue = q)
+   OR EXISTS (SELECT 1 FROM paused_queues WHERE queue = q)
+   OR EXISTS (SELECT 1 FROM schedules WHERE queue = q)
+   OR q IN (
+        SELECT unnest(coalesce(most_common_vals::text::text[], '{}')
+                      || coalesce(histogram_bounds::text::text[], '{}'))
+        FROM pg_stats
+        WHERE schemaname = current_schema() AND tablename = 'jobs' AND attname = 'queue'
+   );
+
+-- name: queue_names
+-- The names of the known queues (as queues_known means it), for a "did you
+-- mean": the pending ones by a skip scan of jobs_claim_queue_idx (one index
+-- probe per queue, at most 1000 queues), the rest from small tables and the
+-- statistics. One row per name.
+WITH RECURSIVE pending(queue) AS (
+    (SELECT queue FROM jobs WHERE status IS NOT DISTINCT FROM 'pending' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM jobs j
+            WHERE j.status IS NOT DISTINCT FROM 'pending' AND j.queue > p.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM pending p
+    WHERE p.queue IS NOT NULL
+)
+SELECT queue FROM (SELECT queue FROM pending WHERE queue IS NOT NULL LIMIT 1000) AS names
+UNION SELECT queue FROM jobs WHERE status = 'running'
+UNION SELECT queue FROM paused_queues
+UNION SELECT queue FROM schedules
+UNION SELECT unnest(coalesce(most_common_vals::text::text[], '{}')
+                    || coalesce(histogram_bounds::text::text[], '{}'))
+      FROM pg_stats
+      WHERE schemaname = current_schema() AND tablename = 'jobs' AND attname = 'queue';
 
 -- ---------------------------------------------------------------------------
 -- schedules: cron and interval schedules (pgqctl/schedules.py). The workers
@@ -1566,8 +1613,12 @@ WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled';
 SELECT pg_advisory_xact_lock(%(key)s, hashtext(%(schema)s));
 
 -- name: migrations_table_exists
--- Whether the schema has a table named pgqctl_migrations. One row or none.
-SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = 'pgqctl_migrations';
+-- Whether the schema has a table named pgqctl_migrations (from the catalog,
+-- whatever the role may read), and whether this role may read it. One row or
+-- none.
+SELECT has_table_privilege(format('%%I.%%I', schemaname, tablename), 'SELECT'),
+       current_user
+FROM pg_tables WHERE schemaname = %(schema)s AND tablename = 'pgqctl_migrations';
 
 -- name: migrations_table_columns
 -- The columns of that table, to tell pgqctl's from another's. One row each.
@@ -1668,3 +1719,15 @@ SELECT c.relname, pg_table_size(c.oid), greatest(c.reltuples, 0)::bigint
 FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relname = ANY(%(names)s::text[]) AND c.relkind IN ('r', 'p');
+
+-- ---------------------------------------------------------------------------
+-- embedded: the embedded PostgreSQL (pgqctl/embedded.py)
+-- ---------------------------------------------------------------------------
+
+-- name: embedded_workers_connected
+-- The workers connected to a server, in any database (by the
+-- application_name each worker gives its connections). One row per worker.
+SELECT DISTINCT application_name
+FROM pg_stat_activity
+WHERE application_name LIKE 'pgqctl worker %'
+ORDER BY application_name;

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import click
 
-from pgqctl import admin, output
+from pgqctl import admin, control, output
 from pgqctl.commands.options import (
     AGE,
     COUNT,
@@ -413,8 +413,9 @@ def reap_causes(reaped: Sequence[admin.Reaped]) -> str:
 )
 @selection_option(
     "--limit",
-    type=COUNT,
-    help="At most this many jobs: the oldest finished first (pending ones: soonest due).",
+    type=click.IntRange(min=0, max=2**31 - 1),
+    help="At most this many jobs: the oldest finished first (pending ones: soonest due); "
+    "0: every match, as `list --limit 0`.",
 )
 @selection_option(
     "--spread",
@@ -488,6 +489,8 @@ def requeue_command(
             "nothing selected: give --failed, --cancelled or --pending to requeue every "
             "job in that status, or narrow with --id, --kind, --queue or --since"
         )
+    if limit == 0:
+        limit = None  # every match, as `list --limit 0`
     if not chosen:
         # An --id names its job whatever it is; a filter alone, failed jobs.
         chosen = list(REQUEUED) if ids else ["failed"]
@@ -495,9 +498,11 @@ def requeue_command(
         statuses=tuple(chosen), ids=ids, kinds=kinds, queues=queues, since=since
     )
     with database.connect(writes=not dry_run) as conn:
+        unknown = control.unknown_queues(conn, queues)
         result = admin.requeue(
             conn, selection, more=more, limit=limit, spread=spread or 0.0, dry_run=dry_run
         )
+    say_unknown_queues(unknown, {job.queue for job in result.jobs})
     output.emit_jobs(result.jobs, REQUEUE_COLUMNS, fmt, FIELDS)
     held_ids = {job.id for job, _ in result.held}
     for job_id, status in result.left.items():
@@ -597,7 +602,9 @@ def cancel_command(
             f"({' or '.join(CANCELLABLE)}) to say which jobs to cancel"
         )
     with database.connect(writes=not dry_run) as conn:
+        unknown = control.unknown_queues(conn, queues)  # before: a cancel can empty a queue
         result = admin.cancel(conn, selection, reason=reason, dry_run=dry_run)
+    say_unknown_queues(unknown, {c.job.queue for c in result.jobs})
     output.emit_jobs(result.jobs, CHANGE_COLUMNS, fmt, admin.CANCEL_FIELDS)
     takes = " or ".join(selection.statuses or CANCELLABLE)
     for job_id, status in result.left.items():
@@ -627,6 +634,14 @@ def cancel_command(
             "some --id jobs do not exist: `pgqctl list --status pending --status running` "
             "lists the jobs cancel takes"
         )
+
+
+def say_unknown_queues(unknown: Sequence[control.UnknownQueue], matched: set[str]) -> None:
+    """A --queue that matched nothing and names no queue at all is most
+    likely a typo: say so, with the name it was probably meant to be."""
+    for queue in unknown:
+        if queue.queue not in matched:
+            say(queue.message())
 
 
 # Jobs left for their unique key named one by one; the rest counted.

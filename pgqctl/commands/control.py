@@ -30,12 +30,18 @@ PAUSED_FIELDS = (*control.PAUSE_FIELDS, "updated")
     "e.g. 30m. Default: until `pgqctl resume`.",
 )
 @selection_option("--reason", metavar="TEXT", help="Why, for `stats` and whoever looks.")
+@selection_option(
+    "--force",
+    is_flag=True,
+    help="Pause a queue that has never had a job nor a pause (else refused as a likely typo).",
+)
 @format_options
 def pause_command(
     database: Database,
     queues: tuple[str, ...],
     seconds: float | None,
     reason: str | None,
+    force: bool,
     fmt: str,
 ) -> None:
     """Stop workers claiming jobs from these queues, until resumed or for a while.
@@ -49,14 +55,20 @@ def pause_command(
     Pausing a paused queue again sets when it ends (without --for: when
     resumed) and, when --reason is given, its reason.
 
+    A queue pgqctl does not know (no pending or running job, no pause, no
+    schedule, and not in the table's statistics) is refused as a likely
+    typo, with the known name closest to it; --force pauses it anyway, for a
+    queue whose first jobs are still to come.
+
     \b
     Example:
         pgqctl pause emails --reason 'smtp provider down'
         pgqctl pause emails sms --for 30m
         pgqctl pause reports --json
+        pgqctl pause new-imports --force
     """
     with database.connect(writes=True) as conn:
-        done = control.pause(conn, queues, seconds=seconds, reason=reason)
+        done = control.pause(conn, queues, seconds=seconds, reason=reason, force=force)
     output.emit_pauses(done, fmt, PAUSED_FIELDS)
     for paused in done:
         if paused.updated:

@@ -20,22 +20,30 @@ from pgqctl.errors import EXIT_CHECK
     help="A transaction or prepared transaction holding the xmin horizon longer than "
     "this, while it keeps dead tuples of the queue's tables from vacuum, is a finding.",
 )
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Also each table's vacuum and analyze counters, settings and indexes.",
+)
 @format_options
-def doctor_command(database: Database, max_horizon_age: float, fmt: str) -> None:
+def doctor_command(database: Database, max_horizon_age: float, verbose: bool, fmt: str) -> None:
     """Why the queue is slow: vacuum, bloat and the xmin horizon of the
     queue's tables, with what to do and the SQL that does it.
 
-    For jobs and pgqctl's other tables: live and dead tuples, the last
-    vacuum, autovacuum, analyze and autoanalyze with their counts, table and
-    index sizes and bloat (exact with the pgstattuple extension, which reads
-    each table whole; estimated from the statistics otherwise). Then
-    whatever holds back the xmin horizon, so that vacuum cannot remove dead
+    The findings come first, each with what to do. Then whatever holds
+    back the xmin horizon, so that vacuum cannot remove dead
     tuples: the oldest transactions (pid, user, application, client, state,
     age, query start), prepared transactions, replication slots and
     standbys with hot_standby_feedback, with how many dead tuples each keeps.
     Then autovacuum: jobs's own settings (those `migrate` gives, vacuuming
     after a fixed number of rows), whether the churn outruns them, whether
     its workers are all busy, and whether jobs waits too long for one.
+    Last, one line per table of pgqctl's: live and dead tuples, table and
+    index sizes and bloat (exact with the pgstattuple extension, which reads
+    each table whole; estimated from the statistics otherwise); --verbose
+    adds the last vacuum, autovacuum, analyze and autoanalyze with their
+    counts, the table's settings and each index.
 
     Each finding comes with a recommendation and the SQL to act on it
     (SELECT pg_terminate_backend(...), ROLLBACK PREPARED ..., VACUUM ...),
@@ -48,17 +56,18 @@ def doctor_command(database: Database, max_horizon_age: float, fmt: str) -> None
     Example:
         pgqctl doctor
         pgqctl doctor --max-horizon-age 1m
+        pgqctl doctor --verbose
         pgqctl doctor --json | jq '.findings[].sql[]'
     """
     with database.connect() as conn:
         report = doctor.diagnose(conn, max_horizon_age=max_horizon_age)
-    output.emit_doctor(report, fmt)
+    output.emit_doctor(report, fmt, verbose=verbose)
     for what in report.unseen:
         say(f"could not see {what}")
     if output.is_human(fmt):
         for note in report.notes:
             say(f"note: {note}")
     if report.findings:
-        say(f"{output.plural(len(report.findings), 'finding')}: see the SQL above to act")
+        say(f"{output.plural(len(report.findings), 'finding')}: see the SQL at the top to act")
         raise click.exceptions.Exit(EXIT_CHECK)
     say("ok: nothing needs doing")

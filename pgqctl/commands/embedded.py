@@ -1,4 +1,4 @@
-"""`pgqctl embedded status|stop|dsn` (library: pgqctl/embedded.py)."""
+"""`pgqctl embedded status|start|stop|dsn` (library: pgqctl/embedded.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pgqctl.commands.options import (
     format_options,
     say,
 )
-from pgqctl.errors import EXIT_CHECK
+from pgqctl.errors import EXIT_CHECK, PgqctlError
 
 
 @click.group("embedded", cls=OnceGroup, context_settings=CONTEXT)
@@ -25,6 +25,7 @@ def embedded_group() -> None:
         pgqctl embedded status
         psql "$(pgqctl embedded dsn)"
         pgqctl embedded stop
+        pgqctl embedded start
     """
 
 
@@ -59,18 +60,56 @@ def embedded_status(fmt: str) -> None:
         raise click.exceptions.Exit(EXIT_CHECK)
 
 
+@command("start")
+def embedded_start() -> None:
+    """Start the embedded PostgreSQL (creating it on first use), also after
+    `pgqctl embedded stop`, which keeps other commands from starting it.
+
+    \b
+    Example:
+        pgqctl embedded start
+    """
+    from pgqctl import embedded
+
+    started = embedded.start()
+    if started.started:
+        say(embedded_started(started))
+    else:
+        say(f"the embedded PostgreSQL in {started.data_dir} runs already")
+
+
 @command("stop")
-def embedded_stop() -> None:
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Stop it even while workers are connected (they lose their jobs' leases "
+    "and retry until it is started again).",
+)
+def embedded_stop(force: bool) -> None:
     """Stop the embedded PostgreSQL (its data is kept).
+
+    It stays stopped: a later command that needs it says how to start it
+    (`pgqctl embedded start`) rather than starting it again. While
+    workers are connected it is not stopped, and they are named, unless
+    --force.
 
     \b
     Example:
         pgqctl embedded stop
+        pgqctl embedded stop --force
     """
     from pgqctl import embedded
 
-    if embedded.stop():
-        say("stopped the embedded PostgreSQL")
+    workers = [] if force else embedded.connected_workers()
+    if workers:
+        names = ", ".join(w.removeprefix("pgqctl worker ") for w in workers)
+        raise PgqctlError(
+            f"{output.plural(len(workers), 'worker')} connected ({names}): stop "
+            f"{'it' if len(workers) == 1 else 'them'} first (SIGTERM lets running jobs "
+            "finish), or give --force"
+        )
+    if embedded.stop(stay_stopped=True):
+        say("stopped the embedded PostgreSQL; `pgqctl embedded start` starts it again")
     else:
         say("the embedded PostgreSQL was not running")
 
@@ -91,5 +130,5 @@ def embedded_dsn() -> None:
     click.echo(started.dsn)
 
 
-for _sub in (embedded_status, embedded_stop, embedded_dsn):
+for _sub in (embedded_status, embedded_start, embedded_stop, embedded_dsn):
     embedded_group.add_command(_sub)

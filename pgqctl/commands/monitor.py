@@ -111,9 +111,19 @@ def workers_command(database: Database, fmt: str) -> None:
     help="Also hold every schedule to its ticks: a tick not enqueued within "
     f"{schedules.MISSED_GRACE:g}s of its time is a breach (one line per schedule).",
 )
+@selection_option(
+    "--include-paused",
+    is_flag=True,
+    help="Hold paused queues to the backlog thresholds too (pending age and count, stalled).",
+)
 @format_options
 def check_command(
-    database: Database, queues: tuple[str, ...], with_schedules: bool, fmt: str, **given: Any
+    database: Database,
+    queues: tuple[str, ...],
+    with_schedules: bool,
+    include_paused: bool,
+    fmt: str,
+    **given: Any,
 ) -> None:
     """Hold every queue to thresholds, for cron, Nagios-style monitors and
     probes: exit 0 when all hold, 3 when one does not, 1 when the queue
@@ -140,6 +150,11 @@ def check_command(
     With --schedules, each schedule whose tick no worker enqueued in time
     is one more breach line: `CRITICAL schedule nightly: tick ... missed`.
 
+    A paused queue's jobs wait on purpose: it is not held to --max-pending-age,
+    --max-pending nor --stalled unless --include-paused, and each paused
+    queue is named on stderr (`queue emails is paused ...`); --json says
+    "paused" per queue.
+
     \b
     Example:
         pgqctl check
@@ -150,8 +165,18 @@ def check_command(
     """
     thresholds = monitor.applied(given)
     with database.connect() as conn:
-        result = monitor.check(conn, thresholds, queues, with_schedules=with_schedules)
+        result = monitor.check(
+            conn, thresholds, queues, with_schedules=with_schedules, include_paused=include_paused
+        )
     output.emit_check(result, fmt)
+    for q in result.queues:
+        if q.pause is not None:
+            held = "held to" if include_paused else "not held to"
+            pause = output.pause_summary(q.pause.until, q.pause.reason)
+            say(
+                f"queue {q.queue} is paused ({pause}): its backlog is {held} the thresholds "
+                f"(`pgqctl resume {q.queue}` resumes it)"
+            )
     breaches = result.breaches()
     if breaches:
         say(f"{output.plural(len(breaches), 'threshold')} breached")

@@ -162,6 +162,7 @@ def global_options(func: F) -> F:
             click.option(
                 "--schema",
                 cls=OnceOption,
+                type=SCHEMA,
                 allow_from_autoenv=False,
                 help="As the command's --schema.",
             ),
@@ -258,6 +259,18 @@ def kind_filter(f: F) -> F:
     )(f)
 
 
+def no_empty_names(ctx: click.Context, param: click.Parameter, values: Any) -> Any:
+    """A callback refusing an empty name in a repeatable --queue or --kind:
+    `worker --queue ''` would claim from no queue at all while looking
+    like a worker that serves them all (an unset shell variable)."""
+    flag = max(getattr(param, "opts", ["--" + str(param.name)]), key=len)
+    if any(not value for value in values):
+        raise click.BadParameter(
+            f"an empty name matches no job: leave {flag} out to take them all", ctx, param
+        )
+    return values
+
+
 # --- option types ------------------------------------------------------------
 
 
@@ -322,6 +335,44 @@ def max_payload_bytes_option(effect: str) -> Callable[[F], F]:
         help=f"{effect} a payload longer than this as JSON text (UTF-8), "
         "e.g. --max-payload-bytes 4194304.",
     )
+
+
+class SchemaName(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """A schema PostgreSQL lets pgqctl create and keeps as given.
+
+    An empty name, a reserved pg_ name (pg_temp, pg_catalog) or one longer
+    than the server's 63 bytes would otherwise fail later with a raw error,
+    or be cut short silently and name another schema.
+    """
+
+    name = "text"  # its metavar, as before it was checked
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        name = str(value)
+        if not name:
+            self.fail("a schema name cannot be empty: leave --schema out for public", param, ctx)
+        if name.lower().startswith("pg_"):
+            self.fail(
+                f"{name!r} is reserved by PostgreSQL (names starting with pg_): choose another",
+                param,
+                ctx,
+            )
+        if "\0" in name:
+            self.fail("a schema name cannot hold a NUL character", param, ctx)
+        size = len(name.encode())
+        if size > MAX_IDENTIFIER_BYTES:
+            self.fail(
+                f"a schema name has at most {MAX_IDENTIFIER_BYTES} bytes, this one has {size} "
+                "(PostgreSQL would cut it short): choose a shorter one",
+                param,
+                ctx,
+            )
+        return name
+
+
+# PostgreSQL's NAMEDATALEN - 1: a longer identifier is truncated without error.
+MAX_IDENTIFIER_BYTES = 63
+SCHEMA = SchemaName()
 
 
 class Timestamp(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
@@ -467,6 +518,7 @@ def database_options(
     @click.option(
         "--schema",
         cls=OnceOption,
+        type=SCHEMA,
         default="public",
         show_default=True,
         help="Schema holding the jobs table.",
@@ -553,6 +605,9 @@ def format_options(func: F) -> F:
             if as_json or _from_command_line("fmt"):
                 raise _twice("--json" if as_json and json_before else "--format")
             fmt, as_json = fmt_before or fmt, bool(json_before)
+        if as_json and fmt not in ("auto", "json") and _from_command_line("fmt"):
+            # Which one was meant cannot be told: a script would parse the wrong one.
+            raise click.UsageError(f"--json and --format {fmt} disagree: give one of them")
         return func(*args, fmt="json" if as_json else fmt, **kwargs)
 
     return wrapper  # type: ignore[return-value]

@@ -19,6 +19,7 @@ from pgqctl.commands.options import (
     dead_after_option,
     debugging,
     max_payload_bytes_option,
+    no_empty_names,
 )
 from pgqctl.schedules import CATCH_UP, CATCH_UP_MAX, MISSED_GRACE
 from pgqctl.worklog import (  # small; the options need it
@@ -60,6 +61,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     multiple=True,
     envvar="PGQCTL_QUEUE",
     metavar="QUEUE",
+    callback=no_empty_names,
     help="Claim only jobs of this queue (repeatable; default: every queue).",
 )
 @click.option(
@@ -68,6 +70,7 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     multiple=True,
     envvar="PGQCTL_KIND",
     metavar="KIND",
+    callback=no_empty_names,
     help="Claim only jobs of this kind (repeatable; default: every kind).",
 )
 @click.option(
@@ -343,7 +346,33 @@ def worker_command(
     )
     log = WorkLog(sys.stderr, log_format, debug=debugging())
     warn_of_password_on_command_line(log, database.dsn_option, listen_dsn)
+    warn_of_unknown_queues(log, database, queues)
     return worker.serve(config, database.dsn, log)
+
+
+def warn_of_unknown_queues(log: WorkLog, database: Database, queues: tuple[str, ...]) -> None:
+    """Once, at start: a --queue that has never had a job nor a pause is
+    most likely a typo, and the worker would sit idle beside a backlog. It
+    still serves it (the first jobs of a new queue may be on their way)."""
+    if not queues:
+        return
+    import psycopg
+
+    from pgqctl import control
+    from pgqctl.errors import PgqctlError
+
+    try:
+        with database.connect() as conn:
+            unknown = control.unknown_queues(conn, queues)
+    except (psycopg.Error, PgqctlError):
+        return  # the worker's own start says what is wrong, and retries
+    for queue in unknown:
+        log.event(
+            "unknown_queue",
+            f"{queue.message()} (serving it anyway: its first jobs may be on their way)",
+            queue=queue.queue,
+            close=queue.close,
+        )
 
 
 def warn_of_password_on_command_line(

@@ -282,3 +282,62 @@ def test_embedded_status_exits_3_unless_the_server_runs(data_dir: Path) -> None:
     embedded.stop(data_dir)
     stopped = run_cli("embedded", "status", env=env)
     assert stopped.exit_code == 3
+
+
+def _no_database_configured() -> dict[str, str]:
+    """The environment of a user with no database of their own."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PGQCTL_", "PG")) and k != "DATABASE_URL"
+    }
+
+
+def test_stop_names_connected_workers_and_a_later_command_does_not_restart_it(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """Was: `embedded stop` exit 0 under a running worker, and the next
+    command (the worker's own reconnect too) started the server again."""
+
+    def pgqctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pgqctl", *args], env=env, capture_output=True, text=True
+        )
+
+    env = {**_no_database_configured(), "PGQCTL_EMBEDDED_DIR": str(data_dir)}
+    assert pgqctl("embedded", "start").returncode == 0
+    assert pgqctl("migrate").returncode == 0
+    log = (tmp_path / "worker.log").open("w")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "pgqctl", "worker", "--poll", "100ms"], env=env, stderr=log
+    )
+    try:
+        dsn = embedded.dsn(data_dir)
+        deadline = time.monotonic() + 30
+        while not query(dsn, "SELECT count(*) FROM workers"):
+            assert time.monotonic() < deadline, "the worker to register"
+            time.sleep(0.05)
+
+        refused = pgqctl("embedded", "stop")
+        assert refused.returncode == 1
+        assert f"1 worker connected (vm:{worker.pid})" in refused.stderr.replace(
+            os.uname().nodename, "vm"
+        )
+        assert "give --force" in refused.stderr
+        assert embedded.status(data_dir).running
+
+        forced = pgqctl("embedded", "stop", "--force")
+        assert forced.returncode == 0, forced.stderr
+        assert "`pgqctl embedded start` starts it again" in forced.stderr
+        time.sleep(1.5)  # the worker retries its connection meanwhile
+        after = pgqctl("stats")
+        assert after.returncode == 1
+        assert "was stopped with `pgqctl embedded stop`: `pgqctl embedded start`" in after.stderr
+        assert not embedded.status(data_dir).running
+    finally:
+        worker.kill()
+        worker.wait()
+        log.close()
+    started = pgqctl("embedded", "start")
+    assert started.returncode == 0, started.stderr
+    assert pgqctl("stats").returncode == 0

@@ -327,7 +327,8 @@ def test_metrics_show_paused_queues_even_without_jobs(
 ) -> None:
     mixed_queues(conn)
     for queue in ("sms", "idle"):
-        assert run_cli("pause", queue, "--reason", "provider down", "--dsn", dsn).exit_code == 0
+        paused = run_cli("pause", "--force", queue, "--reason", "provider down", "--dsn", dsn)
+        assert paused.exit_code == 0
     got = samples(run_cli("metrics", "--dsn", dsn).stdout)
     paused = {dict(k[1])["queue"]: v for k, v in got.items() if k[0] == "pgqctl_queue_paused"}
     assert paused == {"emails": 0, "sms": 1, "idle": 1}

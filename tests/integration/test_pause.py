@@ -49,7 +49,9 @@ def pauses(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
 def test_pause_prints_what_it_paused_and_a_second_pause_updates_it(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
-    first = run_cli("pause", "emails", "sms", "--for", "30m", "--reason", "smtp down", "--dsn", dsn)
+    first = run_cli(
+        "pause", "--force", "emails", "sms", "--for", "30m", "--reason", "smtp down", "--dsn", dsn
+    )
     assert first.exit_code == 0, first.stderr
     lines = first.stdout.splitlines()
     assert lines[0].split() == ["queue", "until", "reason", "paused_at"]
@@ -65,14 +67,14 @@ def test_pause_prints_what_it_paused_and_a_second_pause_updates_it(
     assert again["queue"] == "emails" and again["updated"] is True
     assert again["until"] is None and again["reason"] == "smtp down"
     assert pauses(conn) == [("emails", "smtp down", True), ("sms", "smtp down", False)]
-    [fresh] = cli_json(dsn, "pause", "reports", "--reason", "month end")
+    [fresh] = cli_json(dsn, "pause", "--force", "reports", "--reason", "month end")
     assert fresh["updated"] is False and fresh["reason"] == "month end"
 
 
 def test_resume_ends_pauses_and_a_queue_not_paused_is_a_no_op(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
-    assert run_cli("pause", "emails", "--reason", "down", "--dsn", dsn).exit_code == 0
+    assert run_cli("pause", "--force", "emails", "--reason", "down", "--dsn", dsn).exit_code == 0
     result = run_cli("resume", "emails", "nothing", "--json", "--dsn", dsn)
     assert result.exit_code == 0, result.stderr
     [resumed] = json.loads(result.stdout)
@@ -92,7 +94,7 @@ def test_a_pause_that_has_ended_is_no_pause(dsn: str, conn: psycopg.Connection[A
     )
     assert cli_json(dsn, "stats")["paused"] == []
     assert "is not paused" in run_cli("resume", "old", "--dsn", dsn).stderr
-    [paused] = cli_json(dsn, "pause", "old")
+    [paused] = cli_json(dsn, "pause", "--force", "old")
     # A new pause, not the old one's reason or start.
     assert paused["updated"] is False and paused["reason"] is None
 
@@ -147,8 +149,10 @@ def test_stats_shows_paused_queues_even_with_no_jobs(
 ) -> None:
     add_jobs(conn, 2, queue="emails")
     add_jobs(conn, 1, queue="sms")
-    assert run_cli("pause", "emails", "--reason", "smtp down", "--dsn", dsn).exit_code == 0
-    assert run_cli("pause", "reports", "--for", "1h", "--dsn", dsn).exit_code == 0
+    assert (
+        run_cli("pause", "--force", "emails", "--reason", "smtp down", "--dsn", dsn).exit_code == 0
+    )
+    assert run_cli("pause", "--force", "reports", "--for", "1h", "--dsn", dsn).exit_code == 0
 
     stats = cli_json(dsn, "stats")
     by_queue = {q["queue"]: q for q in stats["queues"]}
@@ -322,7 +326,7 @@ def test_a_pause_for_two_seconds_ends_by_itself(
 def test_a_queue_paused_before_it_has_jobs_stays_paused_across_worker_restarts(
     dsn: str, conn: psycopg.Connection[Any], start_worker: Any
 ) -> None:
-    assert run_cli("pause", "A", "--reason", "not yet", "--dsn", dsn).exit_code == 0
+    assert run_cli("pause", "--force", "A", "--reason", "not yet", "--dsn", dsn).exit_code == 0
     first = start_worker(dsn, "--poll", "0.2s")
     first.wait_for_log("worker ")
     for queue in ("A", "A", "B"):

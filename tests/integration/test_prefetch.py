@@ -71,7 +71,8 @@ def test_one_running_and_two_prefetched_shown_by_leases_and_workers(
     assert table.exit_code == 0, table.stderr
     header, _, row = table.stdout.splitlines()
     assert header.split()[-2:] == ["jobs", "prefetched"]
-    assert re.split(r"\s{2,}", row)[-2:] == [str(ids[0]), f"{ids[1]}, {ids[2]}"]
+    assert ids[2] == ids[1] + 1  # ids that follow each other are shown as a range
+    assert re.split(r"\s{2,}", row)[-2:] == [str(ids[0]), f"{ids[1]}-{ids[2]}"]
     assert worker.stop() == 0
 
 

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -51,20 +52,26 @@ class Pane:
         return self.tmux("display-message", "-p", "-t", "top", f"#{{{variable}}}").strip()
 
 
-@pytest.fixture
-def pane(tmp_path: Path) -> Iterator[Pane]:
+@contextmanager
+def pane_of(columns: int, lines: int) -> Iterator[Pane]:
     if shutil.which("tmux") is None:
         missing("tmux is not installed: `apt-get install tmux`")
     made = Pane(unique("pgqctl-top"))
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in clean_env().items() if k.isidentifier())
     made.tmux(
-        *("new-session", "-d", "-s", "top", "-x", "110", "-y", "40"),
+        *("new-session", "-d", "-s", "top", "-x", str(columns), "-y", str(lines)),
         f"env -i {env} TERM=screen sh",
     )
     try:
         yield made
     finally:
         made.tmux("kill-server")
+
+
+@pytest.fixture
+def pane() -> Iterator[Pane]:
+    with pane_of(110, 40) as made:
+        yield made
 
 
 def queue_row(screen: str) -> list[str] | None:
@@ -155,3 +162,33 @@ def test_top_not_on_a_terminal_points_to_stats_watch(dsn: str) -> None:
     result = pgqctl("top", "--dsn", dsn, input="")
     assert result.returncode == 2 and result.stdout == ""
     assert "top needs a terminal" in result.stderr and "pgqctl stats --watch 1" in result.stderr
+
+
+def test_top_at_80_by_30_keeps_its_header_on_one_line_and_every_active_worker(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Was: the header on 2 lines (3 with a longer DSN), and the leases
+    pushing the second worker off the bottom of the screen."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for n, queue in enumerate(["emails-transactional", "images", "reports"]):
+            conn.execute("INSERT INTO jobs (queue, kind, payload) VALUES (%s, 'k', '{}')", [queue])
+            conn.execute(
+                "INSERT INTO workers (id, host, pid, version, concurrency, heartbeat_seconds,"
+                " lease_seconds) VALUES (%s, 'vm', %s, '', 6, 3600, 300)",
+                [f"vm:{100 + n}", 100 + n],
+            )
+        conn.execute(
+            "INSERT INTO jobs (queue, kind, payload, status, attempts, locked_by, locked_until)"
+            " SELECT 'images', 'k', '{}', 'running', 1, 'vm:100:' || i, now() + '5 minutes'"
+            " FROM generate_series(1, 12) AS i"
+        )
+    with pane_of(80, 30) as pane:
+        run_top(pane, dsn, tmp_path)
+        wait_until(lambda: "vm:102" in pane.screen(), 10, "every worker on the screen")
+        lines = pane.screen().splitlines()
+        pane.tmux("send-keys", "-t", "top", "q")
+    assert lines[0].startswith("pgqctl top ") and lines[1] == "queues"
+    assert all(any(line.startswith(f" vm:{pid} ") for line in lines) for pid in (100, 101, 102))
+    assert any(line.lstrip().startswith("+") and "more" in line for line in lines)

@@ -250,3 +250,34 @@ def test_the_schedule_listing_fits_and_keeps_names_and_ticks_readable(width: int
         assert TIME.fullmatch(cells["next_tick"]), cells
     assert shown[2]["missed_since"] and shown[0]["missed_since"] == ""
     assert shown[1]["paused"] == "paused"
+
+
+def test_no_value_is_cut_while_an_empty_column_is_shown() -> None:
+    rows = [{"name": "nightly", "timing": "cron */15 9-17 * * mon-fri", "paused": ""}]
+    layout = output.fit(rows, ["name", "timing", "paused"], 40)
+    # Was: the cron expression cut to 14 beside an empty `paused` (rank 0).
+    assert layout.columns == ["name", "timing"]
+    assert layout.widths[1] == len("cron */15 9-17 * * mon-fri")
+
+
+@pytest.mark.parametrize(
+    ("ids", "shown"),
+    [([], ""), ([7], "7"), ([9, 10, 11, 12, 13, 14, 20], "9-14, 20"), ([3, 1, 2, 5], "1-3, 5")],
+)
+def test_job_ids_that_follow_each_other_read_as_ranges(ids: list[int], shown: str) -> None:
+    assert output.id_ranges(ids) == shown
+
+
+@pytest.mark.parametrize(
+    ("wanted", "available", "given"),
+    [
+        ([3, 12, 2], 14, [3, 9, 2]),  # top at 80x30: every worker, the leases cut
+        ([3, 12, 2], 100, [3, 12, 2]),
+        ([20, 20, 20], 14, [6, 4, 4]),  # a fair share each, the rest in order
+        ([1, 1, 1], -5, [0, 0, 0]),
+    ],
+)
+def test_top_shares_the_rows_of_the_terminal(
+    wanted: list[int], available: int, given: list[int]
+) -> None:
+    assert output.share_rows(wanted, available) == given
