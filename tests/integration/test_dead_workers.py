@@ -151,14 +151,28 @@ def test_a_worker_back_after_its_jobs_were_taken_stops_them_and_its_reports_are_
 # --- reap, and reap --worker, on rows of workers ----------------------------------------
 
 
-def register(conn: psycopg.Connection[Any], worker_id: str, seen: str) -> None:
-    """A row of workers, as a worker beating every 10 s leaves it, last seen `seen` ago."""
+def register(
+    conn: psycopg.Connection[Any], worker_id: str, seen: str, heartbeat: float = 10
+) -> None:
+    """A row of workers, as a worker beating every `heartbeat` seconds leaves
+    it, last seen `seen` ago."""
     host, _, pid = worker_id.rpartition(":")
     conn.execute(
         "INSERT INTO workers (id, host, pid, version, concurrency, heartbeat_seconds, "
-        "lease_seconds, last_seen) VALUES (%s, %s, %s, 'test', 2, 10, 300, now() - %s::interval)",
-        (worker_id, host, int(pid), seen),
+        "lease_seconds, last_seen) VALUES (%s, %s, %s, 'test', 2, %s, 300, now() - %s::interval)",
+        (worker_id, host, int(pid), heartbeat, seen),
     )
+
+
+def server_up_for(conn: psycopg.Connection[Any], seconds: float) -> None:
+    """Wait until the server has been up `seconds`: silence before its start
+    does not count toward a worker's death (a suite's own server may be new)."""
+    deadline = time.monotonic() + seconds + 30
+    while conn.execute(
+        "SELECT now() - pg_postmaster_start_time() < %s * interval '1 second'", (seconds,)
+    ).fetchone() != (False,):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
 
 
 def held(conn: psycopg.Connection[Any], holder: str, n: int = 1) -> list[int]:
@@ -176,9 +190,10 @@ def held(conn: psycopg.Connection[Any], holder: str, n: int = 1) -> list[int]:
 def test_reap_takes_the_jobs_of_a_dead_worker_and_leaves_a_stale_ones(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
-    register(conn, "dead:1", "70 seconds")  # 7 beats of 10 s: dead by the default 6
-    register(conn, "slow:2", "40 seconds")  # 4 beats: stale, not dead
-    register(conn, "a_b:3", "1 second")
+    server_up_for(conn, 36)
+    register(conn, "dead:1", "35 seconds", heartbeat=5)  # 7 beats of 5 s: dead by the default 6
+    register(conn, "slow:2", "17 seconds", heartbeat=5)  # 3.4 beats: stale, not dead
+    register(conn, "a_b:3", "1 second", heartbeat=5)
     gone = held(conn, "dead:1:0") + held(conn, "dead:1:prefetch")
     kept = held(conn, "slow:2:0") + held(conn, "a_b:3:0") + held(conn, "axb:3:0")
 
