@@ -34,8 +34,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pgqctl.errors import BadInput
-from pgqctl.runner import Command
-from pgqctl.runner import _find_program as find_program  # resolve exactly as the runner does
+from pgqctl.runner import (
+    Command,
+    find_program,  # resolve exactly as the runner does
+)
 
 # Variables that make a program load or run other code than its own: the
 # dynamic loader's, the C library's, those of shells and of the common

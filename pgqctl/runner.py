@@ -1050,7 +1050,7 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], stdin: int, out_w: int) 
             program, argv, env, setsid=True, setsigdef=_RESTORED_SIGNALS, file_actions=actions
         )
 
-    program = _find_program(argv[0], env)
+    program = find_program(argv[0], env)
     try:
         return spawn(program)
     except FileNotFoundError:
@@ -1058,7 +1058,7 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], stdin: int, out_w: int) 
             raise
     # Removed since it was looked up: look again, once.
     _forget_program(argv[0], env)
-    return spawn(_find_program(argv[0], env))
+    return spawn(find_program(argv[0], env))
 
 
 def _wakeup() -> tuple[int, int]:
@@ -1082,7 +1082,7 @@ def _devnull() -> int:
     return _DEVNULL[0]
 
 
-def _find_program(program: str, env: Mapping[str, str]) -> str:
+def find_program(program: str, env: Mapping[str, str]) -> str:
     """The file that runs `program`, looked up in the child's PATH as Popen
     does (posix_spawnp would search the worker's own PATH).
 
