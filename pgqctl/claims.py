@@ -314,13 +314,14 @@ def fence_state(conn: Conn, ids: Sequence[int]) -> dict[int, tuple[str, int]]:
     return {row[0]: (row[1], row[2]) for row in rows}
 
 
-def cancelled(conn: Conn, held: Sequence[Held]) -> dict[int, str | None]:
-    """Those of `held` an operator cancelled at the attempt held, with their
-    last_error (the reason)."""
+def ended(conn: Conn, held: Sequence[Held]) -> dict[int, tuple[str, str | None]]:
+    """Those of `held` that ended at the attempt held while this worker held
+    them: cancelled by an operator or done by the job itself, each with its
+    status and last_error (a cancel's reason)."""
     wanted = dict(held)
     with conn.transaction():
-        rows = conn.execute(query("job_cancelled_state"), {"ids": list(wanted)}).fetchall()
-    return {row[0]: row[2] for row in rows if wanted.get(row[0]) == row[1]}
+        rows = conn.execute(query("job_ended_state"), {"ids": list(wanted)}).fetchall()
+    return {row[0]: (row[2], row[3]) for row in rows if wanted.get(row[0]) == row[1]}
 
 
 def _failed_json(failed: Sequence[Failure]) -> str:

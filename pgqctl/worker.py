@@ -379,7 +379,14 @@ class _Running:
     stop: runner.Stop
     slot: int = -1  # which of the --concurrency slots it holds, for the logs
     lost: bool = False  # lease lost: stop the child, drop its result
+    # Done by the job's own transaction (pgqctl_complete_job): nothing to
+    # renew or report; its program runs on until it exits.
+    completed: bool = False
     prefetched: bool = False  # claimed ahead of a free slot, and not started yet
+
+    @property
+    def holds_lease(self) -> bool:
+        return not (self.lost or self.completed)
 
 
 @dataclass(frozen=True)
@@ -455,6 +462,9 @@ class Worker:
         self.read_only = False  # the server refuses our writes for good (a standby)
         self.running: dict[Held, _Running] = {}
         self.done: list[_Finished] = []
+        # Jobs whose "done" report was sent on an exchange that failed: if
+        # their rows say done, that may be our report's doing, not the job's.
+        self.maybe_reported: set[Held] = set()
         self.fails: list[tuple[_Finished, Failure]] = []
         self.handed_back: list[_Finished] = []
         # Jobs claimed ahead of a free slot (--prefetch), in claim order: each
@@ -841,6 +851,8 @@ class Worker:
             )
         except (psycopg.Error, PgqctlError) as exc:
             self.claim_wanted = self.claim_wanted or bool(limit)
+            # The server may have applied these reports with the answer lost.
+            self.maybe_reported.update(f.running.job.held for f in done)
             self._connection_failed(exc)
             return
         if beat:
@@ -854,6 +866,7 @@ class Worker:
         fenced_out = self._log_reports(done, fails, handed_back, changed)
         if fenced_out:
             self._explain_fenced_out(fenced_out)
+        self.maybe_reported.clear()
         if changed.handed_back or any(r.status == "pending" for r in changed.failed.values()):
             # Back in the queue, maybe due already: the claim that went with
             # the report could not see them (one statement, one snapshot).
@@ -1025,11 +1038,11 @@ class Worker:
 
     def _leased(self) -> list[Held]:
         """The jobs whose leases this worker renews: running (unless lost) and prefetched."""
-        held = [r.job.held for r in self.running.values() if not r.lost]
+        held = [r.job.held for r in self.running.values() if r.holds_lease]
         return held + [r.job.held for r in self.prefetched]
 
     def _leases_held(self) -> bool:
-        return bool(self.prefetched) or any(not r.lost for r in self.running.values())
+        return bool(self.prefetched) or any(r.holds_lease for r in self.running.values())
 
     def _holding(self, key: Held) -> _Running | None:
         """The job this worker holds under `key`, running (unless lost) or prefetched."""
@@ -1067,15 +1080,16 @@ class Worker:
         if not held:
             return
         try:
-            found = claims.cancelled(self.conn, held)
+            found = claims.ended(self.conn, held)
         except (psycopg.Error, PgqctlError) as exc:
             self.cancel_notices.update(held)  # asked again once reconnected
             self._connection_failed(exc)
             return
         for key in held:
             running = self._holding(key)
-            if running is not None and key[0] in found:
-                self._stop_cancelled(running, found[key[0]], "notification")
+            status, why = found.get(key[0], ("", None))
+            if running is not None and status == "cancelled":
+                self._stop_cancelled(running, why, "notification")
 
     def _stop_cancelled(self, running: _Running, error: str | None, noticed: str) -> None:
         """An operator cancelled a job this worker runs: stop its process
@@ -1104,19 +1118,24 @@ class Worker:
         gone = [key for key in held if key[0] not in kept and self._holding(key)]
         if not gone:
             return
-        # Lost, or cancelled by an operator (also without a notification,
-        # through a transaction pooler): the job's row tells which.
+        # Lost, cancelled by an operator (also without a notification,
+        # through a transaction pooler), or done by the job's own
+        # transaction: the job's row tells which.
         assert self.conn is not None
         try:
-            cancelled = claims.cancelled(self.conn, gone)
+            ended = claims.ended(self.conn, gone)
         except (psycopg.Error, PgqctlError):
-            cancelled = {}  # said as a lost lease; either way the job is stopped
+            ended = {}  # said as a lost lease; either way the job is stopped
         for key in gone:
             running = self._holding(key)
             if running is None:
                 continue
-            if key[0] in cancelled:
-                self._stop_cancelled(running, cancelled[key[0]], "renewal")
+            status, why = ended.get(key[0], ("", None))
+            if status == "cancelled":
+                self._stop_cancelled(running, why, "renewal")
+                continue
+            if status == "done" and not running.prefetched:
+                self._completed_by_job(running)
                 continue
             if running.prefetched:
                 self._drop_prefetched(running)
@@ -1141,6 +1160,20 @@ class Worker:
                 attempt=job.tries,
                 reason="renewal",
             )
+
+    def _completed_by_job(self, running: _Running) -> None:
+        """The job's program committed its own "done" and runs on: let it
+        finish, with nothing left to renew or report."""
+        running.completed = True
+        job = running.job
+        self.log.event(
+            "completed_by_job",
+            f"job {job.id} done by its own transaction (attempt {job.tries}); "
+            "its program runs on until it exits",
+            job_id=job.id,
+            kind=job.kind,
+            attempt=job.tries,
+        )
 
     def _reconnect(self) -> bool:
         try:
@@ -1334,6 +1367,9 @@ class Worker:
         self.claim_wanted = True
         if running.lost:
             return  # said when the lease was found lost
+        if running.completed:
+            self._log_done(finished, by_job=True)
+            return
         job = running.job
         outcome = finished.outcome
         if finished.rejected is not None:
@@ -1392,17 +1428,32 @@ class Worker:
                 fenced_out.append((finished, "handed back"))
         return fenced_out
 
-    def _log_done(self, finished: _Finished) -> None:
+    def _log_done(self, finished: _Finished, *, by_job: bool = False) -> None:
+        """A job done: by this worker's report, or (`by_job`) by the job's own
+        transaction, after which its program may still have failed or been
+        stopped: the job stays done, and the log says how the program ended."""
         self.jobs_done += 1  # the next heartbeat says so
         job = finished.running.job
-        duration = finished.outcome.duration
+        outcome = finished.outcome
+        duration = outcome.duration
+        text = f"job {job.id} done in {seconds(duration)}"
+        fields: dict[str, Any] = {}
+        if by_job:
+            text = f"job {job.id} done by its own transaction, in {seconds(duration)}"
+            fields["completed_by"] = "job"
+            if not outcome.succeeded:
+                text += f"; then its program ended with {outcome.describe()} (it stays done)"
+                fields.update(
+                    error=outcome.describe(), exit_code=outcome.exit_code, signal=outcome.signal
+                )
         self.log.event(
             "done",
-            f"job {job.id} done in {seconds(duration)}",
+            text,
             job_id=job.id,
             kind=job.kind,
             attempt=job.tries,
             duration=round(duration, 3),
+            **fields,
         )
 
     def _log_failure(
@@ -1449,9 +1500,11 @@ class Worker:
         for finished, tried in fenced_out:
             job = finished.running.job
             status, attempts = state.get(job.id, ("", -1))
-            if tried == "done" and status == "done" and attempts == job.attempts:
-                # Our own earlier report, whose answer the connection lost.
-                self._log_done(finished)
+            if status == "done" and attempts == job.attempts:
+                # Our own earlier report, whose answer the connection lost;
+                # or else the job's program completed it in its own transaction.
+                ours = tried == "done" and job.held in self.maybe_reported
+                self._log_done(finished, by_job=not ours)
                 continue
             if status == "cancelled" and attempts == job.attempts:
                 # An operator cancelled it before the report came in.
@@ -1562,6 +1615,7 @@ class Worker:
                 queue=job.queue,
                 attempt=job.tries,
                 extra=command.env,
+                schema=c.schema,
                 schedule=job.schedule,
                 tick=job.tick,
             )

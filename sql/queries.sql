@@ -1594,13 +1594,15 @@ SELECT id, status, attempts
 FROM jobs
 WHERE id = ANY(%(ids)s::bigint[]);
 
--- name: job_cancelled_state
--- Which of these jobs an operator cancelled, with their attempt and why: a
--- worker checks before it stops a job it was told about (anyone may send a
--- notification). One row per cancelled job; its reason cut to a log line's length.
-SELECT id, attempts, left(last_error, 1000)
+-- name: job_ended_state
+-- Which of these jobs ended while a worker held them, with their attempt:
+-- cancelled by an operator (with why, cut to a log line's length), or done
+-- by the job's own program in its own transaction. A worker checks before
+-- it stops a job it was told about (anyone may send a notification), and
+-- when a renewal matched nothing.
+SELECT id, attempts, status, left(last_error, 1000)
 FROM jobs
-WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled';
+WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('cancelled', 'done');
 
 -- ---------------------------------------------------------------------------
 -- migrate: applying sql/migrations/ (pgqctl/migrate.py).

@@ -168,3 +168,54 @@ CREATE TABLE workers (
     reaped_at         timestamptz,
     reaped_jobs       bigint NOT NULL DEFAULT 0
 );
+
+-- A job's program completes its own job in its own transaction (see 0011):
+-- fenced by attempt, raising SQLSTATE PGQ01 in any other state; EXECUTE
+-- revoked from PUBLIC; search_path pinned to this schema, then pg_temp.
+CREATE OR REPLACE FUNCTION pgqctl_complete_job(job_id bigint, attempt integer)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+AS $$
+DECLARE
+    now_status text;
+    now_attempts integer;
+BEGIN
+    UPDATE jobs AS j
+    SET status = 'done', finished_at = now(), locked_until = NULL
+    WHERE j.id = job_id AND j.attempts = attempt AND j.status = 'running';
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT j.status, j.attempts INTO now_status, now_attempts FROM jobs AS j WHERE j.id = job_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'job % does not exist (deleted, or a wrong PGQCTL_JOB_ID)', job_id
+            USING ERRCODE = 'PGQ01';
+    ELSIF now_attempts > attempt THEN
+        RAISE EXCEPTION 'job % attempt % is stale: attempt % has claimed it since (now %)',
+            job_id, attempt, now_attempts, now_status
+            USING ERRCODE = 'PGQ01',
+                  HINT = 'roll back: the attempt that holds the job does its work';
+    ELSIF now_attempts < attempt THEN
+        RAISE EXCEPTION 'job % has had only % attempt(s), not %', job_id, now_attempts, attempt
+            USING ERRCODE = 'PGQ01',
+                  HINT = 'pass PGQCTL_JOB_ATTEMPT as the worker gave it';
+    ELSE
+        RAISE EXCEPTION 'job % attempt % is not running: it is %', job_id, attempt, now_status
+            USING ERRCODE = 'PGQ01',
+                  HINT = CASE now_status
+                      WHEN 'done' THEN 'it was completed already; roll back'
+                      WHEN 'cancelled' THEN 'an operator cancelled it; roll back'
+                      ELSE 'its lease ran out and it was reaped; roll back, it runs again'
+                  END;
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgqctl_complete_job(bigint, integer) FROM PUBLIC;
+DO $$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION %I.pgqctl_complete_job(bigint, integer) SET search_path = %I, pg_temp',
+        current_schema(), current_schema());
+END
+$$;

@@ -146,7 +146,7 @@ def skip_unless_reachable(prefix: list[str], python: str, env: dict[str, str]) -
         timeout=30,
     )
     if probe.returncode != 0 and b"Permission denied" in probe.stderr:
-        pytest.skip(f"the user {NOBODY} cannot reach this test server's socket; set PGQCTL_TEST_DSN")
+        pytest.skip(f"the user {NOBODY} cannot reach this server's socket; set PGQCTL_TEST_DSN")
 
 
 def test_a_job_of_the_same_user_cannot_read_the_workers_password(
