@@ -290,14 +290,15 @@ def job_environment(
     queue: str,
     attempt: int,
     extra: Mapping[str, str],
+    claim: int | None = None,
     schema: str = "public",
     schedule: str | None = None,
     tick: dt.datetime | None = None,
 ) -> dict[str, str]:
     """`clean` (from `without_credentials`), the job's `extra`, then
-    PGQCTL_JOB_*, which the job's `extra` cannot override (PGQCTL_JOB_SCHEMA
-    and the id and attempt are what a program needs to complete its own job
-    in its own transaction: pgqctl/completion.py); for a job a
+    PGQCTL_JOB_*, which the job's `extra` cannot override (the id, the
+    claim, the fencing token, and the schema are what a program needs to
+    complete its own job in its own transaction: pgqctl/completion.py); for a job a
     schedule enqueued, PGQCTL_SCHEDULE and PGQCTL_TICK (the tick's time,
     ISO 8601 in UTC), so that it can be idempotent per tick. A job of no
     schedule gets neither, even from the worker's own environment."""
@@ -307,6 +308,7 @@ def job_environment(
     env["PGQCTL_JOB_KIND"] = kind
     env["PGQCTL_JOB_QUEUE"] = queue
     env["PGQCTL_JOB_ATTEMPT"] = str(attempt)
+    env["PGQCTL_JOB_CLAIM"] = str(attempt if claim is None else claim)
     env["PGQCTL_JOB_SCHEMA"] = schema
     env.pop("PGQCTL_SCHEDULE", None)
     env.pop("PGQCTL_TICK", None)

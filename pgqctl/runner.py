@@ -171,6 +171,8 @@ class Outcome:
     left_out_lines: int = 0
     duration: float = 0.0
     timeout: float | None = None
+    # The job's own error when it ran no child (a SQL handler's statement).
+    error: str | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -180,6 +182,8 @@ class Outcome:
         """One line for logs and the first line of `last_error`."""
         if self.start_error is not None:
             return self.start_error
+        if self.error is not None:
+            return self.error
         if self.timed_out:
             text = f"timed out after {_seconds(self.timeout or self.duration)}"
             if self.signal == signal.SIGKILL:
@@ -221,6 +225,7 @@ class Stop:
         self._reason: str | None = None
         self._wakeups: set[int] = set()
         self._event: threading.Event | None = None  # made by the first `wait`
+        self._callbacks: list[Callable[[], None]] = []
 
     def request(self, reason: str = "stop requested") -> bool:
         """Ask for a stop; True if this call was the first to ask."""
@@ -232,7 +237,20 @@ class Stop:
                 self._event.set()
             for fd in self._wakeups:
                 _poke(fd)
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
         return True
+
+    def when_requested(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (once, on the requesting thread) when a stop is
+        requested; at once if one was. For work that is not a child: a SQL
+        job cancels its statement."""
+        with self._lock:
+            if self._reason is None:
+                self._callbacks.append(callback)
+                return
+        callback()
 
     @property
     def requested(self) -> bool:

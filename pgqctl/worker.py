@@ -85,7 +85,18 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import __version__, admin, claims, db, hardening, limits, payload, runner, ticks
+from pgqctl import (
+    __version__,
+    admin,
+    claims,
+    db,
+    hardening,
+    limits,
+    payload,
+    runner,
+    sql_jobs,
+    ticks,
+)
 from pgqctl.blockers import Blocker, Timeouts, find_blocker, spelled, timeout_kind, waited
 from pgqctl.claims import Failure
 from pgqctl.config import describe
@@ -185,6 +196,9 @@ class WorkerConfig:
     allow_shell: bool = False
     # (KIND, command) pairs, as --handler gives them: a kind may appear once.
     handlers: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # --sql KIND=STATEMENT: the kinds whose work is one statement, run with
+    # the job's "done" in one transaction (pgqctl/sql_jobs.py).
+    sql_handlers: tuple[tuple[str, str], ...] = ()
     backoff: float = 2.0
     # A direct (or session-pooled) connection used only to LISTEN, when the
     # DSN goes through a transaction pooler.
@@ -312,6 +326,11 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
         describe_listen_target=describe(listen_dsn),
         find_blocker=functools.partial(find_blocker, dsn, schema=config.schema),
     )
+    try:
+        worker.check(conn)
+    except BaseException:
+        conn.close()
+        raise
     return worker.run(conn)
 
 
@@ -396,6 +415,10 @@ class _Finished:
     running: _Running
     outcome: runner.Outcome
     rejected: str | None = None
+    # A SQL job's end (pgqctl/sql_jobs.py): done in its own transaction, or
+    # found no longer running (nothing committed). Nothing left to report.
+    committed: bool = False
+    fenced_out: bool = False
 
 
 class Worker:
@@ -443,6 +466,17 @@ class Worker:
         self.output_cap = runner.OutputCap(config.log_output_lines, config.log_output_bytes)
 
         self._children: runner.Supervisor | None = None
+        self._sql = (
+            sql_jobs.SqlJobs(
+                dict(config.sql_handlers),
+                connect,
+                on_started=self._sql_started,
+                on_done=self._sql_done,
+                keep=config.concurrency,
+            )
+            if config.sql_handlers
+            else None
+        )
         self._guard: Guard | None = None
         # Free slot numbers, lowest on top: the logs say which slot runs a job.
         self._free_slots = list(range(config.concurrency - 1, -1, -1))
@@ -510,6 +544,12 @@ class Worker:
 
     # ------------------------------------------------------------- lifecycle
 
+    def check(self, conn: db.QueueConnection) -> None:
+        """Refuse to start (BadInput) with what no job could ever run: a
+        --sql statement the server cannot prepare, or of the wrong parameters."""
+        if self._sql is not None:
+            self._sql.check(conn)
+
     def run(self, conn: db.QueueConnection) -> int:
         """Work until told to stop (or, with burst/max-jobs, until done); the exit code."""
         self.conn = conn
@@ -533,6 +573,8 @@ class Worker:
             if self.conn is not None:
                 self._unregister()
                 self.conn.close()
+            if self._sql is not None:
+                self._sql.close()
             self._restore_signal_handlers(previous)
         self.log.event(
             "worker_stopped",
@@ -1370,6 +1412,13 @@ class Worker:
         if running.completed:
             self._log_done(finished, by_job=True)
             return
+        if finished.committed:  # a SQL job: done with its statement's writes
+            self._log_done(finished)
+            return
+        if finished.fenced_out:  # a SQL job whose attempt no longer ran: nothing committed
+            running.lost = True
+            self._explain_fenced_out([(finished, "done")])
+            return
         job = running.job
         outcome = finished.outcome
         if finished.rejected is not None:
@@ -1599,6 +1648,17 @@ class Worker:
         try:
             if isinstance(job.payload, Unreadable):  # what its row holds can never run
                 raise payload.PayloadRejected(job.payload.reason)
+            if self._sql is not None and job.kind in self._sql:
+                self._sql.submit(
+                    running,
+                    job_id=job.id,
+                    attempt=job.attempts,
+                    kind=job.kind,
+                    payload=json.dumps(job.payload),
+                    timeout=c.timeout,
+                    stop=running.stop,
+                )
+                return
             command = payload.command_for_job(
                 job.payload,
                 kind=job.kind,
@@ -1615,6 +1675,7 @@ class Worker:
                 queue=job.queue,
                 attempt=job.tries,
                 extra=command.env,
+                claim=job.attempts,
                 schema=c.schema,
                 schedule=job.schedule,
                 tick=job.tick,
@@ -1648,6 +1709,30 @@ class Worker:
             max_attempts=job.max_attempts,
             slot=key.slot,
             pid=pid,
+        )
+
+    def _sql_started(self, key: object, backend_pid: int) -> None:
+        """A SQL job's statement is about to run (called on its thread)."""
+        assert isinstance(key, _Running)
+        job = key.job
+        self.log.event(
+            "started",
+            f"job {job.id} started: {job.kind}, attempt {job.tries} of {job.max_attempts} "
+            f"(queue {job.queue}, slot {key.slot}, SQL on backend pid {backend_pid})",
+            job_id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.tries,
+            max_attempts=job.max_attempts,
+            slot=key.slot,
+            backend_pid=backend_pid,
+        )
+
+    def _sql_done(self, key: object, result: sql_jobs.SqlResult) -> None:
+        """A SQL job ended (called on its thread): post its result, waking the loop."""
+        assert isinstance(key, _Running)
+        self._post(
+            _Finished(key, result.outcome, committed=result.committed, fenced_out=result.fenced_out)
         )
 
     def _child_done(

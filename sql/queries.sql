@@ -1588,6 +1588,29 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 -- No rows.
 COMMIT;
 
+-- name: sql_job_begin
+-- A SQL handler's job (pgqctl/sql_jobs.py), first in its transaction: the
+-- operator's statement runs with the connection's own search_path (where
+-- the operator's tables and procedures are), bounded by the job's timeout
+-- (0: none) rather than the worker's statement and lock timeouts.
+SELECT set_config('search_path', reset_val, true),
+       set_config('statement_timeout', %(timeout_ms)s, true),
+       set_config('lock_timeout', '0', true)
+FROM pg_settings WHERE name = 'search_path';
+
+-- name: type_name
+-- A type's name as SQL writes it (jsonb, bigint, character varying).
+SELECT format_type(%(oid)s, NULL);
+
+-- name: sql_job_complete
+-- A SQL handler's job, last in its transaction: done, fenced as the
+-- worker's report is. No row: the attempt is no longer the one running, and
+-- the transaction (the statement's writes with it) rolls back.
+UPDATE jobs
+SET status = 'done', finished_at = now(), locked_until = NULL
+WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'running'
+RETURNING id;
+
 -- name: job_fence_state
 -- Where jobs whose fenced update matched nothing stand now, to say why.
 SELECT id, status, attempts

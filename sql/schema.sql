@@ -170,9 +170,9 @@ CREATE TABLE workers (
 );
 
 -- A job's program completes its own job in its own transaction (see 0011):
--- fenced by attempt, raising SQLSTATE PGQ01 in any other state; EXECUTE
+-- fenced by claim, raising SQLSTATE PGQ01 in any other state; EXECUTE
 -- revoked from PUBLIC; search_path pinned to this schema, then pg_temp.
-CREATE OR REPLACE FUNCTION pgqctl_complete_job(job_id bigint, attempt integer)
+CREATE OR REPLACE FUNCTION pgqctl_complete_job(job_id bigint, claim integer)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -183,7 +183,7 @@ DECLARE
 BEGIN
     UPDATE jobs AS j
     SET status = 'done', finished_at = now(), locked_until = NULL
-    WHERE j.id = job_id AND j.attempts = attempt AND j.status = 'running';
+    WHERE j.id = job_id AND j.attempts = claim AND j.status = 'running';
     IF FOUND THEN
         RETURN;
     END IF;
@@ -191,17 +191,17 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job % does not exist (deleted, or a wrong PGQCTL_JOB_ID)', job_id
             USING ERRCODE = 'PGQ01';
-    ELSIF now_attempts > attempt THEN
-        RAISE EXCEPTION 'job % attempt % is stale: attempt % has claimed it since (now %)',
-            job_id, attempt, now_attempts, now_status
+    ELSIF now_attempts > claim THEN
+        RAISE EXCEPTION 'job % claim % is stale: it was claimed again since (claim %, now %)',
+            job_id, claim, now_attempts, now_status
             USING ERRCODE = 'PGQ01',
-                  HINT = 'roll back: the attempt that holds the job does its work';
-    ELSIF now_attempts < attempt THEN
-        RAISE EXCEPTION 'job % has had only % attempt(s), not %', job_id, now_attempts, attempt
+                  HINT = 'roll back: the claim that holds the job does its work';
+    ELSIF now_attempts < claim THEN
+        RAISE EXCEPTION 'job % has had only % claim(s), not %', job_id, now_attempts, claim
             USING ERRCODE = 'PGQ01',
-                  HINT = 'pass PGQCTL_JOB_ATTEMPT as the worker gave it';
+                  HINT = 'pass PGQCTL_JOB_CLAIM as the worker gave it';
     ELSE
-        RAISE EXCEPTION 'job % attempt % is not running: it is %', job_id, attempt, now_status
+        RAISE EXCEPTION 'job % claim % is not running: it is %', job_id, claim, now_status
             USING ERRCODE = 'PGQ01',
                   HINT = CASE now_status
                       WHEN 'done' THEN 'it was completed already; roll back'

@@ -30,27 +30,46 @@ from pgqctl.worklog import (  # small; the options need it
 )
 
 
-class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
-    """`KIND=COMMAND`, COMMAND split like a shell would (no shell runs it)."""
+class KindSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """`KIND=VALUE`, one per line in its environment variable (values hold spaces)."""
 
-    name = "handler"
-    # PGQCTL_HANDLER holds one handler per line: commands contain spaces.
     envvar_list_splitter = "\n"
+    example = ""
 
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> tuple[str, tuple[str, ...]]:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, tuple):
             return value
-        kind, sep, command = str(value).partition("=")
-        example = "e.g. --handler 'resize=convert-image --quality 80'"
-        if not sep or not kind.strip() or not command.strip():
-            self.fail(f"{value!r} is not KIND=COMMAND, {example}", param, ctx)
+        kind, sep, rest = str(value).partition("=")
+        if not sep or not kind.strip() or not rest.strip():
+            self.fail(f"{value!r} is not {self.name.upper()}, {self.example}", param, ctx)
+        return kind.strip(), self.value_of(rest, value, param, ctx)
+
+    def value_of(
+        self, text: str, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Any:
+        return text.strip()
+
+
+class HandlerSpec(KindSpec):
+    """`KIND=COMMAND`, COMMAND split like a shell would (no shell runs it)."""
+
+    name = "kind=command"
+    example = "e.g. --handler 'resize=convert-image --quality 80'"
+
+    def value_of(
+        self, text: str, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, ...]:
         try:
-            argv = tuple(shlex.split(command))
+            return tuple(shlex.split(text))
         except ValueError as exc:
-            self.fail(f"cannot split the command of {value!r}: {exc}, {example}", param, ctx)
-        return kind.strip(), argv
+            self.fail(f"cannot split the command of {value!r}: {exc}, {self.example}", param, ctx)
+
+
+class SqlSpec(KindSpec):
+    """`KIND=STATEMENT`: the statement a kind's jobs run, $1 their payload."""
+
+    name = "kind=statement"
+    example = "e.g. --sql 'create_invoice=CALL create_invoice($1)'"
 
 
 @command("worker")
@@ -181,6 +200,16 @@ class HandlerSpec(click.ParamType):  # type: ignore[type-arg]  # generic only in
     help="Run COMMAND for jobs of KIND, with the payload as JSON on stdin (repeatable).",
 )
 @click.option(
+    "--sql",
+    "sql_handlers",
+    type=SqlSpec(),
+    multiple=True,
+    envvar="PGQCTL_SQL",
+    metavar="KIND=STATEMENT",
+    help="Run STATEMENT for jobs of KIND ($1: the payload as JSON), committed with the "
+    "job's done in one transaction (repeatable).",
+)
+@click.option(
     "--policy",
     "policy_file",
     type=click.Path(dir_okay=False),
@@ -257,6 +286,7 @@ def worker_command(
     max_jobs: int | None,
     allow_shell: bool,
     handlers: tuple[tuple[str, tuple[str, ...]], ...],
+    sql_handlers: tuple[tuple[str, str], ...],
     policy_file: str | None,
     handlers_only: bool,
     allow_programs: tuple[str, ...],
@@ -270,12 +300,16 @@ def worker_command(
 
     A payload {"argv": [...]} runs that program directly; {"shell": "..."}
     needs --allow-shell; with --handler KIND=COMMAND, jobs of KIND run
-    COMMAND with their payload as JSON on stdin. A policy (--policy FILE,
+    COMMAND with their payload as JSON on stdin; with --sql KIND=STATEMENT,
+    jobs of KIND run STATEMENT ($1: the payload) and are marked done in the
+    same transaction, no process started. A policy (--policy FILE,
     --handlers-only, --allow-program, --allow-env) narrows what may run: a
     job it refuses fails at once, saying which rule refused it. Exit 0: done; anything
     else: retried with exponential backoff until max_attempts, then failed.
     The child gets PGQCTL_JOB_ID (an idempotency key), PGQCTL_JOB_KIND,
-    PGQCTL_JOB_QUEUE and PGQCTL_JOB_ATTEMPT, and no database credentials.
+    PGQCTL_JOB_QUEUE, PGQCTL_JOB_ATTEMPT, and PGQCTL_JOB_CLAIM and
+    PGQCTL_JOB_SCHEMA (to mark its job done in its own transaction:
+    pgqctl.complete_job), and no database credentials.
 
     Every --reap-every, the worker also returns jobs whose lease expired (a
     worker that died holding them) to the queue, as `pgqctl reap` does, so a
@@ -306,12 +340,19 @@ def worker_command(
         pgqctl worker --concurrency 8
         pgqctl worker --concurrency 4 --prefetch 4
         pgqctl worker --queue emails --handler 'send_receipt=bin/send-receipt' --burst
+        pgqctl worker --sql 'create_invoice=CALL create_invoice($1)'
         pgqctl worker --kind report --timeout 10m --log-format json
         pgqctl worker --policy /etc/pgqctl/policy.toml
         pgqctl worker --allow-program /usr/local/lib/jobs/ --handler 'mail=/usr/bin/mailer'
     """
     from pgqctl import policy, worker
 
+    both = sorted({kind for kind, _ in handlers} & {kind for kind, _ in sql_handlers})
+    if both:
+        raise click.BadParameter(
+            f"kind {both[0]!r} has both a --handler and a --sql: give it one of them",
+            param_hint="'--sql'",
+        )
     rules = policy.read_policy(policy_file) if policy_file is not None else None
     rules = policy.with_flags(
         rules, handlers_only=handlers_only, programs=allow_programs, allow_env=allow_env
@@ -331,6 +372,7 @@ def worker_command(
         max_jobs=max_jobs,
         allow_shell=allow_shell,
         handlers=handlers,
+        sql_handlers=sql_handlers,
         backoff=backoff,
         listen_dsn=listen_dsn,
         reap_every=None if no_reap else reap_every,

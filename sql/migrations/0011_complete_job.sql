@@ -4,22 +4,24 @@
 -- at all. A program that dies before its commit leaves neither; the job is
 -- retried as after any crash, and the retry writes the invoice once.
 --
---   SELECT pgqctl_complete_job($1, $2);  -- PGQCTL_JOB_ID, PGQCTL_JOB_ATTEMPT
+--   SELECT pgqctl_complete_job($1, $2);  -- PGQCTL_JOB_ID, PGQCTL_JOB_CLAIM
 --
--- Fenced as the worker's own report: it matches only the attempt that is
--- running. Any other state (a later attempt runs, the lease was reaped, an
--- operator cancelled the job, it is done already) raises SQLSTATE PGQ01, so
+-- Fenced as the worker's own report: it matches only the claim that is
+-- running (the job's attempts counter as that claim left it, which never
+-- repeats; PGQCTL_JOB_ATTEMPT, the try's number, does after a hand-back).
+-- Any other state (claimed again, the lease was reaped, an operator
+-- cancelled the job, it is done already) raises SQLSTATE PGQ01, so
 -- the caller's transaction cannot commit: a stale run's writes roll back
 -- with its completion.
 --
 -- SECURITY DEFINER so that a program's role needs no right on the table:
 -- EXECUTE on this function lets it complete a running job whose id and
--- attempt it knows, nothing more. EXECUTE is revoked from PUBLIC; grant it
+-- claim it knows, nothing more. EXECUTE is revoked from PUBLIC; grant it
 -- to the roles your jobs connect as. Its search_path is pinned to the
 -- queue's schema (then pg_temp), so the caller's path cannot redirect it.
 
 -- step: transaction
-CREATE OR REPLACE FUNCTION pgqctl_complete_job(job_id bigint, attempt integer)
+CREATE OR REPLACE FUNCTION pgqctl_complete_job(job_id bigint, claim integer)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -30,7 +32,7 @@ DECLARE
 BEGIN
     UPDATE jobs AS j
     SET status = 'done', finished_at = now(), locked_until = NULL
-    WHERE j.id = job_id AND j.attempts = attempt AND j.status = 'running';
+    WHERE j.id = job_id AND j.attempts = claim AND j.status = 'running';
     IF FOUND THEN
         RETURN;
     END IF;
@@ -38,17 +40,17 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job % does not exist (deleted, or a wrong PGQCTL_JOB_ID)', job_id
             USING ERRCODE = 'PGQ01';
-    ELSIF now_attempts > attempt THEN
-        RAISE EXCEPTION 'job % attempt % is stale: attempt % has claimed it since (now %)',
-            job_id, attempt, now_attempts, now_status
+    ELSIF now_attempts > claim THEN
+        RAISE EXCEPTION 'job % claim % is stale: it was claimed again since (claim %, now %)',
+            job_id, claim, now_attempts, now_status
             USING ERRCODE = 'PGQ01',
-                  HINT = 'roll back: the attempt that holds the job does its work';
-    ELSIF now_attempts < attempt THEN
-        RAISE EXCEPTION 'job % has had only % attempt(s), not %', job_id, now_attempts, attempt
+                  HINT = 'roll back: the claim that holds the job does its work';
+    ELSIF now_attempts < claim THEN
+        RAISE EXCEPTION 'job % has had only % claim(s), not %', job_id, now_attempts, claim
             USING ERRCODE = 'PGQ01',
-                  HINT = 'pass PGQCTL_JOB_ATTEMPT as the worker gave it';
+                  HINT = 'pass PGQCTL_JOB_CLAIM as the worker gave it';
     ELSE
-        RAISE EXCEPTION 'job % attempt % is not running: it is %', job_id, attempt, now_status
+        RAISE EXCEPTION 'job % claim % is not running: it is %', job_id, claim, now_status
             USING ERRCODE = 'PGQ01',
                   HINT = CASE now_status
                       WHEN 'done' THEN 'it was completed already; roll back'

@@ -38,7 +38,7 @@ with psycopg.connect(os.environ["APP_DSN"], autocommit=True) as conn:
         else:
             conn.execute(
                 "SELECT pgqctl_complete_job(%s, %s)",
-                (int(os.environ["PGQCTL_JOB_ID"]), int(os.environ["PGQCTL_JOB_ATTEMPT"])),
+                (int(os.environ["PGQCTL_JOB_ID"]), int(os.environ["PGQCTL_JOB_CLAIM"])),
             )
 print("committed", flush=True)
 if then.startswith("sleep"):
@@ -66,11 +66,14 @@ def events_of(stderr: str) -> list[dict[str, Any]]:
 def test_a_program_completes_its_job_with_its_own_writes(
     conn: psycopg.Connection[Any], dsn: str, notes: Callable[[], list[int]], how: str
 ) -> None:
+    """Handed back twice before, the job runs its first try on its third
+    claim: the claim (PGQCTL_JOB_CLAIM), not the try, fences the completion."""
     [job_id] = insert_jobs(conn, [program(dsn, how, "0")])
+    conn.execute("UPDATE jobs SET attempts = 2, handbacks = 2 WHERE id = %s", (job_id,))
     result = run_cli("worker", "--dsn", dsn, "--burst", "--log-format", "json")
     assert result.exit_code == 0, result.stderr
     row = job(conn, job_id)
-    assert (row["status"], row["attempts"], row["last_error"]) == ("done", 1, None)
+    assert (row["status"], row["attempts"], row["last_error"]) == ("done", 3, None)
     assert row["finished_at"] is not None and row["locked_until"] is None
     assert notes() == [job_id]
     events = events_of(result.stderr)
@@ -117,34 +120,37 @@ def test_a_program_running_on_after_completing_is_neither_renewed_nor_stopped(
     assert notes() == [job_id]
 
 
-def test_completion_is_fenced_by_the_attempt(
+def test_completion_is_fenced_by_the_claim(
     conn: psycopg.Connection[Any], notes: Callable[[], list[int]]
 ) -> None:
-    """Only the running attempt may complete: any other raises JobNotRunning,
+    """Only the running claim may complete: any other raises JobNotRunning,
     and its transaction's own writes roll back with it."""
     [job_id] = insert_jobs(conn, [{"argv": ["true"]}])
 
-    def complete(attempt: int, **env: str) -> None:
+    def complete(claim: int) -> None:
         with conn.transaction():
-            conn.execute("INSERT INTO notes (job_id) VALUES (%s)", (attempt,))
-            pgqctl.complete_job(conn, job_id=job_id, attempt=attempt)
+            conn.execute("INSERT INTO notes (job_id) VALUES (%s)", (claim,))
+            pgqctl.complete_job(conn, job_id=job_id, claim=claim)
 
     # Pending: nothing runs.
-    with pytest.raises(pgqctl.JobNotRunning, match=f"job {job_id} attempt 0 is not running"):
+    with pytest.raises(pgqctl.JobNotRunning, match=f"job {job_id} claim 0 is not running"):
         complete(0)
     conn.execute("UPDATE jobs SET status = 'running', attempts = 2 WHERE id = %s", (job_id,))
-    with pytest.raises(pgqctl.JobNotRunning, match=r"attempt 1 is stale: attempt 2 has claimed"):
+    with pytest.raises(
+        pgqctl.JobNotRunning,
+        match=r"claim 1 is stale: it was claimed again since \(claim 2, now running\)",
+    ):
         complete(1)
-    with pytest.raises(pgqctl.JobNotRunning, match=r"has had only 2 attempt\(s\), not 3"):
+    with pytest.raises(pgqctl.JobNotRunning, match=r"has had only 2 claim\(s\), not 3"):
         complete(3)
     complete(2)
     assert job(conn, job_id)["status"] == "done"
     with pytest.raises(pgqctl.JobNotRunning, match="is not running: it is done") as caught:
         complete(2)
-    assert (caught.value.job_id, caught.value.attempt) == (job_id, 2)
+    assert (caught.value.job_id, caught.value.claim) == (job_id, 2)
     assert notes() == [2]
     with pytest.raises(pgqctl.JobNotRunning, match="does not exist"):
-        pgqctl.complete_job(conn, job_id=job_id + 1000, attempt=1)
+        pgqctl.complete_job(conn, job_id=job_id + 1000, claim=1)
 
 
 def test_complete_job_reads_the_workers_environment_and_says_what_is_missing(
@@ -153,13 +159,13 @@ def test_complete_job_reads_the_workers_environment_and_says_what_is_missing(
     conn.execute("CREATE SCHEMA other")
     with pytest.raises(BadInput, match="run this in a job started by"):
         pgqctl.complete_job(conn, environ={})
-    with pytest.raises(BadInput, match="PGQCTL_JOB_ATTEMPT must be a whole number"):
-        pgqctl.complete_job(conn, environ={"PGQCTL_JOB_ID": "1", "PGQCTL_JOB_ATTEMPT": "x"})
+    with pytest.raises(BadInput, match="PGQCTL_JOB_CLAIM must be a whole number"):
+        pgqctl.complete_job(conn, environ={"PGQCTL_JOB_ID": "1", "PGQCTL_JOB_CLAIM": "x"})
     # The schema comes from PGQCTL_JOB_SCHEMA, not the connection's search_path.
     with pytest.raises(psycopg.errors.UndefinedFunction):
         pgqctl.complete_job(
             conn,
-            environ={"PGQCTL_JOB_ID": "1", "PGQCTL_JOB_ATTEMPT": "1", "PGQCTL_JOB_SCHEMA": "other"},
+            environ={"PGQCTL_JOB_ID": "1", "PGQCTL_JOB_CLAIM": "1", "PGQCTL_JOB_SCHEMA": "other"},
         )
 
 
@@ -183,7 +189,7 @@ def test_a_role_with_only_execute_completes_and_can_change_nothing_else(
         as_role = conninfo.make_conninfo(dsn, user=role)
         with psycopg.connect(as_role, autocommit=True) as other:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                pgqctl.complete_job(other, job_id=job_id, attempt=1, schema=schema[0])
+                pgqctl.complete_job(other, job_id=job_id, claim=1, schema=schema[0])
             conn.execute(
                 sql.SQL("GRANT EXECUTE ON FUNCTION {}(bigint, integer) TO {}").format(
                     sql.Identifier(schema[0], "pgqctl_complete_job"), sql.Identifier(role)
@@ -197,7 +203,7 @@ def test_a_role_with_only_execute_completes_and_can_change_nothing_else(
                 )
             # A temporary `jobs` of the caller's cannot stand in for the queue's.
             other.execute("CREATE TEMP TABLE jobs (id bigint, status text, attempts int)")
-            pgqctl.complete_job(other, job_id=job_id, attempt=1, schema=schema[0])
+            pgqctl.complete_job(other, job_id=job_id, claim=1, schema=schema[0])
         assert job(conn, job_id)["status"] == "done"
     finally:
         conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))

@@ -248,6 +248,7 @@ def test_child_environment_drops_database_credentials_and_keeps_the_rest() -> No
         "PGQCTL_JOB_KIND": "resize",
         "PGQCTL_JOB_QUEUE": "images",
         "PGQCTL_JOB_ATTEMPT": "2",
+        "PGQCTL_JOB_CLAIM": "2",
         "PGQCTL_JOB_SCHEMA": "public",
     }
 
