@@ -53,7 +53,8 @@ STATUSES: tuple[Status, ...] = (
         "a worker holds it under a lease (locked_until, locked_by)",
         finished=False,
         moves=(
-            Move("done", "worker", "the job exits 0"),
+            Move("done", "worker", "the job exits 0, or its SQL handler's statement commits"),
+            Move("done", "the job", "its program commits pgqctl_complete_job with its own writes"),
             Move("pending", "worker", "the job fails with attempts left (due after a backoff)"),
             Move("failed", "worker", "the job fails with no attempts left, or can never run"),
             Move("pending", "worker", "it stops before the job ends (handed back: not a try)"),
@@ -64,7 +65,7 @@ STATUSES: tuple[Status, ...] = (
     ),
     Status(
         "done",
-        "finished: the job exited 0",
+        "finished: the job exited 0, or committed its own done",
         finished=True,
         moves=(Move("deleted", "purge", "it finished before --older-than"),),
     ),
