@@ -4,7 +4,7 @@ Both read per-queue figures of the live jobs (stats' own counts, through the
 claim, lease and finished indexes) and of the jobs finished within a short
 window (through jobs_finished_idx, that window's range only), so their cost
 follows the live jobs, never the history; and the registered workers
-(pgqctl/workers.py: a row per worker). Their SQL is the `monitor` section
+(pgqctl/registry.py: a row per worker). Their SQL is the `monitor` section
 of sql/queries.sql.
 
 `THRESHOLDS` is the one list of what `check` can hold a queue to: each
@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgqctl import admin, control, schedules, workers
+from pgqctl import admin, control, registry, schedules
 from pgqctl.db import atomic, reason
 from pgqctl.errors import PgqctlError
 from pgqctl.jobs import FINISHED, STATUS_NAMES, Job
@@ -85,7 +85,7 @@ def measure(
             for r in _rows(conn, "monitor_running_since", {})
         }
         finished = finished_since(conn, window) if window is not None else {}
-        fleet = workers.fleet(conn)
+        fleet = registry.fleet(conn)
     names = list(dict.fromkeys(queues)) or sorted(set(counted) | set(running) | set(finished))
     figures = {}
     for name in names:
@@ -421,7 +421,7 @@ class MetricsSnapshot:
     counts: dict[str, admin.Counts]
     finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs
     paused: frozenset[str] = frozenset()  # queues paused now
-    fleet: workers.Fleet = field(default_factory=lambda: workers.Fleet(0, 0, ()))
+    fleet: registry.Fleet = field(default_factory=lambda: registry.Fleet(0, 0, ()))
 
     def queues(self) -> list[str]:
         return sorted(set(self.counts) | set(self.finished) | self.paused)
@@ -439,7 +439,7 @@ def metrics_snapshot(conn: Connection, *, exact: bool = False) -> MetricsSnapsho
         counts = admin.stats(conn, exact=True).queues if exact else admin.counts(conn, done_bound=0)
         finished = finished_since(conn, THROUGHPUT_WINDOW_SECONDS)
         pauses = frozenset(p.queue for p in control.paused(conn))
-        fleet = workers.fleet(conn)
+        fleet = registry.fleet(conn)
     for name in finished:
         counts.setdefault(name, admin.Counts())  # a queue with no live jobs
     if not exact:
@@ -587,7 +587,7 @@ class TopView:
     finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs in the window
     paused: dict[str, control.Pause]
     leases: list[admin.Lease]
-    workers: list[workers.Worker]  # the registry: active and stale ones
+    workers: list[registry.Worker]  # the registry: active and stale ones
 
     def queues(self) -> list[str]:
         return sorted(set(self.counts) | set(self.finished) | set(self.paused))
@@ -614,7 +614,7 @@ def top_view(conn: Connection, *, window: float, leases: int = 10) -> TopView:
             )
             for r in _rows(conn, "monitor_leases_soonest", {"limit": leases})
         ]
-        fleet = workers.list_workers(conn)
+        fleet = registry.list_workers(conn)
     return TopView(
         dt.datetime.now(dt.timezone.utc), window, counts, finished, pauses, soonest, fleet
     )

@@ -788,7 +788,7 @@ SELECT current_setting('autovacuum') = 'on' AS enabled,
              WHERE a.backend_type = 'autovacuum worker' ORDER BY a.pid) AS workers;
 
 -- ---------------------------------------------------------------------------
--- workers: the registry of running workers (pgqctl/workers.py), written by
+-- workers: the registry of running workers (pgqctl/registry.py), written by
 -- the workers themselves (worker_beat and its neighbours, in the claims
 -- section).
 -- ---------------------------------------------------------------------------

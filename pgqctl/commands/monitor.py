@@ -1,4 +1,4 @@
-"""Seeing the fleet and being told: workers (library: pgqctl/workers.py),
+"""Seeing the fleet and being told: workers (library: pgqctl/registry.py),
 check (thresholds for alerting), metrics (Prometheus) and top (a live
 view) (library: pgqctl/monitor.py)."""
 
@@ -80,11 +80,11 @@ def workers_command(database: Database, fmt: str) -> None:
         pgqctl workers
         pgqctl workers --json | jq -r '.[] | select(.state == "stale") | .id'
     """
-    from pgqctl import workers
+    from pgqctl import registry
 
     with database.connect() as conn:
-        found = workers.list_workers(conn)
-    output.emit_workers(found, fmt, workers.FIELDS)
+        found = registry.list_workers(conn)
+    output.emit_workers(found, fmt, registry.FIELDS)
     if not found:
         say("no workers registered")
     elif output.is_human(fmt):

@@ -8,7 +8,7 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgqctl import admin, monitor, output, workers
+from pgqctl import admin, monitor, output, registry
 from pgqctl.jobs import FINISHED, STATUS_NAMES
 from tests.conftest import run_cli
 
@@ -66,7 +66,7 @@ def test_min_workers_is_breached_below_the_limit_not_at_it() -> None:
 
 
 def test_a_worker_with_no_queue_serves_every_queue() -> None:
-    fleet = workers.Fleet(active=3, stale=1, active_queues=((), ("emails",), ("sms", "emails")))
+    fleet = registry.Fleet(active=3, stale=1, active_queues=((), ("emails",), ("sms", "emails")))
     assert [fleet.serving(q) for q in ("emails", "sms", "other")] == [3, 2, 1]
     snapshot = monitor.MetricsSnapshot({"other": admin.Counts()}, {}, fleet=fleet)
     text = output.metrics_text(monitor.metrics_registry(snapshot)).decode()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pgqctl import admin, output, workers
+from pgqctl import admin, output, registry
 from pgqctl.commands.admin import CHANGE_COLUMNS, LEASE_COLUMNS, LIST_COLUMNS, REQUEUE_COLUMNS
 from pgqctl.jobs import Job
 from pgqctl.runner import Outcome
@@ -74,7 +74,7 @@ def listings() -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
         estimated=True,
     )
     fleet = [
-        workers.Worker(
+        registry.Worker(
             id=f"{HOLDER.rpartition(':')[0]}{i}",
             state=["active", "stale"][i % 2],
             host=HOLDER.split(":")[0],
