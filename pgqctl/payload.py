@@ -1,6 +1,6 @@
 """What a job's payload means: the command it runs, and the environment it runs in.
 
-No database, no processes, no printing: the worker (``worker.py``) reads each
+No database, no processes, no printing: the worker (``pgqctl/worker/``) reads each
 claimed job here and hands the result to the process engine (``runner.py``).
 
 - `command_for_job` reads a payload into a `runner.Command`, or raises

@@ -2,7 +2,7 @@
 
 No database here, no printing, no exiting, and no reading of payloads (that
 is ``payload.py``, which turns a job into a `Command`): the worker
-(``worker.py``) hands each job's `Command` to a `Supervisor` and decides
+(``pgqctl/worker/``) hands each job's `Command` to a `Supervisor` and decides
 what each `Outcome` means.
 
 - `Supervisor` starts each child, feeds its stdin, reads its merged stdout

@@ -1190,7 +1190,7 @@ JOIN {jobs} AS j
 TRUNCATE pg_temp.pgqctl_enqueue_load;
 
 -- ---------------------------------------------------------------------------
--- claims: the worker's side of the queue (pgqctl/claims.py, pgqctl/worker.py).
+-- claims: the worker's side of the queue (pgqctl/claims.py, pgqctl/worker/).
 -- ---------------------------------------------------------------------------
 -- Every transition out of 'running' is fenced on
 -- (id, the attempt the worker claimed, status = 'running'): a worker whose

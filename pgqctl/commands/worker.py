@@ -1,4 +1,4 @@
-"""`pgqctl worker`: run jobs (library: pgqctl/worker.py, which runs them with
+"""`pgqctl worker`: run jobs (library: pgqctl/worker/, which runs them with
 pgqctl/runner.py as pgqctl/payload.py says)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`pgqctl worker`: claim jobs, run each as a child process, report how it ended.
+"""The worker's loop: claim jobs, run each as a child process, report how it ended.
 
 Threads, and who owns what:
 
@@ -66,16 +66,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime as dt
-import functools
 import json
-import logging
 import os
 import queue
-import random
 import select
 import signal
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -90,80 +85,39 @@ from pgqctl import (
     admin,
     claims,
     db,
-    hardening,
-    limits,
     payload,
     runner,
     sql_jobs,
     ticks,
 )
-from pgqctl.blockers import Blocker, Timeouts, find_blocker, spelled, timeout_kind, waited
+from pgqctl.blockers import Blocker, spelled, timeout_kind, waited
 from pgqctl.claims import Failure
-from pgqctl.config import describe
 from pgqctl.db import reason
-from pgqctl.errors import BadInput, PgqctlError, PrivilegeMissing, ReadOnlyServer
+from pgqctl.errors import PgqctlError, PrivilegeMissing, ReadOnlyServer
 from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
-from pgqctl.policy import Policy
 from pgqctl.rows import Unreadable
-from pgqctl.schedules import CATCH_UP
 from pgqctl.sql import query
-from pgqctl.worklog import LOG_OUTPUT_BYTES, LOG_OUTPUT_LINES, WorkLog, seconds, timestamp
+from pgqctl.worker.config import (
+    CANCEL_CHANNEL,
+    CHANNEL,
+    POLL_DEAF,
+    POLL_LISTENING,
+    RECONNECT_CAP,
+    RECONNECT_FIRST,
+    REPORT_WAIT,
+    SCHEDULES_CHANNEL,
+    TERM_GRACE,
+    WorkerConfig,
+    backoff_delay,
+    identity,
+    jittered,
+)
+from pgqctl.worklog import WorkLog, seconds, timestamp
 
-CHANNEL = "pgqctl_jobs"
-CANCEL_CHANNEL = "pgqctl_cancel"
-SCHEDULES_CHANNEL = "pgqctl_schedules"
-APPLICATION_NAME = "pgqctl worker"
-# PostgreSQL keeps this many bytes of an application_name (NAMEDATALEN - 1).
-APPLICATION_NAME_BYTES = 63
-# Looking for jobs without a notification: every POLL_LISTENING seconds as a
-# safety net, or every POLL_DEAF when notifications cannot be heard.
-POLL_LISTENING = 5.0
-POLL_DEAF = 1.0
-
-# Set in every transaction of the worker's connections (never for the
-# session: a pooler would hand them to other clients). The timeouts bound
-# how long a statement may block the loop: a table locked by an operator, or
-# a stuck server, ends in an error and a retry, not a hang. Generic plans:
-# the exchange statement runs thousands of times a second, and planning it
-# afresh each time (what PostgreSQL's default ends up doing for it) costs
-# several times more than running it; its SQL is written so that the one
-# cached plan stays right (see worker_exchange). Without prepared statements
-# (behind a pooler) the setting has no effect.
-# The defaults of worker --lock-timeout and --statement-timeout.
-TIMEOUTS = Timeouts(lock=10.0, statement=30.0)
-SESSION_SETTINGS = {
-    **TIMEOUTS.settings(),
-    "plan_cache_mode": "force_generic_plan",
-    # No statement of the worker's gains from JIT compilation, and a plan
-    # whose estimate grows with a backlog would turn it on for every run.
-    "jit": "off",
-}
-# Retry delays: attempt n waits base * 2^(n-1), +-25% jitter, at most this.
-BACKOFF_CAP = 3600.0
-# Reconnects wait 0.5 s, doubling to 30 s, +-25% jitter.
-RECONNECT_FIRST = 0.5
-RECONNECT_CAP = 30.0
-# A child asked to stop (timeout, shutdown, lost lease) gets SIGTERM, then
-# SIGKILL this many seconds later.
-TERM_GRACE = 5.0
-# While stopping, how long to keep trying to reach the database to report
-# finished jobs once no child runs any more.
-REPORT_WAIT = 10.0
 # The loop wakes at least this often even with nothing to do.
 _IDLE_CAP = 60.0
 _HAND_BACK_REASON = "handed back: the worker stopped before the job finished"
-
-# libpq parameters for the worker's connections: the loop waits on the main
-# one, so a dead peer or a network cut must end in an error within about half
-# a minute, not in TCP's quarter of an hour (ignored on unix sockets).
-CONNECTION_PARAMS: dict[str, Any] = {
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 30_000,  # ms
-}
 _WAKE = "wake"
 _DEAF = "deaf"  # the listener cannot hear notifications (now)
 _HEARING = "hearing"  # the listener hears them
@@ -177,217 +131,11 @@ class _CancelNotice:
     held: frozenset[Held]
 
 
-@dataclass(frozen=True)
-class WorkerConfig:
-    """What a worker does, as its options say; checks itself (BadInput)."""
-
-    schema: str = "public"
-    queues: tuple[str, ...] = ()
-    kinds: tuple[str, ...] = ()
-    concurrency: int = 1
-    lease: float = 300.0
-    # None: every POLL_LISTENING seconds, or POLL_DEAF when notifications
-    # cannot be heard (a transaction pooler).
-    poll: float | None = None
-    timeout: float | None = None
-    grace: float = 30.0
-    burst: bool = False
-    max_jobs: int | None = None
-    allow_shell: bool = False
-    # (KIND, command) pairs, as --handler gives them: a kind may appear once.
-    handlers: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    # --sql KIND=STATEMENT: the kinds whose work is one statement, run with
-    # the job's "done" in one transaction (pgqctl/sql_jobs.py).
-    sql_handlers: tuple[tuple[str, str], ...] = ()
-    backoff: float = 2.0
-    # A direct (or session-pooled) connection used only to LISTEN, when the
-    # DSN goes through a transaction pooler.
-    listen_dsn: str | None = None
-    # Reclaim expired leases about this often (+-25%); None: never (cron does).
-    reap_every: float | None = 30.0
-    # And the jobs of workers silent for this many of their heartbeats.
-    dead_after: int = admin.DEAD_AFTER
-    # Enqueue the schedules' due ticks (pgqctl/ticks.py); and what becomes of
-    # ticks missed while no worker ran (schedules.CATCH_UP).
-    schedules: bool = True
-    catch_up: str = "latest"
-    # Heartbeat in `workers` at least this often.
-    heartbeat: float = 10.0
-    # Jobs claimed ahead of a free slot, kept in a local queue (see Worker).
-    prefetch: int = 0
-    # What jobs may run (pgqctl/policy.py); None: anything. The [handlers]
-    # of its file add to `handlers`.
-    policy: Policy | None = None
-    # How much of each job's output the log takes: its first lines, up to
-    # this many bytes in all; a line at the job's end says what was left out.
-    log_output_lines: int = LOG_OUTPUT_LINES
-    log_output_bytes: int = LOG_OUTPUT_BYTES
-    # A claimed job with a longer payload (JSON text, UTF-8) fails for good.
-    max_payload_bytes: int = limits.MAX_PAYLOAD_BYTES
-    # How long a statement may wait for a lock, and run (--lock-timeout...).
-    timeouts: Timeouts = TIMEOUTS
-
-    def __post_init__(self) -> None:
-        if self.prefetch < 0:
-            raise BadInput(
-                "--prefetch must be 0 or more, e.g. --prefetch 4 (0: claim no jobs ahead)"
-            )
-        if self.lease < 1:
-            raise BadInput("--lease must be at least 1s (it is renewed every third of it)")
-        if self.poll is not None and self.poll <= 0:
-            raise BadInput("--poll must be more than 0s, e.g. --poll 5s")
-        if self.reap_every is not None and self.reap_every <= 0:
-            raise BadInput(
-                "--reap-every must be more than 0s, e.g. --reap-every 30s (or --no-reap)"
-            )
-        admin.check_dead_after(self.dead_after)
-        if self.heartbeat <= 0:
-            raise BadInput("--heartbeat must be more than 0s, e.g. --heartbeat 10s")
-        if self.timeout is not None and self.timeout <= 0:
-            raise BadInput("--timeout must be more than 0s; leave it out for no limit")
-        if self.catch_up not in CATCH_UP:
-            raise BadInput(f"--catch-up takes one of {', '.join(CATCH_UP)}")
-        kinds = [kind for kind, _ in self.handlers]
-        for kind in kinds:
-            if kinds.count(kind) > 1:
-                raise BadInput(f"--handler given twice for kind {kind!r}: keep one")
-        if self.policy is not None:
-            for kind, _ in self.policy.handlers:
-                if kind in kinds:
-                    raise BadInput(
-                        f"kind {kind!r} has a handler in {self.policy.source} and a "
-                        "--handler: keep one"
-                    )
-            # The programs handlers run are the operator's, checked once here.
-            self.policy.check_handlers(self.handler_map.items(), os.environ)
-
-    @functools.cached_property
-    def handler_map(self) -> Mapping[str, tuple[str, ...]]:
-        """The command of each kind that has a handler (--handler, or the policy file's)."""
-        return dict((*(self.policy.handlers if self.policy else ()), *self.handlers))
-
-
-def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
-    """Connect to the DSN `target()` gives, check the schema, and work until
-    told to stop; the exit code.
-
-    Raises BadInput for a --concurrency the open-file limit cannot serve
-    (before anything else), and DatabaseUnavailable or NotMigrated when it
-    cannot start.
-    """
-    if not hardening.make_undumpable() and sys.platform.startswith("linux"):
-        log.event(
-            "jobs_can_read_worker",
-            "cannot close this worker's environment and memory to its jobs (prctl "
-            "PR_SET_DUMPABLE refused): jobs running as this user may read its database "
-            "password; run them as another user (see the README, Deploying)",
-        )
-    make_room_for(config.concurrency)
-    dsn = target()
-    # pg_stat_activity tells each worker's connections from the others'.
-    name = application_name(identity())
-    # psycopg logs a lost connection inside a pipeline with Python's last-resort
-    # handler (a bare stderr line); the worker logs that event itself.
-    logging.getLogger("psycopg").addHandler(logging.NullHandler())
-
-    def connect() -> db.QueueConnection:
-        return db.open_queue(
-            dsn,
-            schema=config.schema,
-            writes=True,
-            migrated=False,
-            application_name=name,
-            settings={**SESSION_SETTINGS, **config.timeouts.settings()},
-            **CONNECTION_PARAMS,
-        )
-
-    listen_dsn = config.listen_dsn or dsn
-
-    def listen_connect() -> db.QueueConnection:
-        return db.connect(
-            listen_dsn,
-            schema=config.schema,
-            application_name=name,
-            **CONNECTION_PARAMS,
-        )
-
-    conn = connect()
-    try:
-        db.require_migrated(conn)
-    except BaseException:
-        conn.close()
-        raise
-    worker = Worker(
-        config,
-        connect,
-        log,
-        listen_connect=listen_connect,
-        describe_target=describe(dsn),
-        describe_listen_target=describe(listen_dsn),
-        find_blocker=functools.partial(find_blocker, dsn, schema=config.schema),
-    )
-    try:
-        worker.check(conn)
-    except BaseException:
-        conn.close()
-        raise
-    return worker.run(conn)
-
-
-def make_room_for(concurrency: int) -> None:
-    """Make room for `concurrency` jobs under the open-file limit: raise the
-    soft limit (up to the hard one) if need be, or refuse. Without it, jobs
-    would fail to start one by one ("too many open files"), each losing an
-    attempt. (Jobs inherit the raised soft limit.)"""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = runner.open_files_needed(concurrency)
-    if soft == resource.RLIM_INFINITY or need <= soft:
-        return
-    if hard != resource.RLIM_INFINITY and need > hard:
-        raise BadInput(
-            f"--concurrency {concurrency} needs up to {need} open files and the hard "
-            f"limit is {hard}: raise it (ulimit -Hn, LimitNOFILE= in systemd) "
-            "or lower --concurrency"
-        )
-    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-
-
-def backoff_delay(attempt: int, base: float) -> float:
-    """Seconds before a job whose attempt `attempt` failed runs again."""
-    return min(jittered(base * 2.0 ** min(attempt - 1, 32)), BACKOFF_CAP)
-
-
 def _insufficient_resources(exc: BaseException) -> bool:
     """SQLSTATE class 53 (disk_full, out_of_memory, too_many_connections...):
     the server answered, and said no for want of a resource. psycopg's
     classes for them do not all derive from InsufficientResources."""
     return isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("53")
-
-
-def jittered(delay: float) -> float:
-    return delay * random.uniform(0.75, 1.25)
-
-
-def identity() -> str:
-    """This worker in the logs, in `workers` and in `locked_by` (there
-    followed by :slot): host:pid."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def application_name(worker: str) -> str:
-    """`pgqctl worker host:pid`, within the bytes PostgreSQL keeps: a host
-    too long loses its domain's labels from the end, then its own end; the
-    pid always stays."""
-    host, _, pid = worker.rpartition(":")
-    room = APPLICATION_NAME_BYTES - len(f"{APPLICATION_NAME} :{pid}")
-    if len(host.encode()) > room:
-        labels = host.split(".")
-        while len(labels) > 1 and len(".".join(labels).encode()) > room:
-            labels.pop()
-        host = ".".join(labels).encode()[: max(room, 0)].decode("utf-8", "ignore")
-    return f"{APPLICATION_NAME} {host}:{pid}"
 
 
 @dataclass(eq=False)
