@@ -63,7 +63,6 @@ it stops anything (anyone connected may send a notification), and logs
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime as dt
 import json
@@ -109,15 +108,15 @@ from pgqctl.worker.config import (
     SCHEDULES_CHANNEL,
     TERM_GRACE,
     WorkerConfig,
-    backoff_delay,
     identity,
     jittered,
 )
+from pgqctl.worker.outbox import HAND_BACK_REASON, Fenced, Finished, Outbox, Settled
+from pgqctl.worker.slots import Running, Slots
 from pgqctl.worklog import WorkLog, seconds, timestamp
 
 # The loop wakes at least this often even with nothing to do.
 _IDLE_CAP = 60.0
-_HAND_BACK_REASON = "handed back: the worker stopped before the job finished"
 _WAKE = "wake"
 _DEAF = "deaf"  # the listener cannot hear notifications (now)
 _HEARING = "hearing"  # the listener hears them
@@ -136,37 +135,6 @@ def _insufficient_resources(exc: BaseException) -> bool:
     the server answered, and said no for want of a resource. psycopg's
     classes for them do not all derive from InsufficientResources."""
     return isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("53")
-
-
-@dataclass(eq=False)
-class _Running:
-    """A job claimed by this worker whose child has not been reported on."""
-
-    job: Job
-    stop: runner.Stop
-    slot: int = -1  # which of the --concurrency slots it holds, for the logs
-    lost: bool = False  # lease lost: stop the child, drop its result
-    # Done by the job's own transaction (pgqctl_complete_job): nothing to
-    # renew or report; its program runs on until it exits.
-    completed: bool = False
-    prefetched: bool = False  # claimed ahead of a free slot, and not started yet
-
-    @property
-    def holds_lease(self) -> bool:
-        return not (self.lost or self.completed)
-
-
-@dataclass(frozen=True)
-class _Finished:
-    """A slot's result: the child's outcome, or why the payload can never run."""
-
-    running: _Running
-    outcome: runner.Outcome
-    rejected: str | None = None
-    # A SQL job's end (pgqctl/sql_jobs.py): done in its own transaction, or
-    # found no longer running (nothing committed). Nothing left to report.
-    committed: bool = False
-    fenced_out: bool = False
 
 
 class Worker:
@@ -226,8 +194,6 @@ class Worker:
             else None
         )
         self._guard: Guard | None = None
-        # Free slot numbers, lowest on top: the logs say which slot runs a job.
-        self._free_slots = list(range(config.concurrency - 1, -1, -1))
         self._listener: threading.Thread | None = None
         # What each channel the listener hears means (see _on_notification).
         self._channel_handlers: dict[str, Callable[[str], None]] = {
@@ -242,20 +208,8 @@ class Worker:
         # Often, until the listener hears notifications.
         self.poll = POLL_DEAF if config.poll is None else config.poll
         self.read_only = False  # the server refuses our writes for good (a standby)
-        self.running: dict[Held, _Running] = {}
-        self.done: list[_Finished] = []
-        # Jobs whose "done" report was sent on an exchange that failed: if
-        # their rows say done, that may be our report's doing, not the job's.
-        self.maybe_reported: set[Held] = set()
-        self.fails: list[tuple[_Finished, Failure]] = []
-        self.handed_back: list[_Finished] = []
-        # Jobs claimed ahead of a free slot (--prefetch), in claim order: each
-        # starts as soon as a slot frees. Their leases are renewed with the
-        # running ones'.
-        self.prefetched: collections.deque[_Running] = collections.deque()
-        # Prefetched jobs started since the last exchange, with their slot:
-        # the next one moves their locked_by from :prefetch to the slot.
-        self.slotted: dict[Held, int] = {}
+        self.slots = Slots(config.concurrency, config.prefetch)
+        self.outbox = Outbox(config.backoff)
         # Held jobs a notification says were cancelled: checked, then stopped.
         self.cancel_notices: set[Held] = set()
         self.claimed = 0
@@ -464,9 +418,9 @@ class Worker:
             # reap may have taken our jobs as a dead worker's. Renewing now
             # tells, and stops at once the jobs we no longer hold.
             self.next_renew = now
-        renew = now >= self.next_renew and self._leases_held()
+        renew = now >= self.next_renew and self.slots.leases_held()
         beat = now >= self.next_heartbeat
-        if limit or renew or self.slotted or self.done or self.fails or self.handed_back:
+        if limit or renew or self.slots.slotted or self.outbox:
             self._exchange(limit, renew, beat)
         elif beat:
             self._heartbeat()
@@ -492,17 +446,16 @@ class Worker:
         """A --burst worker with nothing running, nothing to report and nothing due."""
         return (
             self.config.burst
-            and not self.running
-            and not self.prefetched
-            and not (self.done or self.fails or self.handed_back)
+            and not self.slots.busy()
+            and not (self.outbox)
             and self.last_claim_short
             and not self.claim_wanted
         )
 
     def _should_exit(self) -> bool:
-        if self.running or self.prefetched:
+        if self.slots.busy():
             return False
-        if self.done or self.fails or self.handed_back:
+        if self.outbox:
             return self._give_up_reporting()
         if self.stopping:
             return True
@@ -541,11 +494,11 @@ class Worker:
         if now < self.refused_until:
             deadlines.append(self.refused_until)
             return min(deadlines)
-        if self.done or self.fails or self.handed_back or self.cancel_notices:
+        if self.outbox or self.cancel_notices:
             deadlines.append(now)
-        if self._leases_held():
+        if self.slots.leases_held():
             deadlines.append(self.next_renew)
-        if self.slotted:
+        if self.slots.slotted:
             deadlines.append(now)
         deadlines.append(self.next_heartbeat)
         if self.config.reap_every is not None and not self.stopping:
@@ -561,7 +514,7 @@ class Worker:
         return min(deadlines)
 
     def _apply(self, event: object) -> None:
-        if isinstance(event, _Finished):
+        if isinstance(event, Finished):
             self._finished(event)
         elif event == _WAKE:
             self.claim_wanted = True
@@ -569,7 +522,7 @@ class Worker:
             if self.ticker is not None:
                 self.ticker.changed()
         elif isinstance(event, _CancelNotice):
-            self.cancel_notices.update(held for held in event.held if self._holding(held))
+            self.cancel_notices.update(held for held in event.held if self.slots.holding(held))
         elif event in (_DEAF, _HEARING) and self.config.poll is None:
             # Until a notification can wake it, the loop looks for jobs often.
             self.poll = POLL_LISTENING if event == _HEARING else POLL_DEAF
@@ -587,9 +540,7 @@ class Worker:
     def _claim_limit(self) -> int:
         if self.stopping or self.conn is None:
             return 0
-        # Free slots, and the room left in the local queue.
-        free = self.config.concurrency + self.config.prefetch
-        free -= len(self.running) + len(self.prefetched)
+        free = self.slots.room()
         if self.config.max_jobs is not None:
             free = min(free, self.config.max_jobs - self.claimed)
         return max(free, 0)
@@ -602,17 +553,15 @@ class Worker:
         conn = self.conn
         assert conn is not None
         c = self.config
-        done, fails, handed_back = self.done, self.fails, self.handed_back
-        held = self._leased() if renew else []
-        # Prefetched jobs started since the last exchange (unless they have
-        # ended meanwhile: a row is changed once per statement) take their
-        # slot in locked_by, through the renewal.
-        slotted = {k: n for k, n in self.slotted.items() if k in self.running}
+        report = self.outbox.report()
+        held = self.slots.leased() if renew else []
+        # Prefetched jobs started since the last exchange take their slot in
+        # locked_by, through the renewal.
+        slotted = self.slots.to_move()
         held += [k for k in slotted if k not in held]
-        # The slots the jobs claimed now will take, in claim order, so that
-        # locked_by names each job's slot (the lowest free ones first); the
-        # jobs claimed beyond them wait in the local queue.
-        slots = self._free_slots[::-1][:limit]
+        # The slots the jobs claimed now will take, so that locked_by names
+        # each job's slot; the jobs claimed beyond them wait in the local queue.
+        slots = self.slots.free_for(limit)
         sent = time.monotonic()
         if limit:
             # What asks for a claim from now on (a job ending, a notification)
@@ -622,10 +571,10 @@ class Worker:
         try:
             changed = claims.exchange(
                 conn,
-                done=[f.running.job.held for f in done],
-                failed=[failure for _, failure in fails],
-                handed_back=[f.running.job.held for f in handed_back],
-                hand_back_reason=_HAND_BACK_REASON,
+                done=[f.running.job.held for f in report.done],
+                failed=[failure for _, failure in report.fails],
+                handed_back=[f.running.job.held for f in report.handed_back],
+                hand_back_reason=HAND_BACK_REASON,
                 renew=held,
                 started={k[0]: n for k, n in slotted.items()},
                 claim=limit,
@@ -641,25 +590,21 @@ class Worker:
             )
         except (psycopg.Error, PgqctlError) as exc:
             self.claim_wanted = self.claim_wanted or bool(limit)
-            # The server may have applied these reports with the answer lost.
-            self.maybe_reported.update(f.running.job.held for f in done)
+            self.outbox.unsent(report)
             self._connection_failed(exc)
             return
         if beat:
             self._beaten(changed.started_at, sent)
         self.floors.claimed(sent, changed.last_claimed)
-        self.done, self.fails, self.handed_back = [], [], []
-        self.slotted = {}
+        settled = self.outbox.settle(report, changed)
+        self.slots.moved()
         # New jobs first: their slots wait on nothing else, the logs can.
         if limit:
             self._start_jobs(changed.claimed, slots, limit, sent)
-        fenced_out = self._log_reports(done, fails, handed_back, changed)
-        if fenced_out:
-            self._explain_fenced_out(fenced_out)
-        self.maybe_reported.clear()
-        if changed.handed_back or any(r.status == "pending" for r in changed.failed.values()):
-            # Back in the queue, maybe due already: the claim that went with
-            # the report could not see them (one statement, one snapshot).
+        self._log_reports(settled)
+        if settled.fenced_out:
+            self._explain_fenced_out(settled.fenced_out)
+        if settled.requeued:
             self.claim_wanted = True
         if renew:
             self.next_renew = sent + c.lease / 3
@@ -720,7 +665,7 @@ class Worker:
         return replace(
             self.beat,
             started_at=self.started_at,
-            running=sum(not r.lost for r in self.running.values()),
+            running=self.slots.live(),
             done=self.jobs_done,
             failed=self.jobs_failed,
         )
@@ -800,55 +745,25 @@ class Worker:
         """Start the jobs claimed for free slots; queue those claimed beyond them."""
         if jobs:
             self.burst_reaped = False  # reap again before deciding nothing is due
-        if jobs and not self._leases_held():
+        if jobs and not self.slots.leases_held():
             self.next_renew = now + self.config.lease / 3
-        started = min(len(jobs), len(slots))
-        del self._free_slots[len(self._free_slots) - started :]
-        for job, slot in zip(jobs, slots, strict=False):
-            running = _Running(job, runner.Stop(), slot)
-            self.running[job.held] = running
+        for running in self.slots.claimed(jobs, slots):
             self._launch(running)
-        self.prefetched.extend(
-            _Running(job, runner.Stop(), prefetched=True) for job in jobs[started:]
-        )
         self.claimed += len(jobs)
         self.last_claim_short = len(jobs) < limit
         self.next_due = None
 
     def _start_prefetched(self) -> None:
         """A slot is free: start the job prefetched first, if any."""
-        if self.stopping or not self.prefetched or not self._free_slots:
+        if self.stopping:
             return
-        running = self.prefetched.popleft()
-        running.prefetched = False
-        running.slot = self._free_slots.pop()
-        self.running[running.job.held] = running
-        self.slotted[running.job.held] = running.slot
-        self._launch(running)
-
-    def _leased(self) -> list[Held]:
-        """The jobs whose leases this worker renews: running (unless lost) and prefetched."""
-        held = [r.job.held for r in self.running.values() if r.holds_lease]
-        return held + [r.job.held for r in self.prefetched]
-
-    def _leases_held(self) -> bool:
-        return bool(self.prefetched) or any(r.holds_lease for r in self.running.values())
-
-    def _holding(self, key: Held) -> _Running | None:
-        """The job this worker holds under `key`, running (unless lost) or prefetched."""
-        running = self.running.get(key)
+        running = self.slots.start_prefetched()
         if running is not None:
-            return None if running.lost else running
-        return next((r for r in self.prefetched if r.job.held == key), None)
-
-    def _drop_prefetched(self, running: _Running) -> None:
-        with contextlib.suppress(ValueError):
-            self.prefetched.remove(running)
+            self._launch(running)
 
     def _hand_back_prefetched(self) -> None:
         """Stopping: hand the prefetched jobs back at once, without using an attempt."""
-        while self.prefetched:
-            self.handed_back.append(_Finished(self.prefetched.popleft(), runner.Outcome()))
+        self.outbox.hand_back(self.slots.take_prefetched())
 
     def _find_next_due(self) -> None:
         """After a short claim: when is the next delayed job due? (Sleep until then.)"""
@@ -865,7 +780,7 @@ class Worker:
         """Stop the held jobs a notification said were cancelled, once their
         rows confirm it."""
         assert self.conn is not None
-        held = [k for k in self.cancel_notices if self._holding(k)]
+        held = [k for k in self.cancel_notices if self.slots.holding(k)]
         self.cancel_notices.clear()
         if not held:
             return
@@ -876,18 +791,18 @@ class Worker:
             self._connection_failed(exc)
             return
         for key in held:
-            running = self._holding(key)
+            running = self.slots.holding(key)
             status, why = found.get(key[0], ("", None))
             if running is not None and status == "cancelled":
                 self._stop_cancelled(running, why, "notification")
 
-    def _stop_cancelled(self, running: _Running, error: str | None, noticed: str) -> None:
+    def _stop_cancelled(self, running: Running, error: str | None, noticed: str) -> None:
         """An operator cancelled a job this worker runs: stop its process
         group (SIGTERM, then SIGKILL) and drop its result; the database
         already says cancelled. A prefetched one leaves the local queue unstarted."""
         job = running.job
         if running.prefetched:
-            self._drop_prefetched(running)
+            self.slots.drop_prefetched(running)
             what = f" before it started (prefetched): attempt {job.tries} dropped"
         else:
             running.lost = True
@@ -905,7 +820,7 @@ class Worker:
         )
 
     def _check_renewal(self, held: list[Held], kept: set[int]) -> None:
-        gone = [key for key in held if key[0] not in kept and self._holding(key)]
+        gone = [key for key in held if key[0] not in kept and self.slots.holding(key)]
         if not gone:
             return
         # Lost, cancelled by an operator (also without a notification,
@@ -917,7 +832,7 @@ class Worker:
         except (psycopg.Error, PgqctlError):
             ended = {}  # said as a lost lease; either way the job is stopped
         for key in gone:
-            running = self._holding(key)
+            running = self.slots.holding(key)
             if running is None:
                 continue
             status, why = ended.get(key[0], ("", None))
@@ -928,7 +843,7 @@ class Worker:
                 self._completed_by_job(running)
                 continue
             if running.prefetched:
-                self._drop_prefetched(running)
+                self.slots.drop_prefetched(running)
                 self.log.event(
                     "lease_lost",
                     f"job {running.job.id} lease lost before it started (prefetched): "
@@ -951,7 +866,7 @@ class Worker:
                 reason="renewal",
             )
 
-    def _completed_by_job(self, running: _Running) -> None:
+    def _completed_by_job(self, running: Running) -> None:
         """The job's program committed its own "done" and runs on: let it
         finish, with nothing left to renew or report."""
         running.completed = True
@@ -1019,14 +934,14 @@ class Worker:
             return
         if isinstance(exc, (psycopg.OperationalError, PgqctlError)):
             what = "database connection lost" if self._broken() else "database unavailable"
-            waiting = len(self._unreported())
+            waiting = len(self.outbox.report().finished())
             self.log.event(
                 "db_lost",
-                f"{what}: {reason(exc)}; retrying with backoff ({len(self.running)} job(s) "
+                f"{what}: {reason(exc)}; retrying with backoff ({len(self.slots.running)} job(s) "
                 f"keep running; their results and {waiting} finished job(s) are reported "
                 "once it is back)",
                 error=reason(exc),
-                running=len(self.running),
+                running=len(self.slots.running),
                 unreported=waiting,
             )
         else:
@@ -1074,17 +989,17 @@ class Worker:
         delay = jittered(self.refused_delay)
         self.refused_delay = min(self.refused_delay * 2, RECONNECT_CAP)
         self.refused_until = now + delay
-        waiting = len(self._unreported())
+        waiting = len(self.outbox.report().finished())
         sqlstate = getattr(exc, "sqlstate", None)
         self.log.event(
             "server_refused",
             f"the server refused: {reason(exc)} (SQLSTATE {sqlstate}); retrying in "
-            f"{seconds(delay)} ({len(self.running)} job(s) keep running; their results and "
+            f"{seconds(delay)} ({len(self.slots.running)} job(s) keep running; their results and "
             f"{waiting} finished job(s) are reported once it accepts them)",
             error=reason(exc),
             sqlstate=sqlstate,
             retry_in=round(delay, 3),
-            running=len(self.running),
+            running=len(self.slots.running),
             unreported=waiting,
         )
         assert self.conn is not None
@@ -1102,7 +1017,7 @@ class Worker:
         self.exit_code = 1
         self.stopping = True
         self.stop_now = True
-        self.prefetched.clear()  # nothing can be handed back there: reap returns them
+        self.slots.take_prefetched()  # nothing can be handed back there: reap returns them
         if self.conn is not None:
             _close_quietly(self.conn)
             self.conn = None
@@ -1131,7 +1046,7 @@ class Worker:
             return False
         if now < self.report_deadline:
             return False
-        ids = sorted(f.running.job.id for f in self._unreported())
+        ids = sorted(f.running.job.id for f in self.outbox.report().finished())
         shown = ", ".join(map(str, ids[:20])) + (f" and {len(ids) - 20} more" if ids[20:] else "")
         self.log.event(
             "unreported",
@@ -1142,90 +1057,48 @@ class Worker:
         self.exit_code = 1
         return True
 
-    def _unreported(self) -> list[_Finished]:
-        return [*self.done, *(f for f, _ in self.fails), *self.handed_back]
-
     # -------------------------------------------------- finished jobs
 
-    def _finished(self, finished: _Finished) -> None:
+    def _finished(self, finished: Finished) -> None:
         running = finished.running
-        self.running.pop(running.job.held, None)
-        if running.slot >= 0:
-            self._free_slots.append(running.slot)
-            running.slot = -1
+        if self.slots.release(running):
             self._start_prefetched()
         self.claim_wanted = True
-        if running.lost:
-            return  # said when the lease was found lost
-        if running.completed:
+        what = self.outbox.add(finished)
+        if what == "by_job":
             self._log_done(finished, by_job=True)
-            return
-        if finished.committed:  # a SQL job: done with its statement's writes
+        elif what == "committed":  # a SQL job: done with its statement's writes
             self._log_done(finished)
-            return
-        if finished.fenced_out:  # a SQL job whose attempt no longer ran: nothing committed
-            running.lost = True
-            self._explain_fenced_out([(finished, "done")])
-            return
-        job = running.job
-        outcome = finished.outcome
-        if finished.rejected is not None:
-            failure = Failure(job.id, job.attempts, finished.rejected, 0.0, permanent=True)
-            self.fails.append((finished, failure))
-        elif outcome.never_starts:  # no such program, arguments too long: same every time
-            failure = Failure(job.id, job.attempts, outcome.last_error(), 0.0, permanent=True)
-            self.fails.append((finished, failure))
-        elif outcome.succeeded:
-            self.done.append(finished)
-        elif outcome.stopped:  # only a shutdown stops a child whose lease we hold
-            self.handed_back.append(finished)
-        else:
-            delay = backoff_delay(job.tries, self.config.backoff)
-            self.fails.append(
-                (finished, Failure(job.id, job.attempts, outcome.last_error(), delay))
+        elif what == "fenced_out":  # a SQL job whose attempt no longer ran: nothing committed
+            held = running.job.held
+            self._explain_fenced_out(
+                [Fenced(finished, "done", self.outbox.may_have_reported(held))]
+            )
+        # "lost": said when the lease was found lost; "report": said once reported
+
+    def _log_reports(self, settled: Settled) -> None:
+        """Log each applied report."""
+        for finished in settled.done:
+            self._log_done(finished)
+        for finished, failure, result in settled.failed:
+            self._log_failure(finished, failure, result)
+        for finished in settled.handed_back:
+            job = finished.running.job
+            what = (
+                "not started (prefetched)"
+                if finished.running.prefetched
+                else "stopped by the shutdown"
+            )
+            self.log.event(
+                "handed_back",
+                f"job {job.id} handed back: attempt {job.tries} {what}; it runs again "
+                "without using up an attempt",
+                job_id=job.id,
+                attempt=job.tries,
+                prefetched=finished.running.prefetched,
             )
 
-    def _log_reports(
-        self,
-        done: list[_Finished],
-        fails: list[tuple[_Finished, Failure]],
-        handed_back: list[_Finished],
-        changed: claims.Exchanged,
-    ) -> list[tuple[_Finished, str]]:
-        """Log each applied report; return the fenced-out ones with what they tried."""
-        fenced_out: list[tuple[_Finished, str]] = []
-        for finished in done:
-            if finished.running.job.id in changed.done:
-                self._log_done(finished)
-            else:
-                fenced_out.append((finished, "done"))
-        for finished, failure in fails:
-            result = changed.failed.get(failure.job_id)
-            if result is not None:
-                self._log_failure(finished, failure, result)
-            else:
-                fenced_out.append((finished, "failed"))
-        for finished in handed_back:
-            job = finished.running.job
-            if job.id in changed.handed_back:
-                what = (
-                    "not started (prefetched)"
-                    if finished.running.prefetched
-                    else "stopped by the shutdown"
-                )
-                self.log.event(
-                    "handed_back",
-                    f"job {job.id} handed back: attempt {job.tries} {what}; it runs again "
-                    "without using up an attempt",
-                    job_id=job.id,
-                    attempt=job.tries,
-                    prefetched=finished.running.prefetched,
-                )
-            else:
-                fenced_out.append((finished, "handed back"))
-        return fenced_out
-
-    def _log_done(self, finished: _Finished, *, by_job: bool = False) -> None:
+    def _log_done(self, finished: Finished, *, by_job: bool = False) -> None:
         """A job done: by this worker's report, or (`by_job`) by the job's own
         transaction, after which its program may still have failed or been
         stopped: the job stays done, and the log says how the program ended."""
@@ -1253,9 +1126,7 @@ class Worker:
             **fields,
         )
 
-    def _log_failure(
-        self, finished: _Finished, failure: Failure, result: claims.FailResult
-    ) -> None:
+    def _log_failure(self, finished: Finished, failure: Failure, result: claims.FailResult) -> None:
         self.jobs_failed += 1
         job = finished.running.job
         outcome = finished.outcome
@@ -1287,20 +1158,21 @@ class Worker:
             **fields,
         )
 
-    def _explain_fenced_out(self, fenced_out: list[tuple[_Finished, str]]) -> None:
+    def _explain_fenced_out(self, fenced_out: list[Fenced]) -> None:
         """Say why reports matched nothing: the job was taken over, reaped, or deleted."""
         assert self.conn is not None
         try:
-            state = claims.fence_state(self.conn, [f.running.job.id for f, _ in fenced_out])
+            state = claims.fence_state(self.conn, [f.finished.running.job.id for f in fenced_out])
         except (psycopg.Error, PgqctlError):
             state = {}  # explained below as "no longer held"; the next step reconnects
-        for finished, tried in fenced_out:
+        for fenced in fenced_out:
+            finished, tried = fenced.finished, fenced.tried
             job = finished.running.job
             status, attempts = state.get(job.id, ("", -1))
             if status == "done" and attempts == job.attempts:
                 # Our own earlier report, whose answer the connection lost;
                 # or else the job's program completed it in its own transaction.
-                ours = tried == "done" and job.held in self.maybe_reported
+                ours = tried == "done" and fenced.maybe_ours
                 self._log_done(finished, by_job=not ours)
                 continue
             if status == "cancelled" and attempts == job.attempts:
@@ -1339,10 +1211,10 @@ class Worker:
     def _on_signal(self, signum: int) -> None:
         self.signals += 1
         name = signal.Signals(signum).name
-        count = len(self.running)
+        count = len(self.slots.running)
         # Jobs not started yet go back at once: another worker may run them
         # while ours finish.
-        ahead = len(self.prefetched)
+        ahead = len(self.slots.prefetched)
         self._hand_back_prefetched()
         back = f"; handing back {ahead} prefetched job(s)" if ahead else ""
         if self.signals == 1 and self.config.grace > 0 and count:
@@ -1383,12 +1255,12 @@ class Worker:
 
     def _stop_children(self) -> None:
         self.children_stopped = True
-        for running in self.running.values():
+        for running in self.slots.running.values():
             running.stop.request("the worker is stopping")
 
     # ---------------------------------------------------------- children
 
-    def _launch(self, running: _Running) -> None:
+    def _launch(self, running: Running) -> None:
         """Hand a claimed job's command to the supervisor; a payload that can
         never run, or a failure to prepare it, ends the job at once."""
         job = running.job
@@ -1438,13 +1310,13 @@ class Worker:
                 cap=self.output_cap,
             )
         except payload.PayloadRejected as exc:
-            self.events.put(_Finished(running, runner.Outcome(start_error=exc.reason), exc.reason))
+            self.events.put(Finished(running, runner.Outcome(start_error=exc.reason), exc.reason))
         except Exception as exc:  # never lose the job's report
             self._child_done(running, runner.Outcome(), exc)
 
     def _child_started(self, key: object, pid: int) -> None:
         """A job's process exists (called on whichever thread started it)."""
-        assert isinstance(key, _Running)
+        assert isinstance(key, Running)
         job = key.job
         self.log.event(
             "started",
@@ -1461,7 +1333,7 @@ class Worker:
 
     def _sql_started(self, key: object, backend_pid: int) -> None:
         """A SQL job's statement is about to run (called on its thread)."""
-        assert isinstance(key, _Running)
+        assert isinstance(key, Running)
         job = key.job
         self.log.event(
             "started",
@@ -1478,22 +1350,22 @@ class Worker:
 
     def _sql_done(self, key: object, result: sql_jobs.SqlResult) -> None:
         """A SQL job ended (called on its thread): post its result, waking the loop."""
-        assert isinstance(key, _Running)
+        assert isinstance(key, Running)
         self._post(
-            _Finished(key, result.outcome, committed=result.committed, fenced_out=result.fenced_out)
+            Finished(key, result.outcome, committed=result.committed, fenced_out=result.fenced_out)
         )
 
     def _child_done(
         self, key: object, outcome: runner.Outcome, error: BaseException | None
     ) -> None:
         """A child ended (called on whichever thread watches the children): post its result."""
-        assert isinstance(key, _Running)
+        assert isinstance(key, Running)
         if error is not None:
             self.log.error(f"job {key.job.id}: unexpected error running it", error)
             outcome = runner.Outcome(start_error=f"worker error: {error}")
         elif outcome.left_out_bytes or outcome.left_out_lines:
             self._log_left_out(key.job.id, outcome)
-        self.events.put(_Finished(key, outcome))
+        self.events.put(Finished(key, outcome))
 
     def _log_left_out(self, job_id: int, outcome: runner.Outcome) -> None:
         c = self.config

@@ -1,0 +1,167 @@
+"""Finished jobs waiting to be reported, and what the exchange said of them.
+
+No database, no logging: the loop files each finished job here (`add`
+classifies it: done, failed and when it runs again, handed back), sends
+`report()` with the next exchange, and hands the answer to `settle`, which
+sorts the reports into applied and fenced out. A report whose exchange
+failed stays for the next one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pgqctl import claims, runner
+from pgqctl.claims import Failure
+from pgqctl.jobs import Held
+from pgqctl.worker.config import backoff_delay
+from pgqctl.worker.slots import Running
+
+# The last_error of a job handed back unfinished (the attempt not counted).
+HAND_BACK_REASON = "handed back: the worker stopped before the job finished"
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A slot's result: the child's outcome, or why the payload can never run."""
+
+    running: Running
+    outcome: runner.Outcome
+    rejected: str | None = None
+    # A SQL job's end (pgqctl/sql_jobs.py): done in its own transaction, or
+    # found no longer running (nothing committed). Nothing left to report.
+    committed: bool = False
+    fenced_out: bool = False
+
+
+@dataclass
+class Report:
+    """The reports that go out with one exchange."""
+
+    done: list[Finished] = field(default_factory=list)
+    fails: list[tuple[Finished, Failure]] = field(default_factory=list)
+    handed_back: list[Finished] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.done or self.fails or self.handed_back)
+
+    def finished(self) -> list[Finished]:
+        return [*self.done, *(f for f, _ in self.fails), *self.handed_back]
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """A report that matched nothing: the job is no longer this attempt's."""
+
+    finished: Finished
+    tried: str  # "done", "failed", "handed back"
+    # A "done" sent before on an exchange whose answer was lost: if the row
+    # says done, that may be this worker's report rather than the job's.
+    maybe_ours: bool = False
+
+
+@dataclass
+class Settled:
+    """What an exchange's answer made of a report."""
+
+    done: list[Finished] = field(default_factory=list)
+    failed: list[tuple[Finished, Failure, claims.FailResult]] = field(default_factory=list)
+    handed_back: list[Finished] = field(default_factory=list)
+    fenced_out: list[Fenced] = field(default_factory=list)
+    # Back in the queue, maybe due already: the claim that went with the
+    # report could not see them (one statement, one snapshot).
+    requeued: bool = False
+
+
+class Outbox:
+    def __init__(self, backoff: float) -> None:
+        self.backoff = backoff
+        self.pending = Report()
+        # Jobs whose "done" report was sent on an exchange that failed: if
+        # their rows say done, that may be our report's doing, not the job's.
+        self.maybe_reported: set[Held] = set()
+
+    def __bool__(self) -> bool:
+        """Whether anything waits to be reported."""
+        return bool(self.pending)
+
+    def add(self, finished: Finished) -> str:
+        """File a finished job; what it needs: "report" (filed for the next
+        exchange), or nothing to report: "lost" (said when the lease was found
+        lost), "by_job" (the job's own transaction did it), "committed" (a SQL
+        job done with its statement), "fenced_out" (a SQL job whose attempt no
+        longer ran)."""
+        running = finished.running
+        if running.lost:
+            return "lost"
+        if running.completed:
+            return "by_job"
+        if finished.committed:
+            return "committed"
+        if finished.fenced_out:
+            running.lost = True
+            return "fenced_out"
+        job = running.job
+        outcome = finished.outcome
+        report = self.pending
+        if finished.rejected is not None:
+            failure = Failure(job.id, job.attempts, finished.rejected, 0.0, permanent=True)
+            report.fails.append((finished, failure))
+        elif outcome.never_starts:  # no such program, arguments too long: same every time
+            failure = Failure(job.id, job.attempts, outcome.last_error(), 0.0, permanent=True)
+            report.fails.append((finished, failure))
+        elif outcome.succeeded:
+            report.done.append(finished)
+        elif outcome.stopped:  # only a shutdown stops a child whose lease we hold
+            report.handed_back.append(finished)
+        else:
+            delay = backoff_delay(job.tries, self.backoff)
+            report.fails.append(
+                (finished, Failure(job.id, job.attempts, outcome.last_error(), delay))
+            )
+        return "report"
+
+    def hand_back(self, unstarted: list[Running]) -> None:
+        """Jobs to hand back unstarted (prefetched ones, when stopping)."""
+        self.pending.handed_back.extend(Finished(r, runner.Outcome()) for r in unstarted)
+
+    def report(self) -> Report:
+        """What the next exchange reports (kept here until `settle`)."""
+        return self.pending
+
+    def unsent(self, report: Report) -> None:
+        """The exchange carrying `report` failed: it stays for the next one.
+        The server may have applied its "done"s with the answer lost."""
+        self.maybe_reported.update(f.running.job.held for f in report.done)
+
+    def may_have_reported(self, key: Held) -> bool:
+        return key in self.maybe_reported
+
+    def settle(self, report: Report, changed: claims.Exchanged) -> Settled:
+        """The exchange carrying `report` went through: sort its reports by
+        what the database did with them, and forget them."""
+        if report is self.pending:
+            self.pending = Report()
+        settled = Settled()
+        for finished in report.done:
+            if finished.running.job.id in changed.done:
+                settled.done.append(finished)
+            else:
+                held = finished.running.job.held
+                settled.fenced_out.append(Fenced(finished, "done", held in self.maybe_reported))
+        for finished, failure in report.fails:
+            result = changed.failed.get(failure.job_id)
+            if result is not None:
+                settled.failed.append((finished, failure, result))
+            else:
+                settled.fenced_out.append(Fenced(finished, "failed"))
+        for finished in report.handed_back:
+            if finished.running.job.id in changed.handed_back:
+                settled.handed_back.append(finished)
+            else:
+                settled.fenced_out.append(Fenced(finished, "handed back"))
+        self.maybe_reported.clear()
+        settled.requeued = bool(changed.handed_back) or any(
+            r.status == "pending" for r in changed.failed.values()
+        )
+        return settled

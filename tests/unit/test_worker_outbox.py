@@ -1,0 +1,150 @@
+"""The worker's outbox without a database: how a finished job is reported,
+what a failed exchange keeps, and how the exchange's answer settles it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from pgqctl import claims, runner
+from pgqctl.jobs import Job
+from pgqctl.worker import BACKOFF_CAP
+from pgqctl.worker.outbox import Finished, Outbox
+from pgqctl.worker.slots import Running
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def finished(job_id: int, attempts: int = 1, **outcome: Any) -> Finished:
+    job = Job(id=job_id, queue="default", kind="k", payload={}, attempts=attempts)
+    return Finished(Running(job, runner.Stop(), slot=0), runner.Outcome(**outcome))
+
+
+def test_each_ending_is_filed_as_its_report() -> None:
+    outbox = Outbox(backoff=2.0)
+    assert not outbox
+    ok = finished(1, exit_code=0)
+    crashed = finished(2, exit_code=3, output_tail="boom")
+    stopped = finished(3, signal=15, stopped=True)
+    missing = finished(4, start_error="no such program", never_starts=True)
+    assert [outbox.add(f) for f in (ok, crashed, stopped, missing)] == ["report"] * 4
+    report = outbox.report()
+    assert report.done == [ok]
+    assert report.handed_back == [stopped]
+    [(f1, retry), (f2, never)] = report.fails
+    assert (f1, f2) == (crashed, missing)
+    assert not retry.permanent and 1.5 <= retry.delay <= 2.5  # 2s, +-25%
+    assert never.permanent and never.delay == 0.0
+    assert sorted(f.running.job.id for f in report.finished()) == [1, 2, 3, 4]
+    assert outbox
+
+
+def test_a_payload_that_can_never_run_fails_for_good() -> None:
+    outbox = Outbox(backoff=2.0)
+    rejected = Finished(finished(1).running, runner.Outcome(), rejected="not JSON")
+    assert outbox.add(rejected) == "report"
+    [(_, failure)] = outbox.report().fails
+    assert failure.permanent and failure.error == "not JSON"
+
+
+def test_the_backoff_grows_with_the_attempt_up_to_its_cap() -> None:
+    outbox = Outbox(backoff=2.0)
+    outbox.add(finished(1, attempts=4, exit_code=1))
+    outbox.add(finished(2, attempts=60, exit_code=1))
+    [(_, fourth), (_, sixtieth)] = outbox.report().fails
+    assert 12.0 <= fourth.delay <= 20.0  # 2 * 2^3, +-25%
+    assert sixtieth.delay == BACKOFF_CAP
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"lost": True}, "lost"),
+        ({"completed": True}, "by_job"),
+    ],
+)
+def test_jobs_whose_end_was_said_otherwise_are_not_reported(
+    flags: dict[str, bool], expected: str
+) -> None:
+    outbox = Outbox(backoff=2.0)
+    f = finished(1, exit_code=0)
+    for name, value in flags.items():
+        setattr(f.running, name, value)
+    assert outbox.add(f) == expected
+    assert not outbox
+
+
+def test_a_sql_job_reports_nothing_and_one_fenced_out_loses_its_lease() -> None:
+    outbox = Outbox(backoff=2.0)
+    committed = Finished(finished(1).running, runner.Outcome(exit_code=0), committed=True)
+    fenced = Finished(finished(2).running, runner.Outcome(), fenced_out=True)
+    assert outbox.add(committed) == "committed"
+    assert outbox.add(fenced) == "fenced_out"
+    assert fenced.running.lost
+    assert not outbox
+
+
+def test_a_failed_exchange_keeps_the_reports_and_remembers_the_dones() -> None:
+    outbox = Outbox(backoff=2.0)
+    ok = finished(1, exit_code=0)
+    outbox.add(ok)
+    outbox.add(finished(2, exit_code=1))
+    report = outbox.report()
+    outbox.unsent(report)
+    assert outbox.report() is report and len(report.finished()) == 2
+    assert outbox.may_have_reported((1, 1))
+    assert not outbox.may_have_reported((2, 1))
+    # Reported again and fenced out: the row saying done may be our own report.
+    settled = outbox.settle(outbox.report(), claims.Exchanged(failed={}))
+    assert [(f.finished, f.tried, f.maybe_ours) for f in settled.fenced_out] == [
+        (ok, "done", True),
+        (report.fails[0][0], "failed", False),
+    ]
+    assert not outbox
+    assert not outbox.may_have_reported((1, 1))
+
+
+def test_the_answer_sorts_reports_into_applied_and_fenced_out() -> None:
+    outbox = Outbox(backoff=2.0)
+    done, gone, failed, back, taken = (
+        finished(1, exit_code=0),
+        finished(2, exit_code=0),
+        finished(3, exit_code=1),
+        finished(4, stopped=True, signal=15),
+        finished(5, stopped=True, signal=15),
+    )
+    for f in (done, gone, failed, back, taken):
+        outbox.add(f)
+    result = claims.FailResult("pending", NOW)
+    settled = outbox.settle(
+        outbox.report(),
+        claims.Exchanged(done={1}, failed={3: result}, handed_back={4}),
+    )
+    assert settled.done == [done]
+    assert [(f, r) for f, _, r in settled.failed] == [(failed, result)]
+    assert settled.handed_back == [back]
+    assert [(f.finished, f.tried, f.maybe_ours) for f in settled.fenced_out] == [
+        (gone, "done", False),
+        (taken, "handed back", False),
+    ]
+    assert settled.requeued  # back in the queue: look for work again
+    assert not outbox
+
+
+def test_nothing_requeued_when_every_failure_was_the_last() -> None:
+    outbox = Outbox(backoff=2.0)
+    outbox.add(finished(1, exit_code=1))
+    settled = outbox.settle(
+        outbox.report(), claims.Exchanged(failed={1: claims.FailResult("failed", NOW)})
+    )
+    assert not settled.requeued
+
+
+def test_prefetched_jobs_are_handed_back_unstarted() -> None:
+    outbox = Outbox(backoff=2.0)
+    ahead = [finished(1).running, finished(2).running]
+    outbox.hand_back(ahead)
+    assert [f.running for f in outbox.report().handed_back] == ahead
+    assert all(f.outcome == runner.Outcome() for f in outbox.report().handed_back)
