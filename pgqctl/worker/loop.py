@@ -68,12 +68,11 @@ import datetime as dt
 import json
 import os
 import queue
-import select
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -96,20 +95,24 @@ from pgqctl.errors import PgqctlError, PrivilegeMissing, ReadOnlyServer
 from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
 from pgqctl.rows import Unreadable
-from pgqctl.sql import query
 from pgqctl.worker.config import (
-    CANCEL_CHANNEL,
-    CHANNEL,
     POLL_DEAF,
     POLL_LISTENING,
     RECONNECT_CAP,
     RECONNECT_FIRST,
     REPORT_WAIT,
-    SCHEDULES_CHANNEL,
     TERM_GRACE,
     WorkerConfig,
     identity,
     jittered,
+)
+from pgqctl.worker.listener import (
+    DEAF,
+    HEARING,
+    SCHEDULES,
+    WAKE,
+    CancelNotice,
+    Listener,
 )
 from pgqctl.worker.outbox import HAND_BACK_REASON, Fenced, Finished, Outbox, Settled
 from pgqctl.worker.slots import Running, Slots
@@ -117,17 +120,6 @@ from pgqctl.worklog import WorkLog, seconds, timestamp
 
 # The loop wakes at least this often even with nothing to do.
 _IDLE_CAP = 60.0
-_WAKE = "wake"
-_DEAF = "deaf"  # the listener cannot hear notifications (now)
-_HEARING = "hearing"  # the listener hears them
-_SCHEDULES = "schedules"  # the schedules changed
-
-
-@dataclass(frozen=True)
-class _CancelNotice:
-    """A notification that an operator cancelled these (job id, attempt)s."""
-
-    held: frozenset[Held]
 
 
 def _insufficient_resources(exc: BaseException) -> bool:
@@ -194,15 +186,13 @@ class Worker:
             else None
         )
         self._guard: Guard | None = None
-        self._listener: threading.Thread | None = None
-        # What each channel the listener hears means (see _on_notification).
-        self._channel_handlers: dict[str, Callable[[str], None]] = {
-            CHANNEL: self._on_jobs_notified,
-            CANCEL_CHANNEL: self._on_cancel_notified,
-            SCHEDULES_CHANNEL: self._on_schedules_notified,
-        }
-        self._closing = threading.Event()
-        self._closing_r, self._closing_w = os.pipe()
+        self.listener = Listener(
+            self.listen_connect,
+            config.schema,
+            self._post,
+            say_deaf=self._say_deaf,
+            on_error=self._listen_failed,
+        )
 
         self.conn: db.QueueConnection | None = None
         # Often, until the listener hears notifications.
@@ -330,21 +320,14 @@ class Worker:
             term_grace=TERM_GRACE,
             guard=self._guard,
         )
-        self._listener = threading.Thread(target=self._listen, name="pgqctl-listen", daemon=True)
-        self._listener.start()
+        self.listener.start()
 
     def _stop_threads(self) -> None:
-        self._closing.set()
-        os.write(self._closing_w, b"x")
         if self._children is not None:
             self._children.close(timeout=TERM_GRACE + 1)
         if self._guard is not None:
             self._guard.close(timeout=TERM_GRACE + 1)
-        if self._listener is not None:
-            self._listener.join(timeout=2)
-        if not self._listener or not self._listener.is_alive():
-            os.close(self._closing_r)
-            os.close(self._closing_w)
+        self.listener.close()
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         previous: dict[int, Any] = {}
@@ -516,16 +499,16 @@ class Worker:
     def _apply(self, event: object) -> None:
         if isinstance(event, Finished):
             self._finished(event)
-        elif event == _WAKE:
+        elif event == WAKE:
             self.claim_wanted = True
-        elif event == _SCHEDULES:
+        elif event == SCHEDULES:
             if self.ticker is not None:
                 self.ticker.changed()
-        elif isinstance(event, _CancelNotice):
+        elif isinstance(event, CancelNotice):
             self.cancel_notices.update(held for held in event.held if self.slots.holding(held))
-        elif event in (_DEAF, _HEARING) and self.config.poll is None:
+        elif event in (DEAF, HEARING) and self.config.poll is None:
             # Until a notification can wake it, the loop looks for jobs often.
-            self.poll = POLL_LISTENING if event == _HEARING else POLL_DEAF
+            self.poll = POLL_LISTENING if event == HEARING else POLL_DEAF
             self.next_poll = min(self.next_poll, time.monotonic() + self.poll)
         elif isinstance(event, int):
             self._on_signal(event)
@@ -1389,56 +1372,6 @@ class Worker:
 
         return forward
 
-    # ---------------------------------------------------------- listener
-
-    def _listen(self) -> None:
-        """Post a wake-up for each notification about our schema; reconnect on failure.
-
-        Through a transaction pooler a LISTEN stays on whichever server
-        connection ran it, so the listener first makes sure it can hear (see
-        `_can_hear`); if it cannot, it says so once and ends, and the loop
-        polls every POLL_DEAF seconds instead.
-        """
-        delay = RECONNECT_FIRST
-        while not self._closing.is_set():
-            conn = None
-            try:
-                conn = self.listen_connect()
-                if not self._can_hear(conn):
-                    self._post(_DEAF)
-                    self._say_deaf()
-                    return
-                # Cancels first: hearing about new jobs is then the sign
-                # that both are heard (`pg_stat_activity` shows the last).
-                conn.execute(query("worker_listen_schedules"))
-                conn.execute(query("worker_listen_cancel"))
-                conn.execute(query("worker_listen"))
-                delay = RECONNECT_FIRST
-                self._post(_HEARING)
-                # Jobs may have come while nobody listened.
-                self._post(_WAKE)
-                self._relay_notifications(conn)
-            except Exception as exc:
-                if self.log.debug:
-                    self.log.error("listen connection failed; polling until it is back", exc)
-            finally:
-                if conn is not None:
-                    _close_quietly(conn)
-            self._post(_DEAF)
-            if self._closing.wait(jittered(delay)):
-                return
-            delay = min(delay * 2, RECONNECT_CAP)
-
-    def _can_hear(self, conn: db.QueueConnection) -> bool:
-        """Whether a LISTEN on `conn` hears notifications: on a direct
-        connection, and behind a pooler that keeps a server connection for
-        each client (session pooling); not behind one that hands it to other
-        clients after each transaction, where the LISTEN would stay behind."""
-        if not conn.pooled:
-            return True
-        with self.listen_connect() as other:
-            return not db.shares_server_connections(conn, other)
-
     def _say_deaf(self) -> None:
         every = self.config.poll if self.config.poll is not None else POLL_DEAF
         self.log.event(
@@ -1450,51 +1383,9 @@ class Worker:
             poll=every,
         )
 
-    def _relay_notifications(self, conn: psycopg.Connection[Any]) -> None:
-        # poll() on the socket and on the closing pipe, so stopping the
-        # worker never waits for a notifies() timeout. (Not select(): with
-        # hundreds of jobs running, the socket's fd may be above 1023.)
-        poller = select.poll()
-        for fd in (conn.fileno(), self._closing_r):
-            poller.register(fd, select.POLLIN)
-        while not self._closing.is_set():
-            ready = [fd for fd, _ in poller.poll()]
-            if self._closing_r in ready:
-                return
-            for note in conn.notifies(timeout=0):
-                self._on_notification(note.channel, note.payload)
-
-    def _on_notification(self, channel: str, payload: str) -> None:
-        """Hand a notification to its channel's handler (on the listener's thread)."""
-        handler = self._channel_handlers.get(channel)
-        if handler is not None:
-            handler(payload)
-
-    def _on_jobs_notified(self, payload: str) -> None:
-        # New jobs, requeued or reaped ones, a resumed queue: look for work,
-        # unless it is about another schema of the same database.
-        if payload in ("", self.config.schema):
-            self._post(_WAKE)
-
-    def _on_schedules_notified(self, payload: str) -> None:
-        # A schedule was added, changed or removed: read them again.
-        if payload in ("", self.config.schema):
-            self._post(_SCHEDULES)
-
-    def _on_cancel_notified(self, payload: str) -> None:
-        notice = self._cancel_notice(payload)
-        if notice is not None:
-            self._post(notice)
-
-    def _cancel_notice(self, text: str) -> _CancelNotice | None:
-        """The jobs a cancel notification names, if it is about our schema."""
-        try:
-            found = json.loads(text)
-            if found["schema"] != self.config.schema:
-                return None
-            return _CancelNotice(frozenset((int(i), int(a)) for i, a in found["jobs"]))
-        except (ValueError, KeyError, TypeError):
-            return None  # not one of ours
+    def _listen_failed(self, exc: BaseException) -> None:
+        if self.log.debug:
+            self.log.error("listen connection failed; polling until it is back", exc)
 
 
 def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
