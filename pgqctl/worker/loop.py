@@ -88,9 +88,7 @@ from pgqctl import (
     sql_jobs,
     ticks,
 )
-from pgqctl.blockers import Blocker, spelled, timeout_kind, waited
-from pgqctl.claims import Failure
-from pgqctl.db import reason
+from pgqctl.blockers import Blocker, timeout_kind, waited
 from pgqctl.errors import PgqctlError, PrivilegeMissing, ReadOnlyServer
 from pgqctl.guard import Guard
 from pgqctl.jobs import Held, Job
@@ -114,9 +112,10 @@ from pgqctl.worker.listener import (
     CancelNotice,
     Listener,
 )
+from pgqctl.worker.narration import Narration
 from pgqctl.worker.outbox import HAND_BACK_REASON, Fenced, Finished, Outbox, Settled
 from pgqctl.worker.slots import Running, Slots
-from pgqctl.worklog import WorkLog, seconds, timestamp
+from pgqctl.worklog import WorkLog
 
 # The loop wakes at least this often even with nothing to do.
 _IDLE_CAP = 60.0
@@ -150,6 +149,7 @@ class Worker:
         self.listen_connect = listen_connect or connect
         self.log = log
         self.worker_id = identity()
+        self.say = Narration(log, config, self.worker_id)
         # The worker's row in `workers`; its counters change with each heartbeat.
         self.beat = claims.Beat(
             id=self.worker_id,
@@ -245,7 +245,7 @@ class Worker:
     def run(self, conn: db.QueueConnection) -> int:
         """Work until told to stop (or, with burst/max-jobs, until done); the exit code."""
         self.conn = conn
-        self._log_start()
+        self.say.worker_started(self.target)
         previous = self._install_signal_handlers()
         self._start_threads()
         try:
@@ -256,7 +256,7 @@ class Worker:
                         break
                     self._wait()
                 except Exception as exc:  # the loop must survive anything
-                    self.log.error("unexpected error in the worker loop", exc)
+                    self.say.error("unexpected error in the worker loop", exc)
                     self._drop_connection()
         finally:
             # Signals stay ours until the end: one arriving while the threads
@@ -268,52 +268,14 @@ class Worker:
             if self._sql is not None:
                 self._sql.close()
             self._restore_signal_handlers(previous)
-        self.log.event(
-            "worker_stopped",
-            f"worker {self.worker_id} stopped after {self.claimed} job(s)",
-            jobs=self.claimed,
-            exit_code=self.exit_code,
-        )
+        self.say.worker_stopped(self.claimed, self.exit_code)
         return self.exit_code
-
-    def _log_start(self) -> None:
-        c = self.config
-        self.log.event(
-            "worker_started",
-            f"worker {self.worker_id} started: {c.concurrency} slot(s), "
-            + (f"prefetch {c.prefetch}, " if c.prefetch else "")
-            + f"queues {', '.join(c.queues) or 'all'}, kinds {', '.join(c.kinds) or 'all'}, "
-            f"lease {seconds(c.lease)}, poll {seconds(c.poll or POLL_LISTENING)}, "
-            + (
-                f"reap every {seconds(c.reap_every)} (dead after {c.dead_after} heartbeats)"
-                if c.reap_every
-                else "no reap"
-            )
-            + (f", schedules (catch-up {c.catch_up})" if c.schedules else ", no schedules")
-            + f", heartbeat {seconds(c.heartbeat)}"
-            + (f", policy {c.policy.name}" if c.policy else "")
-            + (f", database {self.target}" if self.target else ""),
-            worker=self.worker_id,
-            concurrency=c.concurrency,
-            prefetch=c.prefetch,
-            queues=list(c.queues),
-            kinds=list(c.kinds),
-            lease=c.lease,
-            poll=c.poll or POLL_LISTENING,
-            reap_every=c.reap_every,
-            dead_after=c.dead_after,
-            schedules=c.schedules,
-            catch_up=c.catch_up,
-            heartbeat=c.heartbeat,
-            schema=c.schema,
-            policy=c.policy.name if c.policy else None,
-        )
 
     def _start_threads(self) -> None:
         try:
             self._guard = Guard(TERM_GRACE, self.log.format, self.environ)
         except OSError as exc:
-            self.log.error("cannot start the guard that stops jobs if this worker dies", exc)
+            self.say.error("cannot start the guard that stops jobs if this worker dies", exc)
         self._children = runner.Supervisor(
             self._child_done,
             on_start=self._child_started,
@@ -369,12 +331,7 @@ class Worker:
             self._supervisor_failed(self._children.failure)
         if self._guard is not None and self._guard.lost and not self.guard_lost_logged:
             self.guard_lost_logged = True
-            self.log.event(
-                "guard_lost",
-                f"guard process {self._guard.pid} is gone (killed, or stopped and given up): "
-                "if this worker dies now, its jobs run on; restart the worker to get one back",
-                guard_pid=self._guard.pid,
-            )
+            self.say.guard_lost(self._guard.pid)
         if (
             self.stopping
             and not self.children_stopped
@@ -607,42 +564,12 @@ class Worker:
         self.burst_ticked = True
         skipped = [e for e in enqueued if e.skipped]
         if skipped:
-            self._log_skipped(skipped)
+            self.say.schedule_skipped(skipped)
         enqueued = [e for e in enqueued if e.jobs]
         if not enqueued:
             return
-        # One line for the whole statement, however many schedules ticked.
-        made = [
-            (e.schedule, payload.iso_utc(t), i)
-            for e in enqueued
-            for t, i in zip(e.ticks, e.jobs, strict=True)
-        ]
-        parts = [f"{name} {tick} as job {i}" for name, tick, i in made]
-        shown = ", ".join(parts[:20]) + (f" and {len(parts) - 20} more" if parts[20:] else "")
-        self.log.event(
-            "scheduled",
-            f"enqueued {len(made)} schedule tick(s): {shown}",
-            ticks=[{"schedule": n, "tick": t, "job_id": i} for n, t, i in made],
-        )
+        self.say.scheduled(enqueued)
         self.claim_wanted = True
-
-    def _log_skipped(self, skipped: list[ticks.Enqueued]) -> None:
-        """One line for the ticks skipped by the schedules' overlap policy."""
-        parts = [
-            f"{e.schedule} {', '.join(payload.iso_utc(t) for t in e.skipped[-3:])}"
-            + (f" and {len(e.skipped) - 3} earlier" if e.skipped[3:] else "")
-            for e in skipped
-        ]
-        self.log.event(
-            "schedule_skipped",
-            f"skipped {sum(len(e.skipped) for e in skipped)} schedule tick(s) (overlap "
-            f"skip: one job of a schedule pending or running at a time): {'; '.join(parts)}",
-            ticks=[
-                {"schedule": e.schedule, "tick": payload.iso_utc(t)}
-                for e in skipped
-                for t in e.skipped
-            ],
-        )
 
     def _current_beat(self) -> claims.Beat:
         return replace(
@@ -677,8 +604,7 @@ class Worker:
         try:
             claims.unregister(self.conn, self.worker_id)
         except (psycopg.Error, PgqctlError) as exc:
-            if self.log.debug:
-                self.log.error("could not remove this worker's row from workers", exc)
+            self.say.debug_error("could not remove this worker's row from workers", exc)
 
     def _reap(self) -> None:
         """Reclaim expired leases, as `pgqctl reap` does, and forget workers
@@ -694,34 +620,11 @@ class Worker:
             return
         self.burst_reaped = idle
         if forgotten:
-            self.log.event(
-                "workers_forgotten",
-                f"removed {len(forgotten)} worker(s) not seen for an hour from workers: "
-                + ", ".join(forgotten),
-                workers=forgotten,
-            )
+            self.say.workers_forgotten(forgotten)
         if not reaped:
             return
-        ids = [r.job.id for r in reaped]
-        failed = [r.job.id for r in reaped if r.job.status == "failed"]
-        holders = sorted({r.held_by or "an unnamed worker" for r in reaped})
-        dead = sorted({(r.held_by or "").rpartition(":")[0] for r in reaped if r.reason == "dead"})
-        shown = ", ".join(map(str, ids[:20])) + (f" and {len(ids) - 20} more" if ids[20:] else "")
-        what = f"{len(ids)} expired lease(s)"
-        if dead:
-            of_dead = sum(r.reason == "dead" for r in reaped)
-            what = f"{len(ids)} job(s) ({of_dead} of dead worker(s) {', '.join(dead)})"
-        self.log.event(
-            "reaped",
-            f"reaped {what} (job {shown}) held by "
-            f"{', '.join(holders)}: {len(ids) - len(failed)} back to pending, "
-            f"{len(failed)} failed (out of attempts)",
-            jobs=ids,
-            failed=failed,
-            held_by=holders,
-            dead_workers=dead,
-        )
-        if len(failed) < len(ids):
+        self.say.reaped(reaped)
+        if any(r.job.status != "failed" for r in reaped):
             self.claim_wanted = True  # back in the queue and due now
 
     def _start_jobs(self, jobs: list[Job], slots: list[int], limit: int, now: float) -> None:
@@ -783,24 +686,12 @@ class Worker:
         """An operator cancelled a job this worker runs: stop its process
         group (SIGTERM, then SIGKILL) and drop its result; the database
         already says cancelled. A prefetched one leaves the local queue unstarted."""
-        job = running.job
+        self.say.cancelled(running, error, noticed)
         if running.prefetched:
             self.slots.drop_prefetched(running)
-            what = f" before it started (prefetched): attempt {job.tries} dropped"
         else:
             running.lost = True
             running.stop.request("cancelled")
-            what = f": stopping attempt {job.tries}"
-        self.log.event(
-            "cancelled",
-            f"job {job.id} cancelled ({error or 'by an operator'}){what}; it is not retried",
-            job_id=job.id,
-            kind=job.kind,
-            attempt=job.tries,
-            reason=error,
-            noticed=noticed,
-            **({"prefetched": True} if running.prefetched else {}),
-        )
 
     def _check_renewal(self, held: list[Held], kept: set[int]) -> None:
         gone = [key for key in held if key[0] not in kept and self.slots.holding(key)]
@@ -825,43 +716,18 @@ class Worker:
             if status == "done" and not running.prefetched:
                 self._completed_by_job(running)
                 continue
+            self.say.lease_lost(running)
             if running.prefetched:
                 self.slots.drop_prefetched(running)
-                self.log.event(
-                    "lease_lost",
-                    f"job {running.job.id} lease lost before it started (prefetched): "
-                    f"attempt {running.job.tries} is no longer this worker's; dropped",
-                    job_id=running.job.id,
-                    attempt=running.job.tries,
-                    reason="renewal",
-                    prefetched=True,
-                )
                 continue
             running.lost = True
             running.stop.request("lease lost")
-            job = running.job
-            self.log.event(
-                "lease_lost",
-                f"job {job.id} lease lost: attempt {job.tries} is no longer this worker's "
-                "(reaped or taken over); stopping it, its result will be dropped",
-                job_id=job.id,
-                attempt=job.tries,
-                reason="renewal",
-            )
 
     def _completed_by_job(self, running: Running) -> None:
         """The job's program committed its own "done" and runs on: let it
         finish, with nothing left to renew or report."""
         running.completed = True
-        job = running.job
-        self.log.event(
-            "completed_by_job",
-            f"job {job.id} done by its own transaction (attempt {job.tries}); "
-            "its program runs on until it exits",
-            job_id=job.id,
-            kind=job.kind,
-            attempt=job.tries,
-        )
+        self.say.completed_by_job(running)
 
     def _reconnect(self) -> bool:
         try:
@@ -873,11 +739,7 @@ class Worker:
             self._schedule_reconnect()
             return False
         down = time.monotonic() - (self.lost_since or time.monotonic())
-        self.log.event(
-            "db_restored",
-            f"database connection restored after {seconds(down)}",
-            downtime=round(down, 3),
-        )
+        self.say.db_restored(down)
         self.lost_since = None
         self.reconnect_delay = RECONNECT_FIRST
         # Catch up: renew what we hold, report, and look for work at once;
@@ -902,11 +764,7 @@ class Worker:
         if isinstance(exc, psycopg.errors.TransactionRollback) and not self._broken():
             # Serialization failure or deadlock: the statement was rolled
             # back as a whole, the connection is fine; do it again at once.
-            self.log.event(
-                "db_conflict",
-                f"transaction rolled back by a conflict ({reason(exc)}); retrying",
-                error=reason(exc),
-            )
+            self.say.db_conflict(exc)
             assert self.conn is not None
             _rollback_quietly(self.conn)
             self.next_renew = time.monotonic()
@@ -917,18 +775,14 @@ class Worker:
             return
         if isinstance(exc, (psycopg.OperationalError, PgqctlError)):
             what = "database connection lost" if self._broken() else "database unavailable"
-            waiting = len(self.outbox.report().finished())
-            self.log.event(
-                "db_lost",
-                f"{what}: {reason(exc)}; retrying with backoff ({len(self.slots.running)} job(s) "
-                f"keep running; their results and {waiting} finished job(s) are reported "
-                "once it is back)",
-                error=reason(exc),
+            self.say.db_lost(
+                what,
+                exc,
                 running=len(self.slots.running),
-                unreported=waiting,
+                unreported=len(self.outbox.report().finished()),
             )
         else:
-            self.log.error("database error; retrying with backoff", exc)
+            self.say.error("database error; retrying with backoff", exc)
         self._drop_connection()
 
     def _held_up(self, exc: BaseException, kind: str) -> None:
@@ -940,23 +794,7 @@ class Worker:
         _rollback_quietly(self.conn)
         limit = self.config.timeouts.limit(kind)
         blocker = self.find_blocker(waited=waited(kind, limit), ours=ours)
-        if blocker is None:
-            message = (
-                f"gave up after the {kind} timeout ({spelled(limit)}): {reason(exc)}, "
-                "and no session holds a lock on the queue's tables now; retrying"
-            )
-        else:
-            message = (
-                f"blocked by {blocker.describe()}, which holds a lock on {blocker.relation} "
-                f"(waited {spelled(limit)}, the {kind} timeout); retrying: "
-                f"{blocker.ending()} ends it"
-            )
-        self.log.event(
-            "db_blocked",
-            message,
-            error=reason(exc),
-            blocker=None if blocker is None else blocker.pid,
-        )
+        self.say.db_blocked(exc, kind, limit, blocker)
         self.next_renew = time.monotonic()
         self.claim_wanted = True
 
@@ -972,18 +810,11 @@ class Worker:
         delay = jittered(self.refused_delay)
         self.refused_delay = min(self.refused_delay * 2, RECONNECT_CAP)
         self.refused_until = now + delay
-        waiting = len(self.outbox.report().finished())
-        sqlstate = getattr(exc, "sqlstate", None)
-        self.log.event(
-            "server_refused",
-            f"the server refused: {reason(exc)} (SQLSTATE {sqlstate}); retrying in "
-            f"{seconds(delay)} ({len(self.slots.running)} job(s) keep running; their results and "
-            f"{waiting} finished job(s) are reported once it accepts them)",
-            error=reason(exc),
-            sqlstate=sqlstate,
-            retry_in=round(delay, 3),
+        self.say.server_refused(
+            exc,
+            delay,
             running=len(self.slots.running),
-            unreported=waiting,
+            unreported=len(self.outbox.report().finished()),
         )
         assert self.conn is not None
         _rollback_quietly(self.conn)
@@ -995,7 +826,7 @@ class Worker:
         """The server became a standby (a failover), or refuses this role:
         nothing can be reported or claimed there. Stop every job now and exit
         1; their leases expire and reap returns them."""
-        self.log.event("db_refused", f"{message}; stopping", error=message)
+        self.say.db_refused(message)
         self.read_only = True
         self.exit_code = 1
         self.stopping = True
@@ -1029,14 +860,7 @@ class Worker:
             return False
         if now < self.report_deadline:
             return False
-        ids = sorted(f.running.job.id for f in self.outbox.report().finished())
-        shown = ", ".join(map(str, ids[:20])) + (f" and {len(ids) - 20} more" if ids[20:] else "")
-        self.log.event(
-            "unreported",
-            f"could not report {len(ids)} job(s) ({shown}): the database is unreachable; "
-            "they return to the queue when their leases expire (`pgqctl reap`)",
-            jobs=ids,
-        )
+        self.say.unreported(sorted(f.running.job.id for f in self.outbox.report().finished()))
         self.exit_code = 1
         return True
 
@@ -1049,9 +873,9 @@ class Worker:
         self.claim_wanted = True
         what = self.outbox.add(finished)
         if what == "by_job":
-            self._log_done(finished, by_job=True)
+            self._done(finished, by_job=True)
         elif what == "committed":  # a SQL job: done with its statement's writes
-            self._log_done(finished)
+            self._done(finished)
         elif what == "fenced_out":  # a SQL job whose attempt no longer ran: nothing committed
             held = running.job.held
             self._explain_fenced_out(
@@ -1060,86 +884,18 @@ class Worker:
         # "lost": said when the lease was found lost; "report": said once reported
 
     def _log_reports(self, settled: Settled) -> None:
-        """Log each applied report."""
+        """Say what each applied report did (and count it for the heartbeat)."""
         for finished in settled.done:
-            self._log_done(finished)
+            self._done(finished)
         for finished, failure, result in settled.failed:
-            self._log_failure(finished, failure, result)
+            self.jobs_failed += 1
+            self.say.failed(finished, failure, result)
         for finished in settled.handed_back:
-            job = finished.running.job
-            what = (
-                "not started (prefetched)"
-                if finished.running.prefetched
-                else "stopped by the shutdown"
-            )
-            self.log.event(
-                "handed_back",
-                f"job {job.id} handed back: attempt {job.tries} {what}; it runs again "
-                "without using up an attempt",
-                job_id=job.id,
-                attempt=job.tries,
-                prefetched=finished.running.prefetched,
-            )
+            self.say.handed_back(finished)
 
-    def _log_done(self, finished: Finished, *, by_job: bool = False) -> None:
-        """A job done: by this worker's report, or (`by_job`) by the job's own
-        transaction, after which its program may still have failed or been
-        stopped: the job stays done, and the log says how the program ended."""
+    def _done(self, finished: Finished, *, by_job: bool = False) -> None:
         self.jobs_done += 1  # the next heartbeat says so
-        job = finished.running.job
-        outcome = finished.outcome
-        duration = outcome.duration
-        text = f"job {job.id} done in {seconds(duration)}"
-        fields: dict[str, Any] = {}
-        if by_job:
-            text = f"job {job.id} done by its own transaction, in {seconds(duration)}"
-            fields["completed_by"] = "job"
-            if not outcome.succeeded:
-                text += f"; then its program ended with {outcome.describe()} (it stays done)"
-                fields.update(
-                    error=outcome.describe(), exit_code=outcome.exit_code, signal=outcome.signal
-                )
-        self.log.event(
-            "done",
-            text,
-            job_id=job.id,
-            kind=job.kind,
-            attempt=job.tries,
-            duration=round(duration, 3),
-            **fields,
-        )
-
-    def _log_failure(self, finished: Finished, failure: Failure, result: claims.FailResult) -> None:
-        self.jobs_failed += 1
-        job = finished.running.job
-        outcome = finished.outcome
-        what = finished.rejected or outcome.describe()
-        fields: dict[str, Any] = {
-            "job_id": job.id,
-            "kind": job.kind,
-            "attempt": job.tries,
-            "max_attempts": job.max_attempts,
-            "error": what,
-            "exit_code": outcome.exit_code,
-            "signal": outcome.signal,
-            "timed_out": outcome.timed_out,
-        }
-        if result.status == "failed":
-            why = (
-                "it can never run"
-                if failure.permanent
-                else f"attempt {job.tries} of {job.max_attempts}"
-            )
-            self.log.event("failed", f"job {job.id} failed permanently ({why}): {what}", **fields)
-            return
-        self.log.event(
-            "retry",
-            f"job {job.id} failed: {what}; runs again in {seconds(failure.delay)} "
-            f"(attempt {job.tries + 1} of {job.max_attempts})",
-            retry_at=timestamp(result.run_at.timestamp()),
-            delay=round(failure.delay, 3),
-            **fields,
-        )
+        self.say.done(finished, by_job=by_job)
 
     def _explain_fenced_out(self, fenced_out: list[Fenced]) -> None:
         """Say why reports matched nothing: the job was taken over, reaped, or deleted."""
@@ -1156,38 +912,13 @@ class Worker:
                 # Our own earlier report, whose answer the connection lost;
                 # or else the job's program completed it in its own transaction.
                 ours = tried == "done" and fenced.maybe_ours
-                self._log_done(finished, by_job=not ours)
+                self._done(finished, by_job=not ours)
                 continue
             if status == "cancelled" and attempts == job.attempts:
                 # An operator cancelled it before the report came in.
-                self.log.event(
-                    "cancelled",
-                    f"job {job.id} cancelled while attempt {job.tries} ran; "
-                    f"its result ({tried}) dropped",
-                    job_id=job.id,
-                    kind=job.kind,
-                    attempt=job.tries,
-                    dropped=tried,
-                    noticed="report",
-                )
+                self.say.cancelled_before_report(job, tried)
                 continue
-            if not state:
-                why = "is no longer held by this worker"
-            elif not status:
-                why = "was deleted"
-            elif attempts > job.attempts:
-                why = f"was claimed again (now {status})"
-            else:
-                why = f"expired and was reaped (now {status})"
-            self.log.event(
-                "lease_lost",
-                f"job {job.id} lease lost: attempt {job.tries} {why}; result ({tried}) dropped",
-                job_id=job.id,
-                attempt=job.tries,
-                dropped=tried,
-                status=status or None,
-                attempts=attempts if status else None,
-            )
+            self.say.fenced_out(job, tried, status, attempts, held=bool(state))
 
     # --------------------------------------------------------- stopping
 
@@ -1199,37 +930,19 @@ class Worker:
         # while ours finish.
         ahead = len(self.slots.prefetched)
         self._hand_back_prefetched()
-        back = f"; handing back {ahead} prefetched job(s)" if ahead else ""
-        if self.signals == 1 and self.config.grace > 0 and count:
-            self.stopping = True
-            self.grace_deadline = time.monotonic() + self.config.grace
-            self.log.event(
-                "stopping",
-                f"{name}: claiming no more jobs{back}; waiting up to "
-                f"{seconds(self.config.grace)} for {count} running job(s) "
-                "(signal again to stop them now)",
-                signal=name,
-                running=count,
-                prefetched=ahead,
-                grace=self.config.grace,
-            )
-            return
         self.stopping = True
+        if self.signals == 1 and self.config.grace > 0 and count:
+            self.grace_deadline = time.monotonic() + self.config.grace
+            self.say.stopping(name, running=count, prefetched=ahead, grace=self.config.grace)
+            return
         self.stop_now = True
-        self.log.event(
-            "stopping",
-            (f"{name}: stopping {count} running job(s) now" if count else f"{name}: stopping")
-            + back,
-            signal=name,
-            running=count,
-            prefetched=ahead,
-        )
+        self.say.stopping(name, running=count, prefetched=ahead)
 
     def _supervisor_failed(self, failure: BaseException) -> None:
         """The thread running children has failed: it reported every job it
         held as failed; report them, claim nothing more, and exit 1."""
         if self.exit_code == 0:
-            self.log.error("the worker can no longer run jobs; stopping", failure)
+            self.say.error("the worker can no longer run jobs; stopping", failure)
             self.exit_code = 1
         self.stopping = True
         self.stop_now = True
@@ -1289,7 +1002,7 @@ class Worker:
                 command,
                 env,
                 stop=running.stop,
-                on_line=self._forwarder(job.id),
+                on_line=self.say.forwarder(job.id),
                 cap=self.output_cap,
             )
         except payload.PayloadRejected as exc:
@@ -1300,36 +1013,12 @@ class Worker:
     def _child_started(self, key: object, pid: int) -> None:
         """A job's process exists (called on whichever thread started it)."""
         assert isinstance(key, Running)
-        job = key.job
-        self.log.event(
-            "started",
-            f"job {job.id} started: {job.kind}, attempt {job.tries} of {job.max_attempts} "
-            f"(queue {job.queue}, slot {key.slot}, pid {pid})",
-            job_id=job.id,
-            kind=job.kind,
-            queue=job.queue,
-            attempt=job.tries,
-            max_attempts=job.max_attempts,
-            slot=key.slot,
-            pid=pid,
-        )
+        self.say.started(key, pid=pid)
 
     def _sql_started(self, key: object, backend_pid: int) -> None:
         """A SQL job's statement is about to run (called on its thread)."""
         assert isinstance(key, Running)
-        job = key.job
-        self.log.event(
-            "started",
-            f"job {job.id} started: {job.kind}, attempt {job.tries} of {job.max_attempts} "
-            f"(queue {job.queue}, slot {key.slot}, SQL on backend pid {backend_pid})",
-            job_id=job.id,
-            kind=job.kind,
-            queue=job.queue,
-            attempt=job.tries,
-            max_attempts=job.max_attempts,
-            slot=key.slot,
-            backend_pid=backend_pid,
-        )
+        self.say.started(key, backend_pid=backend_pid)
 
     def _sql_done(self, key: object, result: sql_jobs.SqlResult) -> None:
         """A SQL job ended (called on its thread): post its result, waking the loop."""
@@ -1344,48 +1033,18 @@ class Worker:
         """A child ended (called on whichever thread watches the children): post its result."""
         assert isinstance(key, Running)
         if error is not None:
-            self.log.error(f"job {key.job.id}: unexpected error running it", error)
+            self.say.error(f"job {key.job.id}: unexpected error running it", error)
             outcome = runner.Outcome(start_error=f"worker error: {error}")
         elif outcome.left_out_bytes or outcome.left_out_lines:
-            self._log_left_out(key.job.id, outcome)
+            self.say.output_left_out(key.job.id, outcome)
         self.events.put(Finished(key, outcome))
-
-    def _log_left_out(self, job_id: int, outcome: runner.Outcome) -> None:
-        c = self.config
-        self.log.event(
-            "output_left_out",
-            f"job {job_id} output: {outcome.left_out_bytes:,} bytes in "
-            f"{outcome.left_out_lines:,} line(s) left out of this log, which takes the first "
-            f"{c.log_output_lines:,} lines and {c.log_output_bytes:,} bytes of a job's output "
-            "(--log-output-lines, --log-output-bytes)",
-            job_id=job_id,
-            left_out_bytes=outcome.left_out_bytes,
-            left_out_lines=outcome.left_out_lines,
-            output_bytes=outcome.output_bytes,
-        )
-
-    def _forwarder(self, job_id: int) -> Callable[[str], None]:
-        event = self.log.event
-
-        def forward(line: str) -> None:
-            event("output", f"job {job_id} | {line}", job_id=job_id, line=line)
-
-        return forward
 
     def _say_deaf(self) -> None:
         every = self.config.poll if self.config.poll is not None else POLL_DEAF
-        self.log.event(
-            "listen_unavailable",
-            f"notifications cannot be heard through {self.listen_target} (a transaction "
-            f"pooler): looking for jobs every {seconds(every)} instead; give --listen-dsn "
-            "a direct or session-pooled connection to wake on new jobs at once",
-            target=self.listen_target,
-            poll=every,
-        )
+        self.say.listen_unavailable(self.listen_target, every)
 
     def _listen_failed(self, exc: BaseException) -> None:
-        if self.log.debug:
-            self.log.error("listen connection failed; polling until it is back", exc)
+        self.say.debug_error("listen connection failed; polling until it is back", exc)
 
 
 def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
