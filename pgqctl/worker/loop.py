@@ -1,5 +1,12 @@
 """The worker's loop: claim jobs, run each as a child process, report how it ended.
 
+The loop owns the main connection, and the parts it holds never call back
+into it: `slots.Slots` (the jobs running and prefetched, the free slots,
+what to renew), `outbox.Outbox` (finished jobs waiting to be reported),
+`listener.Listener` (its thread; it only posts events), `upkeep.Upkeep`
+(reap, stale registry rows, schedule ticks, heartbeats: when each is due)
+and `narration.Narration` (one method per event of the log).
+
 Threads, and who owns what:
 
 - The main thread runs the loop (`Worker.run`). It alone uses the main
@@ -18,7 +25,7 @@ Threads, and who owns what:
   children themselves (about 10% of its CPU per job of `true`).
 - A listener thread holds a second connection in ``LISTEN pgqctl_jobs`` (the
   main one stays free for queries) and hands each notification to the
-  handler of its channel (`_on_notification`), which posts an event: for
+  handler of its channel (`Listener._on_notification`), which posts an event: for
   ``pgqctl_jobs``, a wake-up when it is about this schema; for
   ``pgqctl_cancel``, the jobs an operator cancelled (`pgqctl cancel`).
 - Every --reap-every the loop also reclaims expired leases (`admin.reap`,
@@ -43,9 +50,9 @@ period, a reconnect. It never spins. Other threads and signal handlers post
 to that queue and wake the wait (`_post`); the loop decides what to do.
 
 State of a job held by this worker: claimed and running in a slot (in
-`running`), then finished and waiting to be reported (in the report lists),
+`slots.running`), then finished and waiting to be reported (in the outbox),
 then reported. With --prefetch N, up to N more are claimed ahead of a free
-slot and wait in `prefetched` (a local FIFO, in claim order; locked_by
+slot and wait in `slots.prefetched` (a local FIFO, in claim order; locked_by
 host:pid:prefetch), their leases renewed with the running ones'; each starts
 as soon as a slot frees, and the next exchange moves its locked_by to the
 slot (through the renewal) and claims its replacement. A graceful stop
@@ -64,7 +71,6 @@ it stops anything (anyone connected may send a notification), and logs
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
 import queue
@@ -72,7 +78,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -80,13 +85,11 @@ import psycopg
 
 from pgqctl import (
     __version__,
-    admin,
     claims,
     db,
     payload,
     runner,
     sql_jobs,
-    ticks,
 )
 from pgqctl.blockers import Blocker, timeout_kind, waited
 from pgqctl.errors import PgqctlError, PrivilegeMissing, ReadOnlyServer
@@ -115,6 +118,7 @@ from pgqctl.worker.listener import (
 from pgqctl.worker.narration import Narration
 from pgqctl.worker.outbox import HAND_BACK_REASON, Fenced, Finished, Outbox, Settled
 from pgqctl.worker.slots import Running, Slots
+from pgqctl.worker.upkeep import Upkeep
 from pgqctl.worklog import WorkLog
 
 # The loop wakes at least this often even with nothing to do.
@@ -150,21 +154,6 @@ class Worker:
         self.log = log
         self.worker_id = identity()
         self.say = Narration(log, config, self.worker_id)
-        # The worker's row in `workers`; its counters change with each heartbeat.
-        self.beat = claims.Beat(
-            id=self.worker_id,
-            host=self.worker_id.rpartition(":")[0],
-            pid=os.getpid(),
-            version=__version__,
-            queues=tuple(dict.fromkeys(config.queues)),
-            kinds=tuple(dict.fromkeys(config.kinds)),
-            concurrency=config.concurrency,
-            heartbeat=config.heartbeat,
-            lease=config.lease,
-        )
-        self.jobs_done = 0
-        self.jobs_failed = 0
-        self.started_at: dt.datetime | None = None  # None until registered
         self.target = describe_target
         self.listen_target = describe_listen_target or describe_target or "the database"
         # Taken and cleaned once: reading os.environ decodes every variable again.
@@ -211,13 +200,19 @@ class Worker:
         self.next_poll = now
         self.next_due: float | None = None
         self.next_renew = now
-        self.next_reap = now + jittered(config.reap_every or 0.0)
-        self.next_heartbeat = now  # registers with the first exchange
-        # A --burst worker reaps once more before it decides nothing is due.
-        self.burst_reaped = False
-        self.ticker = ticks.Ticker(config.catch_up) if config.schedules else None
-        # A --burst worker enqueues due ticks once, when it starts.
-        self.burst_ticked = False
+        # Reaping, schedule ticks, heartbeats: when each is due.
+        beat = claims.Beat(
+            id=self.worker_id,
+            host=self.worker_id.rpartition(":")[0],
+            pid=os.getpid(),
+            version=__version__,
+            queues=tuple(dict.fromkeys(config.queues)),
+            kinds=tuple(dict.fromkeys(config.kinds)),
+            concurrency=config.concurrency,
+            heartbeat=config.heartbeat,
+            lease=config.lease,
+        )
+        self.upkeep = Upkeep(config, beat, now)
         self.reconnect_delay = RECONNECT_FIRST
         self.reconnect_at = now
         self.lost_since: float | None = None
@@ -348,18 +343,17 @@ class Worker:
             self._check_cancel_notices()
             if self.conn is None:
                 return
-        if self._tick_due():
+        if not self.stopping and self.upkeep.tick_due():
             self._tick()
             if self.conn is None:
                 return
         limit = self._claim_limit() if self._claim_due(now) else 0
-        if now >= self.next_heartbeat + (admin.STALE_AFTER - 1) * self.config.heartbeat:
-            # Silent for three heartbeats (stopped, suspended, starved): a
-            # reap may have taken our jobs as a dead worker's. Renewing now
+        if self.upkeep.silent_too_long(now):
+            # A reap may have taken our jobs as a dead worker's. Renewing now
             # tells, and stops at once the jobs we no longer hold.
             self.next_renew = now
         renew = now >= self.next_renew and self.slots.leases_held()
-        beat = now >= self.next_heartbeat
+        beat = self.upkeep.beat_due(now)
         if limit or renew or self.slots.slotted or self.outbox:
             self._exchange(limit, renew, beat)
         elif beat:
@@ -368,19 +362,10 @@ class Worker:
         if self._reap_due(time.monotonic()):
             self._reap()
 
-    def _tick_due(self) -> bool:
-        if self.ticker is None or self.stopping or self.conn is None:
-            return False
-        if self.config.burst:
-            return not self.burst_ticked
-        return self.ticker.due()
-
     def _reap_due(self, now: float) -> bool:
-        if self.config.reap_every is None or self.stopping or self.conn is None:
+        if self.stopping or self.conn is None:
             return False
-        if self._burst_idle():
-            return not self.burst_reaped
-        return now >= self.next_reap
+        return self.upkeep.reap_due(now, self._burst_idle())
 
     def _burst_idle(self) -> bool:
         """A --burst worker with nothing running, nothing to report and nothing due."""
@@ -405,7 +390,7 @@ class Worker:
             return True
         if self._burst_idle():
             # Not before its last reap: jobs a dead worker held may be due now.
-            return self.burst_reaped or self.config.reap_every is None
+            return self.upkeep.reaped_last()
         return False
 
     def _wait(self) -> None:
@@ -440,11 +425,7 @@ class Worker:
             deadlines.append(self.next_renew)
         if self.slots.slotted:
             deadlines.append(now)
-        deadlines.append(self.next_heartbeat)
-        if self.config.reap_every is not None and not self.stopping:
-            deadlines.append(self.next_reap)
-        if self.ticker is not None and not self.stopping and not self.config.burst:
-            deadlines.append(self.ticker.deadline())
+        deadlines += self.upkeep.deadlines(self.stopping)
         if self._claim_limit() > 0:
             if self.claim_wanted:
                 deadlines.append(now)
@@ -459,8 +440,7 @@ class Worker:
         elif event == WAKE:
             self.claim_wanted = True
         elif event == SCHEDULES:
-            if self.ticker is not None:
-                self.ticker.changed()
+            self.upkeep.schedules_changed()
         elif isinstance(event, CancelNotice):
             self.cancel_notices.update(held for held in event.held if self.slots.holding(held))
         elif event in (DEAF, HEARING) and self.config.poll is None:
@@ -525,7 +505,7 @@ class Worker:
                 queues=c.queues,
                 kinds=c.kinds,
                 floor=self.floors.floor(sent) if limit else None,
-                beat=self._current_beat() if beat else None,
+                beat=self.upkeep.current_beat(self.slots.live()) if beat else None,
                 max_payload_bytes=c.max_payload_bytes,
             )
         except (psycopg.Error, PgqctlError) as exc:
@@ -534,7 +514,7 @@ class Worker:
             self._connection_failed(exc)
             return
         if beat:
-            self._beaten(changed.started_at, sent)
+            self.upkeep.beaten(changed.started_at, sent)
         self.floors.claimed(sent, changed.last_claimed)
         settled = self.outbox.settle(report, changed)
         self.slots.moved()
@@ -555,13 +535,12 @@ class Worker:
 
     def _tick(self) -> None:
         """Enqueue the schedules' due ticks (at most once a second); log the jobs it added."""
-        assert self.conn is not None and self.ticker is not None
+        assert self.conn is not None
         try:
-            enqueued = self.ticker.check(self.conn)
+            enqueued = self.upkeep.tick(self.conn)
         except (psycopg.Error, PgqctlError) as exc:
             self._connection_failed(exc)
             return
-        self.burst_ticked = True
         skipped = [e for e in enqueued if e.skipped]
         if skipped:
             self.say.schedule_skipped(skipped)
@@ -571,29 +550,13 @@ class Worker:
         self.say.scheduled(enqueued)
         self.claim_wanted = True
 
-    def _current_beat(self) -> claims.Beat:
-        return replace(
-            self.beat,
-            started_at=self.started_at,
-            running=self.slots.live(),
-            done=self.jobs_done,
-            failed=self.jobs_failed,
-        )
-
-    def _beaten(self, started_at: dt.datetime | None, sent: float) -> None:
-        self.started_at = started_at
-        self.next_heartbeat = sent + self.config.heartbeat
-
     def _heartbeat(self) -> None:
         """Heartbeat alone: nothing else was due (an idle or a fully busy worker)."""
         assert self.conn is not None
-        sent = time.monotonic()
         try:
-            started_at = claims.heartbeat(self.conn, self._current_beat())
+            self.upkeep.heartbeat(self.conn, self.slots.live(), time.monotonic())
         except (psycopg.Error, PgqctlError) as exc:
             self._connection_failed(exc)
-            return
-        self._beaten(started_at, sent)
 
     def _unregister(self) -> None:
         """A clean stop: remove this worker's row (if the database cannot be
@@ -609,16 +572,12 @@ class Worker:
     def _reap(self) -> None:
         """Reclaim expired leases, as `pgqctl reap` does, and forget workers
         gone for an hour; log what it took."""
-        assert self.conn is not None and self.config.reap_every is not None
-        self.next_reap = time.monotonic() + jittered(self.config.reap_every)
-        idle = self._burst_idle()
+        assert self.conn is not None
         try:
-            reaped = admin.reap(self.conn, dead_after=self.config.dead_after)
-            forgotten = claims.forget_stale(self.conn)
+            reaped, forgotten = self.upkeep.reap(self.conn, time.monotonic(), self._burst_idle())
         except (psycopg.Error, PgqctlError) as exc:
             self._connection_failed(exc)  # a --burst worker reaps again once back
             return
-        self.burst_reaped = idle
         if forgotten:
             self.say.workers_forgotten(forgotten)
         if not reaped:
@@ -630,7 +589,7 @@ class Worker:
     def _start_jobs(self, jobs: list[Job], slots: list[int], limit: int, now: float) -> None:
         """Start the jobs claimed for free slots; queue those claimed beyond them."""
         if jobs:
-            self.burst_reaped = False  # reap again before deciding nothing is due
+            self.upkeep.jobs_claimed()
         if jobs and not self.slots.leases_held():
             self.next_renew = now + self.config.lease / 3
         for running in self.slots.claimed(jobs, slots):
@@ -745,7 +704,7 @@ class Worker:
         # Catch up: renew what we hold, report, and look for work at once;
         # heartbeat too (our row comes back if someone removed it meanwhile).
         self.next_renew = time.monotonic()
-        self.next_heartbeat = self.next_renew
+        self.upkeep.beat_at(self.next_renew)
         self.claim_wanted = True
         return True
 
@@ -888,13 +847,13 @@ class Worker:
         for finished in settled.done:
             self._done(finished)
         for finished, failure, result in settled.failed:
-            self.jobs_failed += 1
+            self.upkeep.jobs_failed += 1
             self.say.failed(finished, failure, result)
         for finished in settled.handed_back:
             self.say.handed_back(finished)
 
     def _done(self, finished: Finished, *, by_job: bool = False) -> None:
-        self.jobs_done += 1  # the next heartbeat says so
+        self.upkeep.jobs_done += 1  # the next heartbeat says so
         self.say.done(finished, by_job=by_job)
 
     def _explain_fenced_out(self, fenced_out: list[Fenced]) -> None:
