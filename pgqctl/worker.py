@@ -1696,36 +1696,26 @@ class Worker:
 
     def _child_started(self, key: object, pid: int) -> None:
         """A job's process exists (called on whichever thread started it)."""
-        assert isinstance(key, _Running)
-        job = key.job
-        self.log.event(
-            "started",
-            f"job {job.id} started: {job.kind}, attempt {job.tries} of {job.max_attempts} "
-            f"(queue {job.queue}, slot {key.slot}, pid {pid})",
-            job_id=job.id,
-            kind=job.kind,
-            queue=job.queue,
-            attempt=job.tries,
-            max_attempts=job.max_attempts,
-            slot=key.slot,
-            pid=pid,
-        )
+        self._log_started(key, f"pid {pid}", pid=pid)
 
     def _sql_started(self, key: object, backend_pid: int) -> None:
         """A SQL job's statement is about to run (called on its thread)."""
+        self._log_started(key, f"SQL on backend pid {backend_pid}", backend_pid=backend_pid)
+
+    def _log_started(self, key: object, where: str, **fields: Any) -> None:
         assert isinstance(key, _Running)
         job = key.job
         self.log.event(
             "started",
             f"job {job.id} started: {job.kind}, attempt {job.tries} of {job.max_attempts} "
-            f"(queue {job.queue}, slot {key.slot}, SQL on backend pid {backend_pid})",
+            f"(queue {job.queue}, slot {key.slot}, {where})",
             job_id=job.id,
             kind=job.kind,
             queue=job.queue,
             attempt=job.tries,
             max_attempts=job.max_attempts,
             slot=key.slot,
-            backend_pid=backend_pid,
+            **fields,
         )
 
     def _sql_done(self, key: object, result: sql_jobs.SqlResult) -> None:
