@@ -1,7 +1,7 @@
 """The sizes pgqctl accepts in a job and in the names an operator gives.
 
 One place for the numbers that `enqueue`, `pause`, `schedule` and the
-worker check, and that the README states, and for the checks themselves.
+worker check, and that the docs state, and for the checks themselves.
 Names are bounded so that every index holding them stays far below
 PostgreSQL's btree limit (about 2,700 bytes a row: a queue and a unique key
 of 4-byte characters at these limits take 1,536); a payload, so that one row

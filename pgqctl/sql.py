@@ -71,7 +71,8 @@ def query(name: str) -> str:
     return queries()[name]
 
 
-# A migration's declarations, comment lines of its file (README: Migrations):
+# A migration's declarations, comment lines of its file (docs/commands/migrate.md:
+# Writing a migration):
 #   -- compatibility: additive | breaking
 #   -- step: transaction | no transaction [; locks TABLE MODE]... [; reads TABLE]...
 _COMPATIBILITY_LINE = re.compile(r"^-- compatibility: *(\S+) *$", re.MULTILINE)

@@ -184,7 +184,7 @@ def enqueue_command(
     once its job is done or failed.
 
     With --policy FILE, a job that a worker started with the same --policy
-    would refuse is refused here (see the worker's policy in the README).
+    would refuse is refused here (see docs/worker.md, The policy).
 
     \b
     Example:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -42,3 +43,39 @@ def test_a_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None:
         output = result.stdout + result.stderr
         assert result.returncode != 0, f"a broken {name} link built: {output}"
         assert link.split("#")[-1] in output, output
+
+
+# A docs page named in a message, a --help or a comment, with the section
+# after it when one follows on the same line: "see docs/operating.md, Roles".
+NAMED = re.compile(r"\bdocs/([\w/-]+\.md)(?:[,:] (\w[\w \"'-]*))?")
+
+
+def named_pages() -> list[tuple[str, str, str]]:
+    found = []
+    for top in ("pgqctl", "deploy", "bench"):
+        for path in sorted((ROOT / top).rglob("*")):
+            if not path.is_file() or path.suffix not in {".py", ".md", ".toml", ".yaml", ""}:
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace")
+            for match in NAMED.finditer(text):
+                where = path.relative_to(ROOT).as_posix()
+                found.append((where, match.group(1), (match.group(2) or "").strip(" \"'")))
+    return found
+
+
+def test_the_code_names_docs_pages_and_sections_that_exist() -> None:
+    named = named_pages()
+    assert named, "nothing in pgqctl/, deploy/ or bench/ names a docs page"
+    for where, page, section in named:
+        path = ROOT / "docs" / page
+        assert path.is_file(), f"{where} names docs/{page}, which does not exist"
+        if not section:
+            continue
+        titles = [
+            line.lstrip("#").strip().lower()
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.startswith("#")
+        ]
+        assert any(title.startswith(section.lower()) for title in titles), (
+            f"{where} names the section {section!r} of docs/{page}, which has no such heading"
+        )
