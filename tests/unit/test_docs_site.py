@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,11 +24,40 @@ def build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_docs_build_without_a_warning(tmp_path: Path) -> None:
-    result = build(ROOT, tmp_path / "site")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as `mkdocs build --strict` makes it; the build must not warn."""
+    site = tmp_path_factory.mktemp("docs") / "site"
+    result = build(ROOT, site)
     output = result.stdout + result.stderr
     assert result.returncode == 0 and "WARNING" not in output, output
-    assert (tmp_path / "site" / "commands" / "worker" / "index.html").is_file()
+    return site
+
+
+def test_the_docs_build_without_a_warning(site: Path) -> None:
+    assert (site / "commands" / "worker" / "index.html").is_file()
+    assert (site / "reference" / "index.html").is_file()
+
+
+def test_the_readme_links_lead_somewhere(site: Path) -> None:
+    """README.md is outside the site: its links into docs/ are checked here,
+    against the pages and anchors of the built site."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert any(link.startswith("docs/") for link in local)
+    for link in local:
+        target, _, anchor = link.partition("#")
+        assert target, f"README.md links to #{anchor}, but its sections moved to docs/"
+        assert (ROOT / target).exists(), f"README.md links to {target}, which does not exist"
+        if not anchor:
+            continue
+        assert target.startswith("docs/") and target.endswith(".md"), link
+        page = Path(target).relative_to("docs").with_suffix("")
+        html = site / (page.parent if page.name == "index" else page) / "index.html"
+        assert f'id="{anchor}"' in html.read_text(encoding="utf-8"), (
+            f"README.md links to {link}, but {target} has no such anchor"
+        )
 
 
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None:
