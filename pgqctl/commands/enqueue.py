@@ -113,8 +113,7 @@ def read_policy_option(path: str | None) -> Policy | None:
     multiple=True,
     metavar="KIND",
     allow_from_autoenv=False,  # PGQCTL_KIND is the kinds a worker claims
-    help="Instead of KIND: one job of each --kind (repeatable) for the same PAYLOAD, "
-    "e.g. --kind send_receipt --kind update_crm '{\"order_id\": 42}'.",
+    help="Instead of KIND: one job per --kind (repeatable), all with the same PAYLOAD.",
 )
 @queue_option
 @priority_option

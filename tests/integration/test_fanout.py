@@ -350,3 +350,23 @@ def test_api_enqueue_many_with_kinds(
     expected = [("a", 0, "a:u0"), ("b", 0, "b:u0"), ("plain", None, None)]
     expected += [(k, i, f"{k}:u{i}") for i in range(1, how_many) for k in ("a", "b")]
     assert [r[1:] for r in got] == expected
+
+
+# --- plain SQL, as the README shows it ----------------------------------------------
+
+
+def test_plain_sql_unnest_makes_a_job_per_kind_whose_keys_the_cli_sees(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    insert = """
+        INSERT INTO jobs (kind, payload, unique_key)
+        SELECT kind, '{"order_id": 42}', kind || ':order:42'
+        FROM unnest(ARRAY['send_receipt', 'update_crm', 'notify_warehouse']) AS kind
+        ON CONFLICT DO NOTHING
+        RETURNING id, kind
+    """
+    added = conn.execute(insert).fetchall()
+    assert [kind for _, kind in added] == ["send_receipt", "update_crm", "notify_warehouse"]
+    assert conn.execute(insert).fetchall() == []
+    result = run_cli("enqueue", *THREE, ORDER, "--unique-key", "order:42", "--json", "--dsn", dsn)
+    assert json.loads(result.stdout) == [{"id": i, "existing": True} for i, _ in sorted(added)]
