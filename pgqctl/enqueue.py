@@ -264,7 +264,10 @@ def enqueue_many(
     for number, record in enumerate(records, start=1):
         try:
             row = None if fast is None else _simple_record_row(number, record, fast)
-            rows += [row] if row else _record_rows(number, record, None, limit)
+            if row is None and isinstance(record, (dict, Mapping)) and "kinds" in record:
+                rows += _record_rows(number, record, None, limit)
+                continue
+            rows.append(row or _job_row(number, job_from_record(record, max_payload_bytes=limit)))
         except BadInput as exc:
             raise BadInput(f"jobs[{number - 1}]: {exc}") from None
     return insert_rows(conn, rows, schema=schema, on_conflict=on_conflict)
@@ -367,7 +370,9 @@ def jobs_from_record(
 def _record_rows(
     number: int, record: object, defaults: Mapping[str, Any] | None, max_payload_bytes: int
 ) -> list[str]:
-    """The COPY rows of a record that takes the general path, numbered `number`."""
+    """The COPY rows of a record that takes the general path, numbered
+    `number`. The bulk paths call it only for a record with "kinds": a
+    record of one job goes straight to job_from_record, as it runs per job."""
     jobs = jobs_from_record(record, defaults, max_payload_bytes=max_payload_bytes)
     return [_job_row(row_number(number, position), job) for position, job in enumerate(jobs)]
 
@@ -500,17 +505,22 @@ def read_rows(
     one row per kind.
     """
     fast = _simple_defaults(defaults, max_payload_bytes)
+    # This runs per line of a bulk load: a line of one job costs no list.
+    no_rows: list[str] = []
     for number, raw in enumerate(lines, start=1):
         if not raw or raw.isspace():
             continue
+        more = no_rows  # the rows of a line's other kinds
         try:
             text = _line_text(raw, number)
             row = None if fast is None else _simple_line_row(number, text, fast)
             if row is None:
                 record = _decode_text(text)
-                rows = _record_rows(number, record, defaults, max_payload_bytes)
-            else:
-                rows = [row]
+                if type(record) is dict and "kinds" in record:  # inline: it runs per line
+                    row, *more = _record_rows(number, record, defaults, max_payload_bytes)
+                else:
+                    job = job_from_record(record, defaults, max_payload_bytes=max_payload_bytes)
+                    row = _job_row(number, job)
             if policy is not None:
                 # Valid jobs by now; their kinds and payload are never defaults.
                 record = _decode_text(text)
@@ -518,7 +528,9 @@ def read_rows(
                     check_policy(kind, record.get("payload"), policy)
         except BadInput as exc:
             raise BadInput(f"{source}, line {number}: {exc}") from None
-        yield from rows
+        yield row
+        if more:
+            yield from more
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))

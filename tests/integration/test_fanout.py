@@ -6,7 +6,9 @@ on its own; a unique key holds per kind. Through the CLI (--kind, and
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import psycopg
@@ -115,6 +117,14 @@ def test_bad_kinds_exit_2_and_enqueue_none_of_the_jobs(
     assert message in result.stderr and "Traceback" not in result.stderr
     with psycopg.connect(module_dsn) as c:
         assert c.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
+def test_a_workers_pgqctl_kind_in_the_environment_is_not_read_as_kinds(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    result = run_cli("enqueue", "report", "--dsn", dsn, env={"PGQCTL_KIND": "mail sms"})
+    assert result.exit_code == 0, result.stderr
+    assert [r[1] for r in jobs(conn)] == ["report"]
 
 
 def test_a_kind_the_policy_refuses_refuses_them_all(
@@ -332,10 +342,11 @@ def test_api_a_held_key_under_error_leaves_none_of_the_kinds_and_the_callers_wor
 def test_api_enqueue_many_with_kinds(
     dsn: str, conn: psycopg.Connection[Any], how_many: int
 ) -> None:
-    records: list[dict[str, Any]] = [
+    records: list[Mapping[str, Any]] = [
         {"kinds": ["a", "b"], "payload": {"i": i}, "unique_key": f"u{i}"} for i in range(how_many)
     ]
     records.insert(1, {"kind": "plain"})
+    records[0] = MappingProxyType(records[0])  # any mapping will do
     with psycopg.connect(dsn, autocommit=True) as app:
         ids = pgqctl.enqueue_many(app, records)
         again = pgqctl.enqueue_many(app, records[2:3])
