@@ -24,6 +24,10 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_NAME_CHARS = 128
 # A unique key, in characters.
 MAX_KEY_CHARS = 256
+# Kinds in one enqueue of one payload to several kinds. Far above the
+# consumers one event has; a longer list is a mistake (a list of ids given
+# as kinds).
+MAX_KINDS = 1000
 # Levels of arrays and objects a payload may nest. Well below where Python's
 # json and the recursive walks of a decoded value (JSON output, pretty
 # printing) run out of stack, far above what a job's payload needs.

@@ -1136,9 +1136,10 @@ RETURNING id, queue, unique_key;
 -- that no server connection a pooler hands on keeps it. A second load in the
 -- same transaction finds it there (each chunk empties it first): not
 -- dropping it keeps psycopg from clearing the caller's prepared statements,
--- as it does after any DROP. No rows.
+-- as it does after any DROP. n is numeric: the jobs of one line with
+-- "kinds" are numbered N, N.001, N.002... (pgqctl/fanout.py). No rows.
 CREATE TEMPORARY TABLE IF NOT EXISTS pgqctl_enqueue_load (
-    n            bigint,
+    n            numeric,
     kind         text,
     payload      jsonb,
     queue        text,
