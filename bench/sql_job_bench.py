@@ -31,6 +31,7 @@ own, dropped at the end. Not a test: nothing here asserts a timing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import subprocess
@@ -43,7 +44,7 @@ from pathlib import Path
 import psycopg
 import throwaway_db
 from report import say, summary
-from worker_bench import cpu_seconds, load, server_cpu_seconds
+from worker_bench import cpu_seconds, load, proc_cpu
 
 SCHEMA = """
 CREATE TABLE orders (id bigint PRIMARY KEY, total_cents integer NOT NULL);
@@ -74,7 +75,60 @@ DRAINS = ["true", "noop", "invoice"]  # the sides with jobs, rated in jobs/s
 class Drain:
     seconds: float
     worker_cpu: float  # seconds: the worker process and its children
-    server_cpu: float | None  # seconds: every postgres process here; None: not readable
+    server_cpu: float | None  # seconds: the server's processes; None: not on this machine
+
+
+def find_postmaster(dsn: str) -> int | None:
+    """The pid of the server's postmaster if it runs on this machine, else None:
+    the parent of its checkpointer."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'"
+        ).fetchone()
+    try:
+        with open(f"/proc/{row[0] if row else 0}/stat") as f:
+            name, _, rest = f.read().rpartition(")")
+    except OSError:
+        return None
+    return int(rest.split()[1]) if name.endswith("(postgres") else None
+
+
+def server_processes(postmaster: int) -> list[int]:
+    """The postmaster's live children: backends and background processes."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:
+            found.append(int(entry))
+    return found
+
+
+def server_cpu(postmaster: int | None, settled: set[int] | None = None) -> float | None:
+    """CPU seconds of one server: its postmaster with the backends it reaped,
+    and its live processes; None if it does not run here. Only this server's:
+    on a shared machine another one's work would count otherwise.
+
+    With `settled` (its processes before the run), first waits a while for
+    every other one to end and be reaped: one that ended between the reads
+    would be counted in neither."""
+    if postmaster is None:
+        return None
+    deadline = time.monotonic() + 5
+    while settled is not None and time.monotonic() < deadline:
+        if set(server_processes(postmaster)) <= settled:
+            break
+        time.sleep(0.02)
+    total = sum(proc_cpu(postmaster))
+    for pid in server_processes(postmaster):
+        with contextlib.suppress(OSError):
+            total += sum(proc_cpu(pid))
+    return total
 
 
 def prepare(dsn: str, jobs: int, kind: str | None) -> None:
@@ -87,13 +141,16 @@ def prepare(dsn: str, jobs: int, kind: str | None) -> None:
         conn.execute("VACUUM ANALYZE invoices")
 
 
-def run_worker(dsn: str, side: str, jobs: int, concurrency: int, log: Path) -> Drain:
+def run_worker(
+    dsn: str, side: str, jobs: int, concurrency: int, log: Path, postmaster: int | None
+) -> Drain:
     """One burst worker of `side` from start to exit, and the CPU it and the server used."""
     kind, options = SIDES[side]
     prepare(dsn, jobs, kind)
     command = [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn]
     command += ["--burst", "--concurrency", str(concurrency), *options]
-    server = server_cpu_seconds()
+    settled = set(server_processes(postmaster)) if postmaster is not None else None
+    server = server_cpu(postmaster)
     cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
     with log.open("w") as err:
         started = time.perf_counter()
@@ -101,8 +158,8 @@ def run_worker(dsn: str, side: str, jobs: int, concurrency: int, log: Path) -> D
         seconds = time.perf_counter() - started
     # The one child run meanwhile: the worker, with the processes it waited for.
     cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu
-    # The worker has exited, so its backends have too: the postmaster holds their CPU.
-    server_after = server_cpu_seconds()
+    # The worker has exited, so its backends end too: the postmaster gets their CPU.
+    server_after = server_cpu(postmaster, settled)
     if code != 0:
         raise RuntimeError(f"{side}: worker exit {code}: {log.read_text()[-1500:]}")
     check_drained(dsn, side, jobs if kind else 0)
@@ -149,13 +206,17 @@ def main() -> None:
             conn.execute(ORDERS, {"n": args.jobs})
             version = conn.execute("SHOW server_version").fetchone()
             commit = conn.execute("SHOW synchronous_commit").fetchone()
+        postmaster = find_postmaster(dsn)
+        if postmaster is None:
+            say("the server does not run on this machine: no server CPU")
         for side in names:  # warm up: caches, the page cache of the programs
-            run_worker(dsn, side, min(200, args.jobs), args.concurrency, log)
+            run_worker(dsn, side, min(200, args.jobs), args.concurrency, log, postmaster)
         load_before = load()
         for round_no in range(args.rounds):
             shift = round_no % len(names)
             for side in names[shift:] + names[:shift]:
-                runs[side].append(run_worker(dsn, side, args.jobs, args.concurrency, log))
+                drain = run_worker(dsn, side, args.jobs, args.concurrency, log, postmaster)
+                runs[side].append(drain)
             say(f"round {round_no + 1} of {args.rounds} done, load {load()}")
         load_after = load()
     print(
