@@ -19,7 +19,8 @@ from round to round; each ratio is taken within a round, then summarised.
 Per side, also the CPU per job of the worker (the process and its
 children, from the rusage its exit reports: start-up included, and the
 `true` processes for that side) and, when the server runs on this machine,
-of every PostgreSQL process (the SQL sides move the work there).
+of the server's processes (the SQL sides move the work there; on a server
+other databases use, their work counts too).
 
     python bench/sql_job_bench.py [--dsn DSN] [--jobs 5000] [--concurrency 4] [--rounds 5]
 
