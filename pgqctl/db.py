@@ -81,11 +81,19 @@ class QueueConnection(psycopg.Connection[Any]):
 
     @contextmanager
     def transaction(
-        self, savepoint_name: str | None = None, force_rollback: bool = False
+        self,
+        savepoint_name: str | None = None,
+        force_rollback: bool = False,
+        *,
+        settings: bool = True,
     ) -> Iterator[psycopg.Transaction]:
+        """A transaction that begins with the queue's schema and settings;
+        with `settings=False`, with the session's own (a SQL handler's
+        statement runs on the operator's search_path), until the caller
+        sends settings_set_local itself."""
         outermost = self.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         with super().transaction(savepoint_name, force_rollback) as tx:
-            if outermost:
+            if outermost and settings:
                 self.execute(query("settings_set_local"), self.settings_params())
             yield tx
 

@@ -80,7 +80,7 @@ class SqlJobs:
 
         for kind, text in self.statements.items():
             flag = f"--sql {kind}=..."
-            with conn.transaction(force_rollback=True):
+            with conn.transaction(force_rollback=True, settings=False):
                 prepared = conn.pgconn.prepare(b"", text.encode())
                 if prepared.status != pq.ExecStatus.COMMAND_OK:
                     error = prepared.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
@@ -158,13 +158,16 @@ class SqlJobs:
             return SqlResult(_failed(f"cannot connect to run the job's SQL: {exc}", started))
         self._on_started(job.key, conn.info.backend_pid)
         job.stop.when_requested(lambda: _cancel(conn))
+        timeout_ms = 0 if job.timeout is None else max(1, round(job.timeout * 1000))
         try:
-            with conn.transaction():
-                timeout_ms = 0 if job.timeout is None else max(1, round(job.timeout * 1000))
-                conn.execute(query("sql_job_begin"), {"timeout_ms": str(timeout_ms)})
+            # Pipelined: BEGIN through the completion in one round trip, the
+            # COMMIT in a second.
+            with conn.pipeline(), conn.transaction(settings=False):
+                conn.execute(query("sql_job_limits"), {"timeout_ms": str(timeout_ms)})
                 with psycopg.RawCursor(conn) as cur:
                     params = [job.payload] if job.takes_payload else None
                     cur.execute(job.statement, params, prepare=False)
+                # Back to the queue's schema and the worker's timeouts.
                 conn.execute(query("settings_set_local"), conn.settings_params())
                 row = conn.execute(
                     query("sql_job_complete"), {"id": job.job_id, "attempt": job.attempt}
