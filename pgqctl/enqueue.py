@@ -37,7 +37,6 @@ import json
 import math
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, overload
@@ -941,6 +940,8 @@ def load(
 
 def _read_all(rows: Iterator[str]) -> Iterator[str]:
     """Every row, all read (at the first `next`) before the first is given back."""
+    import tempfile  # here: `import pgqctl` need not load it
+
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8") as f:
         # One row a line: COPY's text format escapes the line ends within a value.
         f.writelines(rows)
