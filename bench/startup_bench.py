@@ -23,7 +23,7 @@ libraries it imports keep theirs).
 Prints `name: median ms (min .. max)` for each side; each pgqctl side's
 ratio to python and to psql (and to this checkout, for REV's), taken within
 a round, then summarised, and the ratio of the two best times; then what
-`python -X importtime` says of each side, best of 3: the imports' total
+`python -X importtime` says of each side, best of 5: the imports' total
 time, how many modules, and which of psycopg, rich and tabulate were among
 them. A measurement, never a test: the machines are shared, so read
 min .. max, and the best times, before trusting a median.
@@ -103,7 +103,7 @@ def main() -> int:
         for side in sides:  # untimed: writes the bytecode, warms the caches
             _run(side)
         times = _rounds(sides, args.rounds)
-        importtimes = {s.name: _importtime(s) for s in sides if s.name not in ("psql",)}
+        importtimes = _importtimes([s for s in sides if s.name != "psql"], 5)
 
     for side in sides:
         _summary(side.name, [t * 1000 for t in times[side.name]], "ms")
@@ -178,22 +178,23 @@ def _rounds(sides: Sequence[Side], rounds: int) -> dict[str, list[float]]:
     return times
 
 
-def _importtime(side: Side) -> tuple[int, list[str]]:
-    """The least total import time (us) of 3 runs under -X importtime, and
-    the modules imported."""
-    best: tuple[int, list[str]] | None = None
-    for _ in range(3):
-        argv = (side.argv[0], "-X", "importtime", *side.argv[1:])
-        done = subprocess.run(
-            argv, env=dict(side.env), cwd=side.cwd, capture_output=True, text=True, check=True
-        )
-        # "import time: self [us] | cumulative | imported package"
-        rows = [line.split("|") for line in done.stderr.splitlines()[1:]]
-        rows = [row for row in rows if len(row) == 3 and row[0].startswith("import time:")]
-        total = sum(int(row[0].removeprefix("import time:")) for row in rows)
-        if best is None or total < best[0]:
-            best = (total, [row[2].strip() for row in rows])
-    assert best is not None
+def _importtimes(sides: Sequence[Side], rounds: int) -> dict[str, tuple[int, list[str]]]:
+    """Each side's least total import time (us) over `rounds` runs under
+    -X importtime (in rotating order, as the timed rounds), and its modules."""
+    best: dict[str, tuple[int, list[str]]] = {}
+    for number in range(rounds):
+        shift = number % len(sides)
+        for side in [*sides[shift:], *sides[:shift]]:
+            argv = (side.argv[0], "-X", "importtime", *side.argv[1:])
+            done = subprocess.run(
+                argv, env=dict(side.env), cwd=side.cwd, capture_output=True, text=True, check=True
+            )
+            # "import time: self [us] | cumulative | imported package"
+            rows = [line.split("|") for line in done.stderr.splitlines()[1:]]
+            rows = [row for row in rows if len(row) == 3 and row[0].startswith("import time:")]
+            total = sum(int(row[0].removeprefix("import time:")) for row in rows)
+            if side.name not in best or total < best[side.name][0]:
+                best[side.name] = (total, [row[2].strip() for row in rows])
     return best
 
 
