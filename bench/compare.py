@@ -118,10 +118,12 @@ def main() -> int:
 
 # Run after the comparison by `--results-md`, their output kept whole: the
 # worker's figures against the bare loop and the pool (each ratio with its
-# target), and a worker near its capacity while a session holds the horizon.
+# target), a worker near its capacity while a session holds the horizon, and
+# SQL handler jobs against `true` jobs.
 EXTRAS = (
     ("worker_bench.py", "--only", "figures"),
     ("horizon_bench.py",),
+    ("sql_job_bench.py",),
 )
 
 

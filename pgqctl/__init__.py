@@ -8,6 +8,8 @@ Enqueue from Python inside your own transaction::
     ids = pgqctl.enqueue_many(conn, [{"kind": "resize", "payload": {"image": 7}}])
     # At most one pending or running job per key: this gives the holder's id.
     job_id = pgqctl.enqueue(conn, "sync", {"user": 7}, unique_key="sync:7")
+    # One event, many consumers: one job per kind, their ids in that order.
+    ids = pgqctl.enqueue(conn, ["send_receipt", "update_crm"], {"order_id": 42})
 
 In a job's program, its own writes and its "done" in one transaction::
 

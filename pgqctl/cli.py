@@ -1,42 +1,163 @@
 """The command line: the `pgqctl` group, its global options, and the one
 error boundary (`main`).
 
-The commands live in pgqctl/commands/, one module per family; nothing below
-this module and the commands prints.
+The commands live in pgqctl/commands/, one module per family, each
+imported only when its command runs; nothing below this module and the
+commands prints.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import traceback
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import click
-import psycopg
 from click.core import ParameterSource
 
-# Modules that only some commands use (the worker, migrations, the embedded
-# server) are imported inside those commands: every command pays for what is
-# imported here, and in a short command that is a good part of its run.
-from pgqctl import __version__, db
-from pgqctl.commands import (
-    admin,
-    control,
-    doctor,
-    embedded,
-    enqueue,
-    migrate,
-    monitor,
-    schedule,
-    worker,
-)
-from pgqctl.commands.options import CONTEXT, DEBUG_HELP, OnceGroup, global_options, say
+# Only what `pgqctl --help` and `--version` need: each command's module is
+# imported when that command runs (or shows its own --help), so that
+# psycopg, rich and the library load only for the commands that use them.
+from pgqctl import __version__
+from pgqctl.commands.lazy import Lazy, LazyGroup
+from pgqctl.commands.options import CONTEXT, DEBUG_HELP, global_options, say
 from pgqctl.errors import EXIT_FAILURE, EXIT_USAGE, DatabaseUnavailable, PgqctlError
 
+if TYPE_CHECKING:
+    import psycopg
 
-@click.group(cls=OnceGroup, context_settings=CONTEXT)
+# Every command: where it is defined, and the first paragraph of its help,
+# from which `pgqctl --help` makes its line without importing it
+# (tests/unit/test_cli_startup.py holds each to the command's own help).
+COMMANDS = {
+    "migrate": Lazy(
+        "pgqctl.commands.migrate:migrate_command",
+        "Create or upgrade the queue schema.",
+    ),
+    "enqueue": Lazy(
+        "pgqctl.commands.enqueue:enqueue_command",
+        "Add a job (KIND, with a JSON object PAYLOAD, default {}) and print its id.",
+    ),
+    "embedded": Lazy(
+        "pgqctl.commands.embedded:embedded_group",
+        "Manage the embedded PostgreSQL used when no database is configured.",
+    ),
+    "stats": Lazy(
+        "pgqctl.commands.admin:stats_command",
+        "Jobs per status, in total and per queue, with expired leases and the age of the "
+        "oldest due pending job.",
+    ),
+    "leases": Lazy(
+        "pgqctl.commands.admin:leases_command",
+        "Running jobs: who holds each lease, when it ends, and the time left (negative when "
+        "overdue), soonest end first.",
+    ),
+    "list": Lazy(
+        "pgqctl.commands.admin:list_command",
+        "Jobs, newest first, with why each failed (if it did).",
+    ),
+    "show": Lazy(
+        "pgqctl.commands.admin:show_command",
+        "One job, whole: every column, the payload pretty-printed and the full last error.",
+    ),
+    "reap": Lazy(
+        "pgqctl.commands.admin:reap_command",
+        "Reclaim expired leases, and the jobs of dead workers: each job goes back to pending, "
+        "or to failed when it has used all its attempts.",
+    ),
+    "requeue": Lazy(
+        "pgqctl.commands.admin:requeue_command",
+        "Move failed or cancelled jobs back to pending, or make pending jobs due now, all in "
+        "one statement.",
+    ),
+    "cancel": Lazy(
+        "pgqctl.commands.admin:cancel_command",
+        "Cancel pending or running jobs: each ends cancelled, finished now, and is never "
+        "claimed again (`requeue` brings it back).",
+    ),
+    "purge": Lazy(
+        "pgqctl.commands.admin:purge_command",
+        "Delete finished jobs, done by default, in batches of short transactions so workers "
+        "never wait on more than one batch.",
+    ),
+    "workers": Lazy(
+        "pgqctl.commands.monitor:workers_command",
+        "The registered workers: whether each is alive, what it serves, and the jobs it holds now.",
+    ),
+    "check": Lazy(
+        "pgqctl.commands.monitor:check_command",
+        "Hold every queue to thresholds, for cron, Nagios-style monitors and probes: exit 0 "
+        "when all hold, 3 when one does not, 1 when the queue cannot be read (a check that "
+        "cannot check never says OK).",
+    ),
+    "metrics": Lazy(
+        "pgqctl.commands.monitor:metrics_command",
+        "The queue's figures in the Prometheus text exposition format: to stdout, to a file, "
+        "or served over HTTP.",
+    ),
+    "doctor": Lazy(
+        "pgqctl.commands.doctor:doctor_command",
+        "Why the queue is slow: vacuum, bloat and the xmin horizon of the queue's tables, "
+        "with what to do and the SQL that does it.",
+    ),
+    "top": Lazy(
+        "pgqctl.commands.monitor:top_command",
+        "A live view of the queue on the whole terminal, refreshed in place: per queue the "
+        "pending and running jobs, the jobs done and failed per second since the last "
+        "refresh, the oldest due job's wait and when any pause ends; the running jobs whose "
+        "leases end soonest; the registered workers, active or stale. Each row stays on one "
+        "line: on a narrow terminal, names are cut with ….",
+    ),
+    "pause": Lazy(
+        "pgqctl.commands.control:pause_command",
+        "Stop workers claiming jobs from these queues, until resumed or for a while.",
+    ),
+    "resume": Lazy(
+        "pgqctl.commands.control:resume_command",
+        "Let workers claim from paused queues again, at once.",
+    ),
+    "schedule": Lazy(
+        "pgqctl.commands.schedule:schedule_group",
+        "Cron and interval schedules, enqueued by the running workers: one job per tick.",
+    ),
+    "worker": Lazy(
+        "pgqctl.commands.worker:worker_command",
+        "Run jobs: claim them, run each as a child process, record how it ended.",
+    ),
+}
+
+
+def name_envvars(cmd: click.Command) -> None:
+    """Let every option of `cmd` and its subcommands read PGQCTL_<OPTION>."""
+    name_option_envvars(all_options(cmd))
+
+
+def name_option_envvars(params: Iterable[click.Parameter]) -> None:
+    """Let each option read PGQCTL_<OPTION>.
+
+    The variable is named after the flag users type (--format: PGQCTL_FORMAT),
+    not after the Python parameter (`fmt`), and not per command, so one
+    PGQCTL_SCHEMA serves every command.
+    """
+    for option in params:
+        if isinstance(option, click.Option) and option.allow_from_autoenv and not option.envvar:
+            flag = max(option.opts, key=len)
+            option.envvar = "PGQCTL_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def all_options(cmd: click.Command) -> Iterator[click.Option]:
+    """Every option of `cmd` and of its subcommands, at any depth (of a
+    `pgqctl` group, this imports every command)."""
+    for param in cmd.params:
+        if isinstance(param, click.Option):
+            yield param
+    for sub in getattr(cmd, "commands", {}).values():
+        yield from all_options(sub)
+
+
+# Each command's options read PGQCTL_<OPTION> from when it is loaded.
+@click.group(cls=LazyGroup, context_settings=CONTEXT, lazy=COMMANDS, prepare=name_envvars)
 @click.version_option(__version__, prog_name="pgqctl")
 @click.option("--debug", is_flag=True, help=DEBUG_HELP)
 @global_options
@@ -56,55 +177,8 @@ def cli(debug: bool, **options: Any) -> None:
     """
 
 
-for _command in (
-    migrate.migrate_command,
-    enqueue.enqueue_command,
-    embedded.embedded_group,
-    admin.stats_command,
-    admin.leases_command,
-    admin.list_command,
-    admin.show_command,
-    admin.reap_command,
-    admin.requeue_command,
-    admin.cancel_command,
-    admin.purge_command,
-    monitor.workers_command,
-    monitor.check_command,
-    monitor.metrics_command,
-    doctor.doctor_command,
-    monitor.top_command,
-    control.pause_command,
-    control.resume_command,
-    schedule.schedule_group,
-    worker.worker_command,
-):
-    cli.add_command(_command)
-
-
-def name_envvars(cmd: click.Command) -> None:
-    """Let every option of `cmd` and its subcommands read PGQCTL_<OPTION>.
-
-    The variable is named after the flag users type (--format: PGQCTL_FORMAT),
-    not after the Python parameter (`fmt`), and not per command, so one
-    PGQCTL_SCHEMA serves every command.
-    """
-    for option in all_options(cmd):
-        if option.allow_from_autoenv and not option.envvar:
-            flag = max(option.opts, key=len)
-            option.envvar = "PGQCTL_" + flag.lstrip("-").replace("-", "_").upper()
-
-
-def all_options(cmd: click.Command) -> Iterator[click.Option]:
-    """Every option of `cmd` and of its subcommands, at any depth."""
-    for param in cmd.params:
-        if isinstance(param, click.Option):
-            yield param
-    for sub in getattr(cmd, "commands", {}).values():
-        yield from all_options(sub)
-
-
-# Once every command exists: each option reads PGQCTL_<OPTION>.
-name_envvars(cli)
+# The group's own options (--debug reads PGQCTL_DEBUG), without loading its commands.
+name_option_envvars(cli.params)
 
 
 # --- the error boundary ------------------------------------------------------
@@ -142,16 +216,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except PgqctlError as exc:
         return _report(exc, exc.exit_code, debug)
-    except psycopg.OperationalError as exc:
-        if _connection_lost(exc):
-            return _report(
-                DatabaseUnavailable(f"lost the database connection: {db.reason(exc)}"),
-                EXIT_FAILURE,
-                debug,
-            )
-        return _report(PgqctlError(f"database error: {db.reason(exc)}"), EXIT_FAILURE, debug)
-    except psycopg.Error as exc:
-        return _report(PgqctlError(f"database error: {db.reason(exc)}"), EXIT_FAILURE, debug)
     except KeyboardInterrupt:
         say("interrupted")
         return 130
@@ -161,17 +225,39 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as exc:  # writing the output (a full disk), or a file named by an option
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         what = exc.filename if exc.filename else "writing the output"
         say(f"error: {what}: {exc.strerror or exc}")
         _silence_stdout()
         return EXIT_FAILURE
+    except Exception as exc:
+        meant = _database_error(exc)
+        if meant is None:
+            raise
+        return _report(meant, EXIT_FAILURE, debug)
+
+
+def _database_error(exc: Exception) -> PgqctlError | None:
+    """What a psycopg error means for the user; None for any other exception.
+
+    psycopg is looked up, not imported: a command that did not load it
+    cannot have raised its errors, and --help must not pay for it.
+    """
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(exc, psycopg.Error):
+        return None
+    from pgqctl import db
+
+    if isinstance(exc, psycopg.OperationalError) and _connection_lost(exc):
+        return DatabaseUnavailable(f"lost the database connection: {db.reason(exc)}")
+    return PgqctlError(f"database error: {db.reason(exc)}")
 
 
 # Values pgqctl only hands to the system (a file to read, a command to run),
 # where any bytes will do.
 _BYTES_OPTIONS = ("--file", "--handler")
 _BYTES_VARIABLES = ("PGQCTL_FILE", "PGQCTL_HANDLER")
+_OUR_PREFIX = b"PGQCTL_"
 
 
 def _as_utf8(args: list[str], environ: Mapping[bytes, bytes]) -> tuple[list[str], str | None]:
@@ -195,10 +281,19 @@ def _as_utf8(args: list[str], environ: Mapping[bytes, bytes]) -> tuple[list[str]
             after = f" (after {args[i - 1]})" if i and args[i - 1].startswith("-") else ""
             return args, f"argument {i + 1}{after}"
         text.append(decoded)
+    # Every variable pgqctl reads is named PGQCTL_* (or is DATABASE_URL); which
+    # ones its options read is known only once every command is imported, so
+    # that is done only when one of them is not UTF-8.
+    suspects = {
+        key
+        for key, value in environ.items()
+        if (key.startswith(_OUR_PREFIX) or key == b"DATABASE_URL") and _utf8(value) is None
+    }
+    if not suspects:
+        return text, None
     read = {o.envvar for o in all_options(cli) if isinstance(o.envvar, str)}
     for name in sorted((read | {"PGQCTL_DSN", "DATABASE_URL"}) - set(_BYTES_VARIABLES)):
-        value = environ.get(name.encode())
-        if value is not None and _utf8(value) is None:
+        if name.encode() in suspects:
             return args, name
     return text, None
 
@@ -229,9 +324,15 @@ def _connection_lost(exc: psycopg.OperationalError) -> bool:
 
 def _report(exc: BaseException, code: int, debug: bool) -> int:
     if debug:
-        traceback.print_exc()
+        _print_traceback()
     say(f"error: {exc}")
     return code
+
+
+def _print_traceback() -> None:
+    import traceback  # only --debug shows one
+
+    traceback.print_exc()
 
 
 def _silence_stdout() -> None:

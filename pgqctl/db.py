@@ -81,11 +81,19 @@ class QueueConnection(psycopg.Connection[Any]):
 
     @contextmanager
     def transaction(
-        self, savepoint_name: str | None = None, force_rollback: bool = False
+        self,
+        savepoint_name: str | None = None,
+        force_rollback: bool = False,
+        *,
+        settings: bool = True,
     ) -> Iterator[psycopg.Transaction]:
+        """A transaction that begins with the queue's schema and settings;
+        with `settings=False`, with the session's own (a SQL handler's
+        statement runs on the operator's search_path), until the caller
+        sends settings_set_local itself."""
         outermost = self.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         with super().transaction(savepoint_name, force_rollback) as tx:
-            if outermost:
+            if outermost and settings:
                 self.execute(query("settings_set_local"), self.settings_params())
             yield tx
 
@@ -260,7 +268,7 @@ def require_migrated(conn: QueueConnection) -> None:
     """Raise NotMigrated unless this pgqctl can use the schema, or
     PrivilegeMissing when this role may not see the queue.
 
-    The rule (README: Upgrading): every migration this pgqctl knows must be
+    The rule (docs/operating.md: Upgrades): every migration this pgqctl knows must be
     applied, and the schema's oldest client (the last breaking migration
     applied, see pgqctl/migrate.py) must be one this pgqctl knows. Migrations
     newer than this pgqctl that are additive for it do not stop it."""
@@ -272,7 +280,7 @@ def require_migrated(conn: QueueConnection) -> None:
         raise PrivilegeMissing(
             f"role {conn.role} may not use schema {schema}: "
             f"an owner of the queue can run `GRANT USAGE ON SCHEMA {_ident(conn, schema)} "
-            f"TO {_ident(conn, conn.role)}` (README: Deploying)"
+            f"TO {_ident(conn, conn.role)}` (see docs/operating.md, Roles)"
         )
     if jobs and not recorded:
         # `migrate` would refuse to touch it: saying "run migrate" would not help.
@@ -329,5 +337,5 @@ def privilege_message(conn: QueueConnection, table: str | None = None, error: st
     return (
         f"{what}an owner of the queue can run `GRANT SELECT, INSERT, UPDATE, DELETE "
         f"ON ALL TABLES IN SCHEMA {schema} TO {role}` (or only SELECT, for a role that "
-        "just watches; README: Deploying)"
+        "just watches; see docs/operating.md, Roles)"
     )

@@ -37,13 +37,13 @@ import json
 import math
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, overload
 
 from pgqctl.durations import parse_duration
 from pgqctl.errors import BadInput, PgqctlError
+from pgqctl.fanout import check_kinds, fan_out, record_number, row_number
 from pgqctl.limits import (
     MAX_KEY_CHARS,
     MAX_NAME_CHARS,
@@ -64,8 +64,12 @@ if TYPE_CHECKING:
 
     from pgqctl.policy import Policy
 
-# The keys a job record may have (a JSON line, or a mapping given to enqueue_many).
-FIELDS = ("kind", "payload", "queue", "priority", "run_at", "delay", "max_attempts", "unique_key")
+# The keys a job record may have (a JSON line, or a mapping given to enqueue_many);
+# "kinds" instead of "kind" makes one job per kind (pgqctl/fanout.py).
+FIELDS = (
+    "kind", "payload", "queue", "priority", "run_at", "delay", "max_attempts", "unique_key",
+    "kinds",
+)  # fmt: skip
 _FIELD_SET = frozenset(FIELDS)
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
 # Longer delays are typos, and would overflow timestamps.
@@ -133,6 +137,7 @@ class DuplicateJob(PgqctlError):
 # ---------------------------------------------------------------- public API
 
 
+@overload
 def enqueue(
     conn: psycopg.Connection[Any],
     kind: str,
@@ -147,7 +152,42 @@ def enqueue(
     on_conflict: str = "skip",
     schema: str | None = None,
     max_payload_bytes: int = MAX_PAYLOAD_BYTES,
-) -> int:
+) -> int: ...
+
+
+@overload
+def enqueue(
+    conn: psycopg.Connection[Any],
+    kind: list[str] | tuple[str, ...],
+    payload: Mapping[str, Any] | None = None,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: dt.datetime | str | None = None,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int = 3,
+    unique_key: str | None = None,
+    on_conflict: str = "skip",
+    schema: str | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+) -> list[int]: ...
+
+
+def enqueue(
+    conn: psycopg.Connection[Any],
+    kind: str | list[str] | tuple[str, ...],
+    payload: Mapping[str, Any] | None = None,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: dt.datetime | str | None = None,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int = 3,
+    unique_key: str | None = None,
+    on_conflict: str = "skip",
+    schema: str | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+) -> int | list[int]:
     """Insert one job in the connection's current transaction; return its id.
 
     ``run_at`` (a datetime or ISO 8601 text; naive means local time) or
@@ -157,10 +197,16 @@ def enqueue(
     ``"error"`` raises DuplicateJob. ``schema=None`` uses the connection's
     search_path. A payload over ``max_payload_bytes`` as JSON is refused
     (pgqctl.limits has the limits on names too).
+
+    A list of kinds inserts one job per kind for the payload, all or none,
+    and returns their ids in its order; a unique key then holds per kind
+    (pgqctl/fanout.py).
     """
     limit = _payload_limit(max_payload_bytes)
+    listed = isinstance(kind, (list, tuple))
+    kinds = check_kinds(kind, check_kind, "kind") if listed else None
     job = make_job(
-        kind,
+        kind if kinds is None else kinds[0],
         payload,
         queue=queue,
         priority=priority,
@@ -170,7 +216,9 @@ def enqueue(
         unique_key=unique_key,
         max_payload_bytes=limit,
     )
-    return insert_jobs(conn, [job], schema=schema, on_conflict=on_conflict)[0]
+    if kinds is None:
+        return insert_jobs(conn, [job], schema=schema, on_conflict=on_conflict)[0]
+    return insert_jobs(conn, fan_out(job, kinds), schema=schema, on_conflict=on_conflict)
 
 
 def enqueue_many(
@@ -185,7 +233,9 @@ def enqueue_many(
 
     Each job is a mapping with the keys of `enqueue`'s arguments: ``kind``
     (required), ``payload``, ``queue``, ``priority``, ``run_at``, ``delay``,
-    ``max_attempts``, ``unique_key``. All are validated before anything is
+    ``max_attempts``, ``unique_key``; or ``kinds``, a list, instead of
+    ``kind``, for one job per kind (their ids in its order, in the place of
+    the mapping's). All are validated before anything is
     sent; a bad one raises BadInput naming its index. A job whose unique key
     is held (by a job in the queue, or by an earlier one of these) gets the
     holder's id under ``on_conflict="skip"`` (the list's ``existing`` holds
@@ -197,19 +247,25 @@ def enqueue_many(
     limit = _payload_limit(max_payload_bytes)
     records = list(jobs)
     if len(records) < COPY_MIN_JOBS:
-        valid = []
-        for index, record in enumerate(records):
+        valid: list[NewJob] = []
+        numbers: list[int | str] = []
+        for number, record in enumerate(records, start=1):
             try:
-                valid.append(job_from_record(record, max_payload_bytes=limit))
+                made = jobs_from_record(record, max_payload_bytes=limit)
             except BadInput as exc:
-                raise BadInput(f"jobs[{index}]: {exc}") from None
-        return insert_jobs(conn, valid, schema=schema, on_conflict=on_conflict)
+                raise BadInput(f"jobs[{number - 1}]: {exc}") from None
+            valid += made
+            numbers += (row_number(number, position) for position in range(len(made)))
+        return insert_jobs(conn, valid, schema=schema, on_conflict=on_conflict, numbers=numbers)
     # Made into COPY rows now, so that loading them is all the work left.
     fast = _simple_defaults(None, limit)
     rows = []
     for number, record in enumerate(records, start=1):
         try:
             row = None if fast is None else _simple_record_row(number, record, fast)
+            if row is None and isinstance(record, (dict, Mapping)) and "kinds" in record:
+                rows += _record_rows(number, record, None, limit)
+                continue
             rows.append(row or _job_row(number, job_from_record(record, max_payload_bytes=limit)))
         except BadInput as exc:
             raise BadInput(f"jobs[{number - 1}]: {exc}") from None
@@ -286,8 +342,43 @@ def job_from_record(
     if defaults:
         values = _with_defaults(values, defaults)
     if "kind" not in values:
-        raise BadInput('missing "kind"')
+        raise BadInput('missing "kind" (or "kinds", a list, for one job per kind)')
+    if "kinds" in values:
+        raise BadInput('give "kind" or "kinds", not both')
     return make_job(**values, max_payload_bytes=max_payload_bytes)
+
+
+def jobs_from_record(
+    record: object,
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+) -> list[NewJob]:
+    """The jobs of a record (see job_from_record): one, or with "kinds" one per kind."""
+    if (
+        not isinstance(record, (dict, Mapping))
+        or record.get("kinds") is None
+        or record.get("kind") is not None  # job_from_record says: not both
+    ):
+        return [job_from_record(record, defaults, max_payload_bytes=max_payload_bytes)]
+    names = check_kinds(record["kinds"], check_kind, '"kinds"')
+    first = {**record, "kinds": None, "kind": names[0]}
+    return fan_out(job_from_record(first, defaults, max_payload_bytes=max_payload_bytes), names)
+
+
+def _record_rows(
+    number: int, record: object, defaults: Mapping[str, Any] | None, max_payload_bytes: int
+) -> list[str]:
+    """The COPY rows of a record that takes the general path, numbered
+    `number`. The bulk paths call it only for a record with "kinds": a
+    record of one job goes straight to job_from_record, as it runs per job."""
+    jobs = jobs_from_record(record, defaults, max_payload_bytes=max_payload_bytes)
+    return [_job_row(row_number(number, position), job) for position, job in enumerate(jobs)]
+
+
+def check_kind(kind: object) -> str:
+    """A job's kind, checked; BadInput says what is wrong with it."""
+    return _text("kind", kind)
 
 
 def check_command(payload: Mapping[str, Any], kind: str) -> None:
@@ -406,29 +497,39 @@ def read_rows(
 ) -> Iterator[str]:
     """The COPY rows (see `insert_rows`) of a JSON-lines input, lazily.
 
-    Each line is validated as `job_from_record` validates a record, with
+    Each line is validated as `jobs_from_record` validates a record, with
     ``defaults`` filling what it leaves out, then checked against `policy`
     when one is given; blank lines are skipped. BadInput names the first bad
-    line (counting every physical line from 1).
+    line (counting every physical line from 1). A line with "kinds" gives
+    one row per kind.
     """
     fast = _simple_defaults(defaults, max_payload_bytes)
+    # This runs per line of a bulk load: a line of one job costs no list.
+    no_rows: list[str] = []
     for number, raw in enumerate(lines, start=1):
         if not raw or raw.isspace():
             continue
+        more = no_rows  # the rows of a line's other kinds
         try:
             text = _line_text(raw, number)
             row = None if fast is None else _simple_line_row(number, text, fast)
             if row is None:
                 record = _decode_text(text)
-                job = job_from_record(record, defaults, max_payload_bytes=max_payload_bytes)
-                row = _job_row(number, job)
+                if type(record) is dict and "kinds" in record:  # inline: it runs per line
+                    row, *more = _record_rows(number, record, defaults, max_payload_bytes)
+                else:
+                    job = job_from_record(record, defaults, max_payload_bytes=max_payload_bytes)
+                    row = _job_row(number, job)
             if policy is not None:
-                # A valid job by now; its kind and payload are never defaults.
+                # Valid jobs by now; their kinds and payload are never defaults.
                 record = _decode_text(text)
-                check_policy(record["kind"], record.get("payload"), policy)
+                for kind in record.get("kinds") or [record["kind"]]:
+                    check_policy(kind, record.get("payload"), policy)
         except BadInput as exc:
             raise BadInput(f"{source}, line {number}: {exc}") from None
         yield row
+        if more:
+            yield from more
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -839,6 +940,8 @@ def load(
 
 def _read_all(rows: Iterator[str]) -> Iterator[str]:
     """Every row, all read (at the first `next`) before the first is given back."""
+    import tempfile  # here: `import pgqctl` need not load it
+
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8") as f:
         # One row a line: COPY's text format escapes the line ends within a value.
         f.writelines(rows)
@@ -874,14 +977,20 @@ def insert_jobs(
     on_progress: Callable[[int], None] | None = None,
     on_conflict: str = "skip",
     where: Callable[[int], str] = _index_name,
+    numbers: Iterable[int | str] | None = None,
 ) -> Ids:
     """Insert jobs in the connection's transaction; return their ids in order.
 
     A list of fewer than COPY_MIN_JOBS goes in one INSERT from arrays. Other
     jobs go through `insert_rows`, so ``jobs`` may be a lazy iterator that
-    validates as it goes. Unique keys: see `enqueue_many`.
+    validates as it goes. Unique keys: see `enqueue_many`. ``numbers``: the
+    rows' numbers (`fanout.row_number`), which errors give to `where`;
+    default 1, 2, 3...
     """
     _check_on_conflict(on_conflict)
+    numbered: Iterable[tuple[int | str, NewJob]] = (
+        enumerate(jobs, start=1) if numbers is None else zip(numbers, jobs, strict=True)
+    )
     if isinstance(jobs, Sequence) and len(jobs) < COPY_MIN_JOBS:
         if not jobs:
             return Ids()
@@ -892,9 +1001,9 @@ def insert_jobs(
             with _cursor(conn) as cur:
                 unique = _Unique(cur, table, on_conflict, where)
                 ids = Ids()
-                ids.add(*unique.insert_rows([_job_row(n, j) for n, j in enumerate(jobs, start=1)]))
+                ids.add(*unique.insert_rows(list(itertools.starmap(_job_row, numbered))))
                 return ids
-    rows = itertools.starmap(_job_row, enumerate(jobs, start=1))
+    rows = itertools.starmap(_job_row, numbered)
     return insert_rows(
         conn, rows, schema=schema, on_progress=on_progress, on_conflict=on_conflict, where=where
     )
@@ -963,10 +1072,11 @@ def _own_transaction(conn: psycopg.Connection[Any], on_conflict: str) -> Iterato
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg here
 
 
-def _job_row(number: int, job: NewJob) -> str:
+def _job_row(number: int | str, job: NewJob) -> str:
     """A validated job as one line of COPY's text format, in the columns of jobs_load_copy.
 
-    ``number`` orders the rows of a chunk: ids are given in that order.
+    ``number`` orders the rows of a chunk: ids are given in that order
+    (`fanout.row_number`).
     """
     return (
         f"{number}\t{_copy_text(job.kind)}\t{_copy_text(job.payload)}\t{_copy_text(job.queue)}"
@@ -1181,7 +1291,8 @@ class _Unique:
                 p += 1
                 continue
             fields = row.rstrip("\n").split("\t")
-            n, queue, key = int(fields[0]), _copy_value(fields[3]), _copy_value(fields[-1])
+            n = record_number(fields[0])
+            queue, key = _copy_value(fields[3]), _copy_value(fields[-1])
             assert queue is not None and key is not None
             first = self.loaded.get((queue, key))
             if first is None and p < len(inserted) and inserted[p][1:] == (queue, key):

@@ -6,7 +6,7 @@ with what to do next. Lower layers raise these; only ``cli.main`` prints them.
 
 from __future__ import annotations
 
-# Exit codes, documented in the README.
+# Exit codes, documented in docs/operating.md (Exit codes).
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2

@@ -1,8 +1,8 @@
 """What a job is: one row of `jobs`, and the statuses it moves through.
 
 The state machine lives here and nowhere else: the `--status` choices
-(those of `cancel` too), `stats`, `purge` and the README's table of
-statuses all read `STATUSES`, and
+(those of `cancel` too), `stats`, `purge` and the table of statuses
+in docs/table.md all read `STATUSES`, and
 a test checks it against the table's CHECK constraint. A new status is one
 more entry here, plus the migration that lets the table hold it.
 """

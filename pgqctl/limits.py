@@ -1,7 +1,7 @@
 """The sizes pgqctl accepts in a job and in the names an operator gives.
 
 One place for the numbers that `enqueue`, `pause`, `schedule` and the
-worker check, and that the README states, and for the checks themselves.
+worker check, and that the docs state, and for the checks themselves.
 Names are bounded so that every index holding them stays far below
 PostgreSQL's btree limit (about 2,700 bytes a row: a queue and a unique key
 of 4-byte characters at these limits take 1,536); a payload, so that one row
@@ -24,6 +24,10 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_NAME_CHARS = 128
 # A unique key, in characters.
 MAX_KEY_CHARS = 256
+# Kinds in one enqueue of one payload to several kinds. Far above the
+# consumers one event has; a longer list is a mistake (a list of ids given
+# as kinds).
+MAX_KINDS = 1000
 # Levels of arrays and objects a payload may nest. Well below where Python's
 # json and the recursive walks of a decoded value (JSON output, pretty
 # printing) run out of stack, far above what a job's payload needs.

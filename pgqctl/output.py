@@ -1,4 +1,5 @@
-"""The only module that knows output formats.
+"""The only module that renders output formats (their names are in
+`pgqctl.formats`).
 
 `auto` is a rich table on a terminal and a plain tabulate table when piped.
 Machine formats (json, ndjson, csv, tsv) carry every field of each record;
@@ -20,14 +21,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pgqctl.errors import PgqctlError
+from pgqctl.formats import HUMAN_FORMATS as HUMAN_FORMATS  # the commands name it from here
 
 if TYPE_CHECKING:
     from pgqctl.admin import Stats
     from pgqctl.doctor import Report
     from pgqctl.monitor import CheckResult, TopView
-
-FORMATS = ("auto", "table", "plain", "json", "ndjson", "csv", "tsv")
-HUMAN_FORMATS = ("table", "plain")
 
 
 def resolve_format(fmt: str, stream: IO[str] | None = None) -> str:

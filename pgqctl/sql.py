@@ -16,9 +16,12 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pgqctl.errors import PgqctlError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 # Spaces only readers need: after a comma, around an equals sign (no other
@@ -30,6 +33,8 @@ _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 @functools.cache
 def sql_dir() -> Path:
     """The directory holding migrations/ and queries.sql."""
+    from pathlib import Path  # here: `import pgqctl` need not load it
+
     here = Path(__file__).resolve().parent
     for candidate in (here / "sql", here.parent / "sql"):
         if (candidate / "queries.sql").is_file():
@@ -71,7 +76,8 @@ def query(name: str) -> str:
     return queries()[name]
 
 
-# A migration's declarations, comment lines of its file (README: Migrations):
+# A migration's declarations, comment lines of its file (docs/commands/migrate.md:
+# Writing a migration):
 #   -- compatibility: additive | breaking
 #   -- step: transaction | no transaction [; locks TABLE MODE]... [; reads TABLE]...
 _COMPATIBILITY_LINE = re.compile(r"^-- compatibility: *(\S+) *$", re.MULTILINE)

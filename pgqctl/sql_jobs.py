@@ -9,12 +9,14 @@ backoff like any failure; a crash of the worker rolls both back with the
 connection. So the work happens once however often the job is delivered:
 the seed's "exactly-once processing" without a program of its own.
 
-No child process: a thread per running job, and a connection per thread,
-kept for the next job (at most one per slot).
+No child process: threads that each run one job at a time (started as
+jobs need them, at most one per slot, then kept), and a connection per
+running job, kept for the next one.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -69,6 +71,13 @@ class SqlJobs:
         self._keep = keep
         self._lock = threading.Lock()
         self._idle: list[QueueConnection] = []
+        # Jobs submitted and not finished, and the threads that run them:
+        # there are always as many threads as such jobs, or more, so a job
+        # never waits for another's end. Starting a thread per job would
+        # make the worker's loop wait for each new thread to be scheduled.
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._busy = 0
+        self._threads: list[threading.Thread] = []
         # Whether each kind's statement takes the payload ($1), from `check`.
         self._takes_payload: dict[str, bool] = {}
 
@@ -80,7 +89,7 @@ class SqlJobs:
 
         for kind, text in self.statements.items():
             flag = f"--sql {kind}=..."
-            with conn.transaction(force_rollback=True):
+            with conn.transaction(force_rollback=True, settings=False):
                 prepared = conn.pgconn.prepare(b"", text.encode())
                 if prepared.status != pq.ExecStatus.COMMAND_OK:
                     error = prepared.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
@@ -129,23 +138,35 @@ class SqlJobs:
             timeout,
             stop,
         )
-        threading.Thread(
-            target=self._run, args=(job,), name=f"pgqctl-sql-job-{job_id}", daemon=True
-        ).start()
+        with self._lock:
+            self._busy += 1
+            if self._busy > len(self._threads):
+                thread = threading.Thread(
+                    target=self._serve, name=f"pgqctl-sql-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+        self._jobs.put(job)
 
     def close(self) -> None:
+        """Let the threads end (after the jobs they run) and close the kept connections."""
+        for _ in self._threads:
+            self._jobs.put(None)
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
 
-    def _run(self, job: _Job) -> None:
-        started = time.monotonic()
-        try:
-            result = self._attempt(job, started)
-        except Exception as exc:  # never lose the job's report
-            result = SqlResult(Outcome(error=f"worker error: {exc}"))
-        self._on_done(job.key, result)
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            started = time.monotonic()
+            try:
+                result = self._attempt(job, started)
+            except Exception as exc:  # never lose the job's report
+                result = SqlResult(Outcome(error=f"worker error: {exc}"))
+            with self._lock:
+                self._busy -= 1
+            self._on_done(job.key, result)
 
     def _attempt(self, job: _Job, started: float) -> SqlResult:
         import psycopg
@@ -158,13 +179,16 @@ class SqlJobs:
             return SqlResult(_failed(f"cannot connect to run the job's SQL: {exc}", started))
         self._on_started(job.key, conn.info.backend_pid)
         job.stop.when_requested(lambda: _cancel(conn))
+        timeout_ms = 0 if job.timeout is None else max(1, round(job.timeout * 1000))
         try:
-            with conn.transaction():
-                timeout_ms = 0 if job.timeout is None else max(1, round(job.timeout * 1000))
-                conn.execute(query("sql_job_begin"), {"timeout_ms": str(timeout_ms)})
+            # Pipelined: BEGIN through the completion in one round trip, the
+            # COMMIT in a second.
+            with conn.pipeline(), conn.transaction(settings=False):
+                conn.execute(query("sql_job_limits"), {"timeout_ms": str(timeout_ms)})
                 with psycopg.RawCursor(conn) as cur:
                     params = [job.payload] if job.takes_payload else None
                     cur.execute(job.statement, params, prepare=False)
+                # Back to the queue's schema and the worker's timeouts.
                 conn.execute(query("settings_set_local"), conn.settings_params())
                 row = conn.execute(
                     query("sql_job_complete"), {"id": job.job_id, "attempt": job.attempt}

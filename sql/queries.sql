@@ -1136,9 +1136,10 @@ RETURNING id, queue, unique_key;
 -- that no server connection a pooler hands on keeps it. A second load in the
 -- same transaction finds it there (each chunk empties it first): not
 -- dropping it keeps psycopg from clearing the caller's prepared statements,
--- as it does after any DROP. No rows.
+-- as it does after any DROP. n is numeric: the jobs of one line with
+-- "kinds" are numbered N, N.001, N.002... (pgqctl/fanout.py). No rows.
 CREATE TEMPORARY TABLE IF NOT EXISTS pgqctl_enqueue_load (
-    n            bigint,
+    n            numeric,
     kind         text,
     payload      jsonb,
     queue        text,
@@ -1588,15 +1589,13 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 -- No rows.
 COMMIT;
 
--- name: sql_job_begin
--- A SQL handler's job (pgqctl/sql_jobs.py), first in its transaction: the
--- operator's statement runs with the connection's own search_path (where
--- the operator's tables and procedures are), bounded by the job's timeout
--- (0: none) rather than the worker's statement and lock timeouts.
-SELECT set_config('search_path', reset_val, true),
-       set_config('statement_timeout', %(timeout_ms)s, true),
-       set_config('lock_timeout', '0', true)
-FROM pg_settings WHERE name = 'search_path';
+-- name: sql_job_limits
+-- A SQL handler's job (pgqctl/sql_jobs.py), first in its transaction, which
+-- leaves the session's search_path (where the operator's tables and
+-- procedures are) as it is: the job's timeout (0: none) bounds the
+-- operator's statement, rather than the worker's statement and lock timeouts.
+SELECT set_config('statement_timeout', %(timeout_ms)s, true),
+       set_config('lock_timeout', '0', true);
 
 -- name: type_name
 -- A type's name as SQL writes it (jsonb, bigint, character varying).

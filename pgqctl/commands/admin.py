@@ -111,7 +111,7 @@ def stats_command(
     --metric prints one figure as a whole number: the count of a status,
     expired_leases, or oldest_pending_age_seconds (0 when no job is due), of
     every queue or of those given with --queue (summed; the oldest for the
-    age), e.g. for a KEDA scaler (README: Autoscaling).
+    age), e.g. for a KEDA scaler (docs/operating.md: Autoscaling).
 
     \b
     Example:

@@ -26,12 +26,14 @@ from pgqctl.commands.options import (
 from pgqctl.enqueue import (
     ON_CONFLICT,
     check_defaults,
+    check_kind,
     check_policy,
     insert_jobs,
     load,
     make_job,
     parse_payload,
 )
+from pgqctl.fanout import check_kinds, fan_out
 
 if TYPE_CHECKING:
     from pgqctl.policy import Policy
@@ -105,6 +107,14 @@ def read_policy_option(path: str | None) -> Policy | None:
 @database_options
 @click.argument("kind", required=False)
 @click.argument("payload", required=False)
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    metavar="KIND",
+    allow_from_autoenv=False,  # PGQCTL_KIND is the kinds a worker claims
+    help="Instead of KIND: one job per --kind (repeatable), all with the same PAYLOAD.",
+)
 @queue_option
 @priority_option
 @click.option(
@@ -126,8 +136,8 @@ def read_policy_option(path: str | None) -> Policy | None:
     cls=OnceOption,
     metavar="KEY",
     allow_from_autoenv=False,  # one key in the environment would make every job the same one
-    help="At most one pending or running job per queue with this key (with --file: "
-    '"unique_key" in a line).',
+    help="At most one pending or running job per queue with this key (with --kind: per "
+    'kind; with --file: "unique_key" in a line).',
 )
 @click.option(
     "--on-conflict",
@@ -152,6 +162,7 @@ def enqueue_command(
     database: Database,
     kind: str | None,
     payload: str | None,
+    kinds: tuple[str, ...],
     queue: str,
     priority: int,
     delay: float | None,
@@ -166,11 +177,16 @@ def enqueue_command(
 ) -> None:
     """Add a job (KIND, with a JSON object PAYLOAD, default {}) and print its id.
 
+    With --kind instead of KIND, add one job per --kind for the same PAYLOAD
+    (one event, many consumers) and print their ids in that order: all of
+    them or none, and from then on each is claimed, retried and failed on
+    its own.
+
     With --file, add one job per line of a JSON-lines file instead, each an
-    object with "kind" and optionally "payload", "queue", "priority",
-    "run_at", "delay", "max_attempts", "unique_key"; the options above fill
-    what a line leaves out. The whole file goes in one transaction: one bad
-    line and nothing is added.
+    object with "kind" (or "kinds", a list: one job per kind) and optionally
+    "payload", "queue", "priority", "run_at", "delay", "max_attempts",
+    "unique_key"; the options above fill what a line leaves out. The whole
+    file goes in one transaction: one bad line and nothing is added.
 
     A payload is at most 1 MiB as JSON (--max-payload-bytes raises it); a
     queue or kind at most 128 characters, a unique key 256, and none of
@@ -181,22 +197,31 @@ def enqueue_command(
     job holds it, --on-conflict skip prints that job's id instead (JSON:
     "existing": true) and error exits 1 naming it; in a file, the first line
     with a key wins, and under error nothing is added. The key is free again
-    once its job is done or failed.
+    once its job is done or failed. With --kind (or "kinds"), the key holds
+    per kind: the job of kind K stores it as K:KEY.
 
     With --policy FILE, a job that a worker started with the same --policy
-    would refuse is refused here (see the worker's policy in the README).
+    would refuse is refused here (see docs/worker.md, The policy).
 
     \b
     Example:
         pgqctl enqueue hello '{"argv": ["echo", "hello"]}'
         pgqctl enqueue report '{"argv": ["./report.sh"]}' --delay 5m --queue slow
         pgqctl enqueue sync '{"argv": ["./sync.sh", "7"]}' --unique-key user:7
+        pgqctl enqueue --kind send_receipt --kind update_crm '{"order_id": 42}'
         pgqctl enqueue --file jobs.jsonl
         pgqctl enqueue --policy /etc/pgqctl/policy.toml --file jobs.jsonl
         printf '%s\\n' '{"kind": "ping", "payload": {"argv": ["true"]}}' | pgqctl enqueue --file -
     """
     if delay is not None and run_at is not None:
         raise click.UsageError("give --delay or --run-at, not both")
+    if kinds and kind is not None:
+        # With --kind, click reads the one argument as KIND: it is the PAYLOAD.
+        if payload is not None or not kind.lstrip().startswith("{"):
+            raise click.UsageError(
+                "give KIND or --kind, not both: with --kind, the one argument is the PAYLOAD"
+            )
+        kind, payload = None, kind
     rules = read_policy_option(policy_file)
     options: dict[str, Any] = {
         "queue": queue,
@@ -208,6 +233,10 @@ def enqueue_command(
     if path is not None:
         if kind is not None:
             raise click.UsageError("give KIND [PAYLOAD] or --file, not both")
+        if kinds:
+            raise click.UsageError(
+                'give --kind or --file, not both: a line gives "kinds" for one job per kind'
+            )
         if unique_key is not None:
             raise click.UsageError(
                 'give each line of --file its own "unique_key"; --unique-key is for one job'
@@ -218,20 +247,29 @@ def enqueue_command(
         check_defaults(given)
         _enqueue_file(database, path, given, on_conflict, max_payload_bytes, fmt, rules)
         return
-    if kind is None:
-        raise click.UsageError("missing KIND (or --file F to load many jobs)")
+    if kind is None and not kinds:
+        raise click.UsageError("missing KIND (or --kind, or --file F to load many jobs)")
     value = parse_payload(payload) if payload is not None else None
+    names = check_kinds(kinds, check_kind, "--kind") if kinds else None
     job = make_job(
-        kind, value, unique_key=unique_key, max_payload_bytes=max_payload_bytes, **options
+        kind if names is None else names[0],
+        value,
+        unique_key=unique_key,
+        max_payload_bytes=max_payload_bytes,
+        **options,
     )
+    jobs = [job] if names is None else fan_out(job, names)
     if rules is not None:
-        check_policy(job.kind, value, rules)
+        for each in jobs:
+            check_policy(each.kind, value, rules)
     with database.connect(writes=True) as conn:
-        ids = insert_jobs(conn, [job], on_conflict=on_conflict)
-    if ids.existing:
+        ids = insert_jobs(conn, jobs, on_conflict=on_conflict)
+    for position in sorted(ids.existing):
+        held = jobs[position]
         say(
-            f"job {ids[0]} already has unique key {unique_key!r} in queue {queue!r} "
-            "(pending or running): nothing enqueued"
+            f"job {ids[position]} already has unique key {held.unique_key!r} in queue {queue!r} "
+            "(pending or running): "
+            + ("nothing enqueued" if names is None else f"no new {held.kind!r} job")
         )
     output.emit_new_ids(ids, fmt, existing=ids.existing)
 

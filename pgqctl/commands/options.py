@@ -1,5 +1,9 @@
 """What the commands share: option types, option decorators, and the
-connection each command opens on demand."""
+connection each command opens on demand.
+
+`pgqctl --help` loads this module and no command's: psycopg and the library
+modules are imported by the functions that use them, when a command runs.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +16,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import click
-import psycopg
 
-from pgqctl import config, db, output
-from pgqctl.blockers import Timeouts, timed_out
 from pgqctl.durations import parse_duration
 from pgqctl.errors import BadInput
+from pgqctl.formats import FORMATS
 
-if TYPE_CHECKING:  # imported by the commands that start it, not at start-up
+if TYPE_CHECKING:  # imported when a command runs, not at start-up
+    import psycopg
+
+    from pgqctl import db
+    from pgqctl.blockers import Timeouts
     from pgqctl.embedded import EmbeddedStart
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -185,7 +191,7 @@ def global_options(func: F) -> F:
             click.option(
                 "--format",
                 "fmt",
-                type=click.Choice(output.FORMATS),
+                type=click.Choice(FORMATS),
                 allow_from_autoenv=False,
                 help="As the command's --format.",
             ),
@@ -420,12 +426,14 @@ class Database:
     schema: str
     last: db.QueueConnection | None = None  # the connection opened last
     source: str | None = None  # where the DSN came from (`config.Target.source`)
-    timeouts: Timeouts = field(default_factory=lambda: Timeouts(0.0, 0.0))  # 0: none
+    timeouts: Timeouts = field(default_factory=lambda: _timeouts(0.0, 0.0))  # 0: none
     command: str = "pgqctl"  # for messages: `stats`, `schedule sync`
     resolved: str | None = None  # the DSN connected to last
     backend: int | None = None  # the server session of the connection opened last
 
     def dsn(self) -> str:
+        from pgqctl import config
+
         target = config.resolve_target(self.dsn_option, os.environ)
         self.source = target.source
         if target.dsn is not None:
@@ -442,6 +450,8 @@ class Database:
 
     def connect(self, *, migrated: bool = True, writes: bool = False) -> Any:
         """A connection to the queue; `writes`: refuse a standby at once."""
+        from pgqctl import db
+
         self.resolved = self.dsn()
         self.last = db.open_queue(
             self.resolved,
@@ -457,6 +467,9 @@ class Database:
     def explain(self, exc: psycopg.Error) -> Exception | None:
         """The error pgqctl means by a server error (a timeout, naming who
         held the command up; a standby; a missing GRANT); None for another."""
+        from pgqctl import db
+        from pgqctl.blockers import timed_out
+
         if self.resolved is None:
             return None
         meant: Exception | None = timed_out(
@@ -474,6 +487,8 @@ class Database:
     @contextmanager
     def explained(self) -> Iterator[None]:
         """Server errors raised inside, said as what they mean (see `explain`)."""
+        import psycopg
+
         try:
             yield
         except psycopg.Error as exc:
@@ -561,7 +576,7 @@ def database_options(
             if _from_command_line("schema"):
                 raise _twice("--schema")
             schema = schema_before  # over PGQCTL_SCHEMA, as after the command
-        timeouts = Timeouts(
+        timeouts = _timeouts(
             lock=_global_or_own("lock_timeout", "--lock-timeout", lock_timeout),
             statement=_global_or_own("statement_timeout", "--statement-timeout", statement_timeout),
         )
@@ -573,6 +588,12 @@ def database_options(
             return func(*args, database=database, **kwargs)
 
     return wrapper
+
+
+def _timeouts(lock: float, statement: float) -> Timeouts:
+    from pgqctl.blockers import Timeouts
+
+    return Timeouts(lock=lock, statement=statement)
 
 
 def _global_or_own(name: str, flag: str, own: float) -> float:
@@ -592,7 +613,7 @@ def format_options(func: F) -> F:
     @click.option(
         "--format",
         "fmt",
-        type=click.Choice(output.FORMATS),
+        type=click.Choice(FORMATS),
         default="auto",
         show_default=True,
         help="auto: a table on a terminal, plain when piped.",

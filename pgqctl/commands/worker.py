@@ -105,7 +105,7 @@ class SqlSpec(KindSpec):
     default=0,
     show_default=True,
     help="Claim up to this many jobs beyond the free slots, each started as soon as a slot "
-    "frees: for many short jobs (see the README).",
+    "frees: for many short jobs (see docs/commands/worker.md).",
 )
 @click.option(
     "--lease",
@@ -214,7 +214,7 @@ class SqlSpec(KindSpec):
     "policy_file",
     type=click.Path(dir_okay=False),
     metavar="FILE",
-    help="Run only what this policy file allows (TOML; see the README), "
+    help="Run only what this policy file allows (TOML; see docs/worker.md), "
     "e.g. --policy /etc/pgqctl/policy.toml.",
 )
 @click.option(

@@ -61,7 +61,8 @@ def serve(config: WorkerConfig, target: Callable[[], str], log: WorkLog) -> int:
             "jobs_can_read_worker",
             "cannot close this worker's environment and memory to its jobs (prctl "
             "PR_SET_DUMPABLE refused): jobs running as this user may read its database "
-            "password; run them as another user (see the README, Deploying)",
+            "password; run them as another user (see docs/operating.md, Jobs and the database "
+            "password)",
         )
     make_room_for(config.concurrency)
     dsn = target()

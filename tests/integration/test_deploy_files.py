@@ -62,7 +62,7 @@ STATE_DIR = "/var/lib/pgqctl"
 INSTANCE = "default"  # the queue jobs go to when none is named
 UNIT_NAME = f"pgqctl-worker@{INSTANCE}.service"
 
-# What a stop may take beyond --grace (README, `pgqctl worker`): a job that
+# What a stop may take beyond --grace (docs/worker.md, Signals): a job that
 # ignores SIGTERM gets SIGKILL 5 s later, then the worker tries for 10 s to
 # report to a database it cannot reach; and some room for the rest.
 TERM_TO_KILL = 5.0

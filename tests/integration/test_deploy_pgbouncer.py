@@ -568,3 +568,67 @@ def test_two_producers_of_two_schemas_share_a_pool_of_two(
             for schema in ("a", "b")
         }
     assert found == {"a": {"a": jobs}, "b": {"b": jobs}}
+
+
+# A job's program that writes a note and completes its job in one transaction,
+# connected through the pooler with its own DSN (the schema from the worker).
+COMPLETING_PROGRAM = r"""
+import os, psycopg, pgqctl
+with psycopg.connect(os.environ["APP_DSN"], autocommit=True) as conn, conn.transaction():
+    conn.execute(
+        "INSERT INTO public.notes VALUES (%s, %s)",
+        (os.environ["PGQCTL_JOB_SCHEMA"], int(os.environ["PGQCTL_JOB_ID"])),
+    )
+    pgqctl.complete_job(conn)
+"""
+
+
+def test_sql_handlers_and_completing_programs_of_two_schemas_share_one_pool(
+    empty_dsn: str, txn_pooler: Pooler, start_pgqctl: Callable[..., Process]
+) -> None:
+    """Each job's work and its "done" commit together in its own schema, through
+    a pool whose server connections the two schemas' workers and programs share."""
+    pooled = txn_pooler.dsn(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.notes (schema text NOT NULL, job_id bigint NOT NULL)")
+    statement = (
+        "note=INSERT INTO public.notes SELECT $1::jsonb ->> 'schema', ($1::jsonb ->> 'n')::bigint"
+    )
+    for schema in ("sa", "sb"):
+        ok(pgqctl("migrate", "--dsn", empty_dsn, "--schema", schema))
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.jobs (kind, payload) SELECT 'note', "
+                    "jsonb_build_object('schema', %s::text, 'n', g) FROM generate_series(1, 300) g"
+                ).format(sql.Identifier(schema)),
+                (schema,),
+            )
+            program = {
+                "argv": [sys.executable, "-c", COMPLETING_PROGRAM],
+                "env": {"APP_DSN": pooled},
+            }
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.jobs (kind, payload) "
+                    "SELECT 'program', %s FROM generate_series(1, 30)"
+                ).format(sql.Identifier(schema)),
+                (json.dumps(program),),
+            )
+    workers = [
+        start_pgqctl(
+            "worker", "--dsn", pooled, "--schema", schema, "--burst", "--concurrency", "4",
+            "--sql", statement, "--log-format", "json", name=f"worker-{schema}",
+        )
+        for schema in ("sa", "sb")
+    ]  # fmt: skip
+    assert wait_all(workers, timeout=180) == [0, 0], [w.log[-2000:] for w in workers]
+    assert [line for w in workers for line in trouble(w)] == []
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        for schema in ("sa", "sb"):
+            assert statuses(empty_dsn, schema) == {"done": 330}
+            counted = conn.execute(
+                "SELECT count(*), count(DISTINCT job_id) FROM public.notes WHERE schema = %s",
+                (schema,),
+            ).fetchone()
+            assert counted == (330, 330), (schema, counted)

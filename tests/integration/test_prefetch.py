@@ -169,7 +169,7 @@ def test_a_job_prefetched_before_its_queue_was_paused_still_runs(
     wait_until(lambda: len(holders(conn)) == 2, 10, "one running job and one prefetched")
     assert run_cli("pause", "default", "--dsn", dsn).exit_code == 0
     assert worker.proc.wait(20) == 0
-    # The README's promise: claimed before the pause, it runs; the claims that follow stop.
+    # The docs' promise: claimed before the pause, it runs; the claims that follow stop.
     assert [e["job_id"] for e in worker.events("started")] == [first, ahead]
     assert [job(conn, i)["status"] for i in (first, ahead, later)] == ["done", "done", "pending"]
 

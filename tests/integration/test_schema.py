@@ -80,7 +80,7 @@ def test_migrations_and_schema_sql_give_the_same_catalog(empty_dsn: str) -> None
 
 def test_the_table_takes_exactly_the_statuses_the_code_knows(dsn: str) -> None:
     """pgqctl/jobs.py's list is the one the `--status` choices, stats, purge
-    and the README read: the table must take exactly those values."""
+    and docs/table.md read: the table must take exactly those values."""
     from pgqctl.jobs import STATUS_NAMES
 
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -212,3 +212,22 @@ def test_shutdown_cancels_the_statement_after_grace_and_hands_the_job_back(
     assert (row["status"], row["attempts"], row["handbacks"]) == ("pending", 1, 1)
     assert notes() == []
     assert f"job {job_id} handed back" in worker.log
+
+
+def test_the_statement_runs_on_the_sessions_search_path_not_the_queues(
+    conn: psycopg.Connection[Any], dsn: str, notes: Callable[[], list[int]]
+) -> None:
+    """A queue in its own schema: the operator's unqualified `notes` is the
+    one on the connection's own search_path (public), and the job is marked
+    done in the queue's schema."""
+    assert run_cli("migrate", "--dsn", dsn, "--schema", "billing").exit_code == 0
+    conn.execute("CREATE TABLE billing.notes (n bigint)")  # not the one meant
+    [job_id] = conn.execute(
+        "INSERT INTO billing.jobs (kind, payload) VALUES ('note', '{\"n\": 8}') RETURNING id"
+    ).fetchone() or [0]
+    result = run_cli("worker", "--dsn", dsn, "--schema", "billing", "--burst", "--sql", NOTE)
+    assert result.exit_code == 0, result.stderr
+    status = conn.execute("SELECT status FROM billing.jobs WHERE id = %s", (job_id,)).fetchone()
+    assert status == ("done",)
+    assert notes() == [8]
+    assert conn.execute("SELECT count(*) FROM billing.notes").fetchone() == (0,)

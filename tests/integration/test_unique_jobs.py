@@ -331,7 +331,7 @@ def test_api_bad_unique_arguments_raise_before_anything_is_sent(
     assert job_count(conn) == 0
 
 
-# --- plain SQL, as the README shows it ----------------------------------------------
+# --- plain SQL, as docs/ shows it ---------------------------------------------------
 
 
 def test_plain_sql_on_conflict_do_nothing_keeps_one_job(conn: psycopg.Connection[Any]) -> None:

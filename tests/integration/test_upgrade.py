@@ -266,8 +266,8 @@ def test_a_migration_waiting_for_a_lock_lets_writers_through(oldest_schema: str)
 def test_clients_older_than_the_schema_work_until_a_breaking_migration(
     old_release: Path, empty_dsn: str
 ) -> None:
-    """The compatibility rule (README: Which pgqctl can use which schema),
-    with migrations newer than every client: first an additive one, then a
+    """The compatibility rule (docs/operating.md: Which pgqctl can use which
+    schema), with migrations newer than every client: first an additive one, then a
     breaking one, recorded as `migrate` records them."""
     from pgqctl import migrate
     from pgqctl.sql import Migration

@@ -1,5 +1,5 @@
-"""What every migration file declares (README: Migrations), checked without
-a database."""
+"""What every migration file declares (docs/commands/migrate.md: Writing a
+migration), checked without a database."""
 
 from __future__ import annotations
 

@@ -268,9 +268,9 @@ def test_flags_add_to_the_file_and_no_rule_means_no_policy() -> None:
         with_flags(None, programs=["jobs"])
 
 
-def test_the_readme_lists_every_loader_variable() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    [row] = [line for line in readme.splitlines() if line.startswith("| loader variables")]
+def test_the_docs_list_every_loader_variable() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "worker.md").read_text()
+    [row] = [line for line in docs.splitlines() if line.startswith("| loader variables")]
     listed = set(re.findall(r"`([A-Z_][A-Z0-9_]*)\*?`", row))
     assert listed == LOADER_VARIABLES | {prefix.rstrip("_") + "_" for prefix in LOADER_PREFIXES}
 

@@ -1,8 +1,8 @@
-"""The README's command reference, made from each command's own --help.
+"""The docs' command reference, made from each command's own --help.
 
-README.md calls `reference("worker")` from cog markers at the end of each
-command's section; `.venv/bin/cog -r README.md` rewrites those blocks, and
-tests/unit/test_readme_reference.py fails while they differ from the code.
+docs/reference.md calls `reference_page()` from a cog marker, and docs/table.md
+calls `statuses_table()`; `.venv/bin/cog -r docs/*.md` rewrites those blocks,
+and tests/unit/test_docs_reference.py fails while they differ from the code.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def help_text(path: tuple[str, ...]) -> str:
 
     The user's settings (PGQCTL_*, DATABASE_URL, libpq's PG*, COLUMNS) are
     removed so that no value of theirs, a DSN with its password least of all,
-    can end up in the README.
+    can end up in the docs.
     """
     settings = ("PGQCTL_", "PG", "DATABASE_URL", "COLUMNS", "LINES")
     env: dict[str, str | None] = {name: None for name in os.environ if name.startswith(settings)}
@@ -61,26 +61,32 @@ def help_text(path: tuple[str, ...]) -> str:
     return result.output
 
 
-def reference(name: str) -> str:
-    """The README block for the command `name` (for a group, one per
-    subcommand): its --help in a fold under the section's own prose."""
-    paths = [path for path in commands() if path[0] == name]
-    if not paths:
-        raise LookupError(f"pgqctl has no command {name!r}")
-    return "\n".join(_fold(path, help_text(path)) for path in paths)
+def reference_page() -> str:
+    """Every command's --help, one section per command in the group's order
+    (a group's subcommands one level down), each titled `pgqctl NAME` so that
+    a page links to it as reference.md#pgqctl-NAME."""
+    parts: list[str] = []
+    for name in dict.fromkeys(path[0] for path in commands()):
+        paths = [path for path in commands() if path[0] == name]
+        parts.append(f"## `pgqctl {name}`\n")
+        if paths == [(name,)]:
+            parts.append(_block(paths[0]))
+            continue
+        for path in paths:
+            parts.append(f"### `pgqctl {' '.join(path)}`\n")
+            parts.append(_block(path))
+    return "\n".join(parts)
 
 
-def _fold(path: tuple[str, ...], text: str) -> str:
+def _block(path: tuple[str, ...]) -> str:
+    text = help_text(path)
     if "```" in text:  # it would end the fence early
         raise ValueError(f"pgqctl {' '.join(path)} --help contains ```")
-    title = " ".join(("pgqctl", *path, "--help"))
-    return (
-        f"<details>\n<summary><code>{title}</code></summary>\n\n```text\n{text}```\n\n</details>\n"
-    )
+    return f"```text\n{text}```\n"
 
 
 def statuses_table() -> str:
-    """The README's table of statuses, from the one list the code uses."""
+    """The table of statuses in docs/table.md, from the one list the code uses."""
     from pgqctl.jobs import STATUSES
 
     lines = ["| status | means | leaves it | to | when |", "| --- | --- | --- | --- | --- |"]
