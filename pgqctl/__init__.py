@@ -22,9 +22,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-# Cheap to import: pgqctl.enqueue loads psycopg only when it inserts.
+# Cheap to import: pgqctl.intake loads psycopg only when it inserts.
 from pgqctl.completion import JobNotRunning, complete_job
-from pgqctl.enqueue import DuplicateJob, enqueue, enqueue_many
+from pgqctl.intake.api import DuplicateJob, enqueue, enqueue_many
 
 __all__ = [
     "DuplicateJob",

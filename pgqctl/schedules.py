@@ -27,8 +27,8 @@ from psycopg.rows import dict_row
 
 from pgqctl.db import atomic
 from pgqctl.durations import parse_duration
-from pgqctl.enqueue import make_job
 from pgqctl.errors import BadInput
+from pgqctl.intake.fields import make_job
 from pgqctl.limits import check_name
 from pgqctl.output import cut
 from pgqctl.sql import query

@@ -1082,7 +1082,7 @@ FROM schedules AS s
 LEFT JOIN advanced AS a ON a.name = s.name
 WHERE s.name IN (SELECT name FROM wanted);
 
--- ---- enqueue (pgqctl/enqueue.py) -------------------------------------------
+-- ---- enqueue (pgqctl/intake/) ----------------------------------------------
 -- These blocks write {jobs} for the table: the enqueue API composes it with
 -- psycopg.sql.Identifier, schema-qualified when its caller names a schema and
 -- bare (the search_path) otherwise. A job is due at run_at when given, else at
@@ -1137,7 +1137,7 @@ RETURNING id, queue, unique_key;
 -- same transaction finds it there (each chunk empties it first): not
 -- dropping it keeps psycopg from clearing the caller's prepared statements,
 -- as it does after any DROP. n is numeric: the jobs of one line with
--- "kinds" are numbered N, N.001, N.002... (pgqctl/fanout.py). No rows.
+-- "kinds" are numbered N, N.001, N.002... (pgqctl/intake/fanout.py). No rows.
 CREATE TEMPORARY TABLE IF NOT EXISTS pgqctl_enqueue_load (
     n            numeric,
     kind         text,

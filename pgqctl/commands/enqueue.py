@@ -1,11 +1,15 @@
-"""`pgqctl enqueue`: one job, or a JSON-lines file of them (library: pgqctl/enqueue.py)."""
+"""`pgqctl enqueue`: one job, or a JSON-lines file of them (library:
+pgqctl/intake/, which this calls once: `enqueue_from_options`)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import functools
 import os
 import stat
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -23,20 +27,11 @@ from pgqctl.commands.options import (
     max_payload_bytes_option,
     say,
 )
-from pgqctl.enqueue import (
-    ON_CONFLICT,
-    check_defaults,
-    check_kind,
-    check_policy,
-    insert_jobs,
-    load,
-    make_job,
-    parse_payload,
-)
-from pgqctl.fanout import check_kinds, fan_out
+from pgqctl.intake.command_line import Input, Request, enqueue_from_options
+from pgqctl.intake.unique import ON_CONFLICT
 
 if TYPE_CHECKING:
-    from pgqctl.policy import Policy
+    from pgqctl.intake.loading import Ids
 
 
 def _one_queue(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -92,15 +87,6 @@ policy_option = click.option(
     help="Refuse (exit 2, nothing written) a job that workers with this policy file "
     "would refuse, e.g. --policy /etc/pgqctl/policy.toml.",
 )
-
-
-def read_policy_option(path: str | None) -> Policy | None:
-    """The policy --policy names, read before anything is written."""
-    if path is None:
-        return None
-    from pgqctl.policy import read_policy
-
-    return read_policy(path)
 
 
 @command("enqueue")
@@ -222,14 +208,14 @@ def enqueue_command(
                 "give KIND or --kind, not both: with --kind, the one argument is the PAYLOAD"
             )
         kind, payload = None, kind
-    rules = read_policy_option(policy_file)
-    options: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "queue": queue,
         "priority": priority,
         "run_at": run_at,
         "delay": delay,
         "max_attempts": max_attempts,
     }
+    open_input = None
     if path is not None:
         if kind is not None:
             raise click.UsageError("give KIND [PAYLOAD] or --file, not both")
@@ -243,35 +229,33 @@ def enqueue_command(
             )
         # Options given (on the command line or as PGQCTL_*) fill what lines leave out.
         source = click.get_current_context().get_parameter_source
-        given = {k: v for k, v in options.items() if source(k) is not ParameterSource.DEFAULT}
-        check_defaults(given)
-        _enqueue_file(database, path, given, on_conflict, max_payload_bytes, fmt, rules)
-        return
-    if kind is None and not kinds:
+        fields = {k: v for k, v in fields.items() if source(k) is not ParameterSource.DEFAULT}
+        open_input = functools.partial(_open_input, path)
+    elif kind is None and not kinds:
         raise click.UsageError("missing KIND (or --kind, or --file F to load many jobs)")
-    value = parse_payload(payload) if payload is not None else None
-    names = check_kinds(kinds, check_kind, "--kind") if kinds else None
-    job = make_job(
-        kind if names is None else names[0],
-        value,
+    request = Request(
+        kind=kind,
+        payload=payload,
+        kinds=kinds,
+        fields=fields,
         unique_key=unique_key,
+        on_conflict=on_conflict,
+        policy_file=policy_file,
         max_payload_bytes=max_payload_bytes,
-        **options,
+        open_input=open_input,
     )
-    jobs = [job] if names is None else fan_out(job, names)
-    if rules is not None:
-        for each in jobs:
-            check_policy(each.kind, value, rules)
-    with database.connect(writes=True) as conn:
-        ids = insert_jobs(conn, jobs, on_conflict=on_conflict)
-    for position in sorted(ids.existing):
-        held = jobs[position]
+    done = enqueue_from_options(request, lambda: database.connect(writes=True))
+    if path is not None:
+        _report_file(done.ids, "stdin" if path == "-" else path, fmt)
+        return
+    for position in sorted(done.ids.existing):
+        held = done.jobs[position]
         say(
-            f"job {ids[position]} already has unique key {held.unique_key!r} in queue {queue!r} "
-            "(pending or running): "
-            + ("nothing enqueued" if names is None else f"no new {held.kind!r} job")
+            f"job {done.ids[position]} already has unique key {held.unique_key!r} in queue "
+            f"{queue!r} (pending or running): "
+            + ("nothing enqueued" if not kinds else f"no new {held.kind!r} job")
         )
-    output.emit_new_ids(ids, fmt, existing=ids.existing)
+    output.emit_new_ids(done.ids, fmt, existing=done.ids.existing)
 
 
 def _regular_file(f: object) -> bool:
@@ -281,30 +265,21 @@ def _regular_file(f: object) -> bool:
         return False
 
 
-def _enqueue_file(
-    database: Database,
-    path: str,
-    defaults: dict[str, object],
-    on_conflict: str,
-    max_payload_bytes: int,
-    fmt: str,
-    policy: Policy | None,
-) -> None:
-    source = "stdin" if path == "-" else path
+@contextlib.contextmanager
+def _open_input(path: str) -> Iterator[Input]:
+    """The file --file names (- for stdin), with a progress bar on a terminal."""
     with click.open_file(path, "rb") as f, output.file_progress(f) as progress:
-        ids = load(
+        yield Input(
             f if progress is None else progress.lines(f),
-            lambda: database.connect(writes=True),
-            source=source,
-            defaults=defaults,
-            on_progress=None if progress is None else progress.sent,
+            "stdin" if path == "-" else path,
             # A pipe may pause for as long as its writer likes: read it all
             # before the transaction. A regular file streams.
             read_first=not _regular_file(f),
-            on_conflict=on_conflict,
-            policy=policy,
-            max_payload_bytes=max_payload_bytes,
+            on_progress=None if progress is None else progress.sent,
         )
+
+
+def _report_file(ids: Ids, source: str, fmt: str) -> None:
     if not ids:
         say(f"nothing to enqueue: {source} has no jobs")
         output.emit_new_ids([], fmt)

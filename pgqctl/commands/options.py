@@ -389,7 +389,7 @@ class Timestamp(click.ParamType):  # type: ignore[type-arg]  # generic only in n
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> dt.datetime:
-        from pgqctl.enqueue import parse_run_at
+        from pgqctl.intake.fields import parse_run_at
 
         try:
             # Click's message already names the option.

@@ -13,7 +13,6 @@ from pgqctl.commands.enqueue import (
     policy_option,
     priority_option,
     queue_option,
-    read_policy_option,
 )
 from pgqctl.commands.options import (
     CONTEXT,
@@ -25,8 +24,9 @@ from pgqctl.commands.options import (
     say,
     selection_option,
 )
-from pgqctl.enqueue import check_policy, parse_payload
 from pgqctl.errors import BadInput
+from pgqctl.intake.command_line import read_policy_file
+from pgqctl.intake.fields import check_policy, parse_payload
 from pgqctl.payload import iso_utc
 
 
@@ -129,7 +129,7 @@ def add_command(
         paused=paused,
         overlap=overlap,
     )
-    rules = read_policy_option(policy_file)
+    rules = read_policy_file(policy_file)
     if rules is not None:
         check_policy(definition.kind, definition.payload, rules)
     with database.connect(writes=True) as conn:
@@ -334,7 +334,7 @@ def sync_command(
             f"{named} names no schedule (empty, or only comments): syncing it would remove "
             f"every schedule of source {source!r}; give --allow-empty if that is meant"
         )
-    rules = read_policy_option(policy_file)
+    rules = read_policy_file(policy_file)
     if rules is not None:
         for definition in wanted:
             try:

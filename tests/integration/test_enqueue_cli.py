@@ -14,10 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgqctl.intake import loading
 from tests.conftest import random_name, run_cli
 from tests.unit.test_enqueue_rows import COMMON, GENERAL
-
-ENQUEUE = sys.modules["pgqctl.enqueue"]  # the package's `enqueue` is the function
 
 
 def count_in(dsn: str) -> int:
@@ -199,7 +198,7 @@ def test_bad_line_500_of_1000_exits_2_naming_it_and_inserts_nothing(
     monkeypatch: pytest.MonkeyPatch,
     chunk: int,
 ) -> None:
-    monkeypatch.setattr(ENQUEUE, "CHUNK_JOBS", chunk)
+    monkeypatch.setattr(loading, "CHUNK_JOBS", chunk)
     lines = [json.dumps({"kind": "n", "payload": {"i": i}}) for i in range(1000)]
     lines[499] = '{"kind": "n", "payload": {"i": 499}'
     path = tmp_path / "jobs.jsonl"
@@ -310,7 +309,7 @@ def test_a_bulk_load_sends_one_notification(
     dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Small chunks: ten INSERT statements in the one transaction, still one wake-up.
-    monkeypatch.setattr(ENQUEUE, "CHUNK_JOBS", 100)
+    monkeypatch.setattr(loading, "CHUNK_JOBS", 100)
     path = write_lines(tmp_path / "jobs.jsonl", [{"kind": "n"}] * 1000)
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute("LISTEN pgqctl_jobs")

@@ -21,7 +21,7 @@ from pgqctl.commands.lazy import LazyGroup, summary_of
 ROOT = Path(__file__).resolve().parents[2]
 
 # What the group needs to parse its options and print its help. The package
-# itself brings its public API (pgqctl.enqueue, pgqctl.completion) and what
+# itself brings its public API (pgqctl.intake, pgqctl.completion) and what
 # they import.
 NEEDED_FOR_HELP = {
     "pgqctl",
@@ -32,9 +32,16 @@ NEEDED_FOR_HELP = {
     "pgqctl.commands.options",
     "pgqctl.completion",
     "pgqctl.durations",
-    "pgqctl.enqueue",
     "pgqctl.errors",
-    "pgqctl.fanout",
+    "pgqctl.intake",
+    "pgqctl.intake.api",
+    "pgqctl.intake.copy_rows",
+    "pgqctl.intake.fanout",
+    "pgqctl.intake.fields",
+    "pgqctl.intake.lines",
+    "pgqctl.intake.loading",
+    "pgqctl.intake.statements",
+    "pgqctl.intake.unique",
     "pgqctl.formats",
     "pgqctl.limits",
     "pgqctl.sql",

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import random
 import re
-import sys
 from typing import Any
 
 import pytest
 
-from pgqctl.enqueue import job_from_record, read_rows
 from pgqctl.errors import BadInput
-
-ENQUEUE = sys.modules["pgqctl.enqueue"]  # the package's `enqueue` is the function
+from pgqctl.intake import copy_rows, fields, lines
+from pgqctl.intake.fields import job_from_record, jobs_from_record
+from pgqctl.intake.lines import read_rows
 
 # Lines in the shape most bulk files have: checked inline, without make_job.
 COMMON = [
@@ -102,18 +102,18 @@ def test_a_row_holds_what_make_job_makes_of_its_line(
 
 @pytest.mark.parametrize("line", COMMON)
 def test_common_lines_are_checked_inline(line: str) -> None:
-    fast = ENQUEUE._simple_defaults(None)
-    assert ENQUEUE._simple_line_row(1, line, fast) is not None
+    fast = lines.simple_defaults(None)
+    assert lines.simple_line_row(1, line, fast) is not None
 
 
 @pytest.mark.parametrize("line", GENERAL)
 def test_other_lines_go_through_make_job(line: str) -> None:
-    fast = ENQUEUE._simple_defaults(None)
-    assert ENQUEUE._simple_line_row(1, line, fast) is None
+    fast = lines.simple_defaults(None)
+    assert lines.simple_line_row(1, line, fast) is None
 
 
 def test_a_payload_goes_as_written_when_it_can_be_cut_out_whole() -> None:
-    as_written = ENQUEUE._payload_as_written
+    as_written = lines._payload_as_written
     assert as_written('{"kind": "a", "payload": {"x": 1.50} }') == ' {"x": 1.50} '
     assert as_written('{"payload": {"x": 1}, "kind": "a"}') is None
     assert as_written('{"kind": "a", "payload": {"payload": 1}}') is None
@@ -161,20 +161,20 @@ OTHER_RECORDS: list[Any] = [
 def test_a_record_row_holds_what_make_job_makes_of_it(
     record: dict[str, Any], defaults: dict[str, Any] | None
 ) -> None:
-    fast = ENQUEUE._simple_defaults(defaults)
-    row = ENQUEUE._simple_record_row(3, record, fast)
+    fast = lines.simple_defaults(defaults)
+    row = lines.simple_record_row(3, record, fast)
     assert row is not None
     assert read_back(row) == expected_record_fields(3, record, defaults)
 
 
 @pytest.mark.parametrize("record", OTHER_RECORDS)
 def test_other_records_go_through_make_job(record: Any) -> None:
-    fast = ENQUEUE._simple_defaults(None)
-    assert ENQUEUE._simple_record_row(1, record, fast) is None
+    fast = lines.simple_defaults(None)
+    assert lines.simple_record_row(1, record, fast) is None
 
 
 def expected_record_fields(number: int, record: Any, defaults: dict[str, Any] | None) -> list[Any]:
-    return expected_fields(number, ENQUEUE._encode(record), defaults)
+    return expected_fields(number, fields.encode(record), defaults)
 
 
 def general_path(
@@ -182,9 +182,9 @@ def general_path(
 ) -> list[Any] | str:
     """What make_job makes of a line: its row read back, or its error."""
     try:
-        record = ENQUEUE._decode_text(line)
+        record = lines.decode_line(line)
         job = job_from_record(record, defaults, max_payload_bytes=max_payload_bytes)
-        return read_back(ENQUEUE._job_row(number, job))
+        return read_back(copy_rows.job_row(number, job))
     except BadInput as exc:
         return str(exc)
 
@@ -251,13 +251,13 @@ def test_random_lines_are_read_as_make_job_reads_them(
 
 @pytest.mark.parametrize("max_payload_bytes", [2**20, 40])
 def test_random_records_are_checked_as_make_job_checks_them(max_payload_bytes: int) -> None:
-    fast = ENQUEUE._simple_defaults(None, max_payload_bytes)
+    fast = lines.simple_defaults(None, max_payload_bytes)
     for line in random_lines(seed=7, count=3000):
         record = json.loads(line)
-        row = ENQUEUE._simple_record_row(1, record, fast)
+        row = lines.simple_record_row(1, record, fast)
         if row is not None:
             job = job_from_record(record, max_payload_bytes=max_payload_bytes)
-            assert read_back(row) == read_back(ENQUEUE._job_row(1, job))
+            assert read_back(row) == read_back(copy_rows.job_row(1, job))
 
 
 # Jobs over a limit, or with a control character in a name, as a line and as
@@ -303,8 +303,8 @@ def test_limits_and_control_characters_are_refused_on_both_paths(
     line = json.dumps(record, ensure_ascii=False).replace('"x": 1000000000000000.0', '"x": 1e15')
     with pytest.raises(BadInput, match=f"^input, line 1: {message}"):
         list(read_rows([line.encode()], max_payload_bytes=limit))
-    fast = ENQUEUE._simple_defaults(None, limit)
-    assert ENQUEUE._simple_record_row(1, record, fast) is None
+    fast = lines.simple_defaults(None, limit)
+    assert lines.simple_record_row(1, record, fast) is None
     with pytest.raises(BadInput, match=f"^{message}"):
         job_from_record(record, max_payload_bytes=limit)
 
@@ -321,5 +321,148 @@ def test_a_payload_at_the_limit_is_taken_from_a_line_and_from_a_record() -> None
     line = json.dumps(record).encode()
     (row,) = read_rows([line], max_payload_bytes=48)
     assert read_back(row)[2] == record["payload"]
-    fast = ENQUEUE._simple_defaults(None, 48)
-    assert ENQUEUE._simple_record_row(1, record, fast) is not None
+    fast = lines.simple_defaults(None, 48)
+    assert lines.simple_record_row(1, record, fast) is not None
+
+
+# Bad lines, each fed to the quick checks and to the field checks: both
+# refuse it, with the same message (or the quick checks leave it to the
+# field checks). The record a line holds goes through both paths too.
+BAD_LINES = [
+    '{"kind": 5}',
+    '{"kind": ""}',
+    '{"kind": "   "}',
+    '{"kind": null}',
+    '{"payload": {}}',
+    '{"kind": ["a"]}',
+    '{"kind": "' + "k" * 129 + '"}',
+    '{"kind": "a\x7fb"}',
+    '{"kind": "\x85"}',
+    '{"kind": "a\\tb"}',
+    '{"kind": "k", "payload": []}',
+    '{"kind": "k", "payload": "x"}',
+    '{"kind": "k", "payload": 5}',
+    '{"kind": "k", "payload": true}',
+    '{"kind": "k", "payload": {"x": NaN}}',
+    '{"kind": "k", "payload": {"x": 1e400}}',
+    '{"kind": "k", "payload": {"s": "\\u0000"}}',
+    '{"kind": "k", "payload": {"argv": "ls"}}',
+    '{"kind": "k", "payload": {"argv": ["ls"], "timout": 1}}',
+    '{"kind": "k", "payload": {"shell": 5}}',
+    '{"kind": "k", "priority": "high"}',
+    '{"kind": "k", "priority": 1.5}',
+    '{"kind": "k", "priority": true}',
+    '{"kind": "k", "priority": 2147483648}',
+    '{"kind": "k", "priority": -2147483649}',
+    '{"kind": "k", "max_attempts": 0}',
+    '{"kind": "k", "max_attempts": "3"}',
+    '{"kind": "k", "max_attempts": 2147483648}',
+    '{"kind": "k", "delay": -1}',
+    '{"kind": "k", "delay": "soon"}',
+    '{"kind": "k", "delay": true}',
+    '{"kind": "k", "delay": 1e12}',
+    '{"kind": "k", "run_at": "tomorrow"}',
+    '{"kind": "k", "run_at": 5}',
+    '{"kind": "k", "run_at": "99999-01-01T00:00:00"}',
+    '{"kind": "k", "run_at": "2030-01-01T00:00:00Z", "delay": 5}',
+    '{"kind": "k", "colour": "red"}',
+    '{"kind": "k", "kinds": ["a"]}',
+    '{"kinds": []}',
+    '{"kinds": "a"}',
+    '{"kinds": ["a", "a"]}',
+    '{"kinds": ["a", 5]}',
+    '{"kind": "k", "queue": ""}',
+    '{"kind": "k", "queue": 7}',
+    '{"kind": "k", "queue": "a\\nb"}',
+    '{"kind": "k", "queue": "' + "q" * 129 + '"}',
+    '{"kind": "k", "unique_key": 7}',
+    '{"kind": "k", "unique_key": "' + "u" * 257 + '"}',
+    '{"kind": "k", "unique_key": "a\\u001bb"}',
+    '{"kind": "k", "priority": []}',
+    "[1, 2]",
+    '"kind"',
+    '{"kind": "k"',
+    '{"kind": "k"} {"kind": "j"}',
+    '{"kind": "a\x01b"}',
+]
+
+
+def field_checks(line: str, defaults: dict[str, Any] | None) -> list[list[Any]] | str:
+    """What the field checks alone make of a line: its rows read back, or their error."""
+    try:
+        record = lines.decode_line(line)
+        jobs = jobs_from_record(record, defaults)
+    except BadInput as exc:
+        return str(exc)
+    return [read_back(copy_rows.job_row(1, job)) for job in jobs]
+
+
+def quick_checks(line: str, defaults: dict[str, Any] | None) -> list[list[Any]] | str | None:
+    """What the quick checks alone make of a line; None: they leave it to the field checks."""
+    try:
+        row = lines.simple_line_row(1, line, lines.simple_defaults(defaults))
+    except BadInput as exc:
+        return str(exc)
+    return None if row is None else [read_back(row)]
+
+
+def quick_record_checks(record: Any) -> list[list[Any]] | str | None:
+    """What the quick checks of enqueue_many make of a record (see quick_checks)."""
+    try:
+        row = lines.simple_record_row(1, record, lines.simple_defaults(None))
+    except BadInput as exc:
+        return str(exc)
+    return None if row is None else [read_back(row)]
+
+
+def record_field_checks(record: Any) -> list[list[Any]] | str:
+    try:
+        jobs = jobs_from_record(record)
+    except BadInput as exc:
+        return str(exc)
+    return [read_back(copy_rows.job_row(1, job)) for job in jobs]
+
+
+def test_there_are_enough_bad_lines() -> None:
+    assert len(BAD_LINES) >= 30
+    assert len(set(BAD_LINES)) == len(BAD_LINES)
+
+
+@pytest.mark.parametrize("defaults", DEFAULTS)
+@pytest.mark.parametrize("line", BAD_LINES)
+def test_bad_lines_are_refused_alike_by_the_quick_and_the_field_checks(
+    line: str, defaults: dict[str, Any] | None
+) -> None:
+    expected = field_checks(line, defaults)
+    assert isinstance(expected, str), f"the field checks take {line!r}"
+    assert quick_checks(line, defaults) in (None, expected)
+    with pytest.raises(BadInput) as refused:
+        list(read_rows([line.encode()], defaults=defaults))
+    assert str(refused.value) == f"input, line 1: {expected}"
+
+
+def _json_values(texts: list[str]) -> list[Any]:
+    values = []
+    for text in texts:
+        with contextlib.suppress(ValueError):  # not JSON: no record to give enqueue_many
+            values.append(json.loads(text))
+    return values
+
+
+@pytest.mark.parametrize("record", _json_values(BAD_LINES))
+def test_bad_records_are_refused_alike_by_the_quick_and_the_field_checks(record: Any) -> None:
+    expected = record_field_checks(record)
+    assert isinstance(expected, str), f"the field checks take {record!r}"
+    assert quick_record_checks(record) in (None, expected)
+
+
+@pytest.mark.parametrize("defaults", DEFAULTS)
+@pytest.mark.parametrize("line", COMMON + GENERAL)
+def test_good_lines_are_taken_alike_by_the_quick_and_the_field_checks(
+    line: str, defaults: dict[str, Any] | None
+) -> None:
+    expected = field_checks(line.strip(), defaults)
+    assert not isinstance(expected, str), expected
+    assert quick_checks(line.strip(), defaults) in (None, expected)
+    record = json.loads(line)
+    assert quick_record_checks(record) in (None, record_field_checks(record))

@@ -7,17 +7,17 @@ from typing import Any
 
 import pytest
 
-from pgqctl.enqueue import (
+from pgqctl.errors import BadInput
+from pgqctl.intake.fields import (
     NewJob as Job,
 )
-from pgqctl.enqueue import (
+from pgqctl.intake.fields import (
     job_from_record,
     make_job,
     parse_payload,
     parse_run_at,
-    read_rows,
 )
-from pgqctl.errors import BadInput
+from pgqctl.intake.lines import read_rows
 
 
 def test_defaults() -> None:

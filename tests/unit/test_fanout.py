@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
-from pgqctl.enqueue import jobs_from_record, make_job, read_rows
 from pgqctl.errors import BadInput
-from pgqctl.fanout import fan_out, record_number, row_number
+from pgqctl.intake import copy_rows, lines
+from pgqctl.intake.fanout import fan_out, record_number, row_number
+from pgqctl.intake.fields import jobs_from_record, make_job
+from pgqctl.intake.lines import read_rows
 from pgqctl.limits import MAX_KINDS
-from tests.unit.test_enqueue_rows import COMMON, DEFAULTS, ENQUEUE, GENERAL, read_back
+from tests.unit.test_enqueue_rows import COMMON, DEFAULTS, GENERAL, read_back
 
 
 def with_kinds(line: str, *others: str) -> dict[str, Any]:
@@ -34,13 +36,13 @@ def test_a_kinds_line_gives_one_row_per_kind_as_the_field_checks_make_them(
     assert len(rows) == 4
     jobs = jobs_from_record(record, defaults)
     assert [job.kind for job in jobs] == [*record["kinds"]]
-    expected = [ENQUEUE._job_row(row_number(2, i), job) for i, job in enumerate(jobs)]
+    expected = [copy_rows.job_row(row_number(2, i), job) for i, job in enumerate(jobs)]
     assert [read_back(r) for r in rows[1:]] == [read_back(r) for r in expected]
     assert [r.split("\t")[0] for r in rows] == ["1", "2", "2.001", "2.002"]
     # The quick checks leave such a line, and such a record, to the field checks.
-    fast = ENQUEUE._simple_defaults(defaults)
-    assert ENQUEUE._simple_line_row(2, text, fast) is None
-    assert ENQUEUE._simple_record_row(2, record, fast) is None
+    fast = lines.simple_defaults(defaults)
+    assert lines.simple_line_row(2, text, fast) is None
+    assert lines.simple_record_row(2, record, fast) is None
 
 
 @pytest.mark.parametrize(

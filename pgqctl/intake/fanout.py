@@ -23,7 +23,7 @@ from pgqctl.errors import BadInput
 from pgqctl.limits import MAX_KINDS
 
 if TYPE_CHECKING:
-    from pgqctl.enqueue import NewJob
+    from pgqctl.intake.fields import NewJob
 
 # The rows of one record are numbered N, N.001, N.002... (see row_number).
 _POSITION_DIGITS = len(str(MAX_KINDS - 1))

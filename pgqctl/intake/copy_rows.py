@@ -1,0 +1,79 @@
+"""A checked job as a row of COPY's text format, the form every bulk path
+sends (`job_row`), and such a row read back (`copy_value`, `row_columns`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from pgqctl.intake.fields import NewJob
+
+
+def job_row(number: int | str, job: NewJob) -> str:
+    """A validated job as one line of COPY's text format, in the columns of jobs_load_copy.
+
+    ``number`` orders the rows of a chunk: ids are given in that order
+    (`fanout.row_number`).
+    """
+    return (
+        f"{number}\t{copy_text(job.kind)}\t{copy_text(job.payload)}\t{copy_text(job.queue)}"
+        f"\t{job.priority}\t{job.max_attempts}\t{timing_columns(job)}"
+        f"\t{_NO_KEY if job.unique_key is None else copy_text(job.unique_key)}\n"
+    )
+
+
+_NO_KEY = "\\N"
+# How a COPY row without a unique key ends: a load none of whose rows has a
+# key takes the plain INSERT, with no ON CONFLICT to pay for.
+_KEYLESS_END = "\t\\N\n"
+
+
+def has_key(row: str) -> bool:
+    return not row.endswith(_KEYLESS_END)
+
+
+def timing_columns(job: NewJob) -> str:
+    # str(): the text psycopg itself sends for a datetime and a float.
+    run_at = "\\N" if job.run_at is None else str(job.run_at)
+    return f"{run_at}\t{job.delay}"
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def copy_text(text: str) -> str:
+    """Text as a field of COPY's text format, which gives these four characters a meaning.
+
+    Validation has already refused NUL, which PostgreSQL text cannot hold.
+    """
+    if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
+        return text.translate(_COPY_ESCAPES)
+    return text
+
+
+def row_columns(rows: Iterable[str]) -> dict[str, list[Any]]:
+    """COPY rows as the arrays of jobs_insert_arrays, one per NewJob field."""
+    columns: dict[str, list[Any]] = {name: [] for name in NewJob._fields}
+    for row in rows:
+        # n, then the job's fields in NewJob's order (see job_row).
+        fields = [copy_value(f) for f in row.rstrip("\n").split("\t")][1:]
+        for name, value in zip(NewJob._fields, fields, strict=True):
+            columns[name].append(value)
+    columns["priority"] = [int(v) for v in columns["priority"]]
+    columns["max_attempts"] = [int(v) for v in columns["max_attempts"]]
+    columns["delay"] = [float(v) for v in columns["delay"]]
+    return columns
+
+
+_COPY_UNESCAPES = {"\\\\": "\\", "\\t": "\t", "\\n": "\n", "\\r": "\r"}
+_COPY_ESCAPE = re.compile(r"\\[\\tnr]")
+
+
+def copy_value(field: str) -> str | None:
+    """A field of COPY's text format as the value it stands for (see copy_text)."""
+    if field == "\\N":
+        return None
+    if "\\" not in field:
+        return field
+    return _COPY_ESCAPE.sub(lambda m: _COPY_UNESCAPES[m.group(0)], field)

@@ -1,0 +1,336 @@
+"""Inserting checked jobs in the caller's transaction: a few from arrays in
+one INSERT, more through COPY (or from arrays, chunk by chunk, for a role
+without the TEMP privilege), and `load`, a JSON-lines input read and
+inserted in one transaction."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from pgqctl.errors import BadInput
+from pgqctl.intake.copy_rows import has_key, job_row, row_columns
+from pgqctl.intake.fields import NewJob
+from pgqctl.intake.lines import read_rows
+from pgqctl.intake.statements import cursor, jobs_table, run, statement
+from pgqctl.intake.unique import Unique, check_on_conflict
+from pgqctl.limits import MAX_PAYLOAD_BYTES
+from pgqctl.sql import query
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    import psycopg
+    from psycopg import sql
+
+    from pgqctl.policy import Policy
+
+
+# Below this many jobs, one INSERT from arrays; from it on, COPY into a
+# temporary table, whose few milliseconds of setup pay off only in bulk.
+COPY_MIN_JOBS = 200
+CHUNK_JOBS = 10_000
+FIRST_CHUNK_JOBS = 500
+# A bulk load read before its transaction keeps this much in memory, the
+# rest in a temporary file.
+SPOOL_MEMORY = 16 * 1024 * 1024
+
+
+class Ids(list[int]):
+    """The ids of the jobs given, in order. `existing` holds the positions
+    (from 0) of the jobs that were not inserted because a pending or running
+    job held their unique key: that job's id stands in their place."""
+
+    def __init__(self, ids: Iterable[int] = ()) -> None:
+        super().__init__(ids)
+        self.existing: set[int] = set()
+
+    def add(self, ids: Sequence[int], existing: Sequence[bool] = ()) -> None:
+        """Append the ids of more jobs, with whether each was there already
+        (none, when `existing` is empty)."""
+        if existing:
+            self.existing.update(len(self) + i for i, held in enumerate(existing) if held)
+        self.extend(ids)
+
+
+def _index_name(number: int) -> str:
+    return f"jobs[{number - 1}]"
+
+
+def load(
+    lines: Iterable[bytes],
+    connect: Callable[[], psycopg.Connection[Any]],
+    *,
+    source: str = "input",
+    defaults: Mapping[str, Any] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    read_first: bool = True,
+    on_conflict: str = "skip",
+    policy: Policy | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+) -> Ids:
+    """Check every job of a JSON-lines input and insert them all in one
+    transaction; their ids in input order. An input with no job never
+    connects; a bad line raises BadInput and nothing is inserted. Unique
+    keys are handled as `enqueue_many` says (the first line with a key wins).
+
+    `read_first`: read and check the whole input before the transaction
+    starts, keeping the rows in a file once they outgrow SPOOL_MEMORY, so that
+    a slow producer never holds a transaction open (a server's
+    idle_in_transaction_session_timeout would end it). Without it, for a
+    regular file that is read as fast as the disk goes, rows stream to the
+    server as they are checked, and a bad one aborts the transaction.
+
+    `policy`: also refuse a job a worker under it would refuse.
+    """
+    try:
+        with _gc_skips_older_objects():
+            rows = read_rows(
+                lines,
+                source=source,
+                defaults=defaults,
+                policy=policy,
+                max_payload_bytes=max_payload_bytes,
+            )
+            if read_first:
+                rows = _read_all(rows)
+            # The first job is read before connecting, so an empty or plainly
+            # wrong input never touches the database.
+            first = next(rows, None)
+            if first is None:
+                return Ids()
+            with connect() as conn:
+                return insert_rows(
+                    conn,
+                    itertools.chain([first], rows),
+                    on_progress=on_progress,
+                    on_conflict=on_conflict,
+                    where=lambda n: f"{source}, line {n}",
+                )
+    except BadInput as exc:
+        raise BadInput(f"{exc}; nothing was enqueued") from None
+
+
+def _read_all(rows: Iterator[str]) -> Iterator[str]:
+    """Every row, all read (at the first `next`) before the first is given back."""
+    import tempfile  # here: `import pgqctl` need not load it
+
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8") as f:
+        # One row a line: COPY's text format escapes the line ends within a value.
+        f.writelines(rows)
+        f.seek(0)
+        yield from f
+
+
+@contextmanager
+def _gc_skips_older_objects() -> Iterator[None]:
+    """Keep the garbage collector's full passes off the objects that exist already.
+
+    A bulk load makes short-lived objects by the hundred thousand, which
+    triggers full passes; each would walk every module, class and function
+    imported at startup again.
+    """
+    import gc
+
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def insert_jobs(
+    conn: psycopg.Connection[Any],
+    jobs: Iterable[NewJob],
+    *,
+    schema: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    on_conflict: str = "skip",
+    where: Callable[[int], str] = _index_name,
+    numbers: Iterable[int | str] | None = None,
+) -> Ids:
+    """Insert jobs in the connection's transaction; return their ids in order.
+
+    A list of fewer than COPY_MIN_JOBS goes in one INSERT from arrays. Other
+    jobs go through `insert_rows`, so ``jobs`` may be a lazy iterator that
+    validates as it goes. Unique keys: see `enqueue_many`. ``numbers``: the
+    rows' numbers (`fanout.row_number`), which errors give to `where`;
+    default 1, 2, 3...
+    """
+    check_on_conflict(on_conflict)
+    numbered: Iterable[tuple[int | str, NewJob]] = (
+        enumerate(jobs, start=1) if numbers is None else zip(numbers, jobs, strict=True)
+    )
+    if isinstance(jobs, Sequence) and len(jobs) < COPY_MIN_JOBS:
+        if not jobs:
+            return Ids()
+        with _own_transaction(conn, on_conflict):
+            table = jobs_table(schema)
+            if all(j.unique_key is None for j in jobs):
+                return Ids(_insert_from_arrays(conn, jobs, table))
+            with cursor(conn) as cur:
+                unique = Unique(cur, table, on_conflict, where)
+                ids = Ids()
+                ids.add(*unique.insert_rows(list(itertools.starmap(job_row, numbered))))
+                return ids
+    rows = itertools.starmap(job_row, numbered)
+    return insert_rows(
+        conn, rows, schema=schema, on_progress=on_progress, on_conflict=on_conflict, where=where
+    )
+
+
+def insert_rows(
+    conn: psycopg.Connection[Any],
+    rows: Iterable[str],
+    *,
+    schema: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    on_conflict: str = "skip",
+    where: Callable[[int], str] = _index_name,
+) -> Ids:
+    """Insert jobs given as COPY rows (`read_rows`, `job_row`); return their ids in order.
+
+    Rows stream through COPY in chunks, so ``rows`` may be a lazy iterator
+    that validates as it goes: an exception it raises aborts the transaction.
+    ``on_progress`` gets the number of jobs sent so far, now and then.
+
+    Never commits an open transaction; in autocommit mode it wraps its
+    statements in a transaction of its own (and, under on_conflict="error",
+    in a savepoint inside the caller's, so that a conflict leaves none of
+    these jobs behind). Workers get one notification however many jobs and
+    statements: the table's statement trigger sends the same one each time,
+    and PostgreSQL delivers a transaction's duplicates once.
+
+    COPY stages rows in a temporary table; a role without the TEMP privilege
+    inserts them from arrays instead, chunk by chunk (slower, same result).
+    A chunk in which no job has a unique key takes the plain INSERT; one with
+    keys, the INSERT ... ON CONFLICT DO NOTHING of `Unique`.
+    """
+    check_on_conflict(on_conflict)
+    table = jobs_table(schema)
+    with _own_transaction(conn, on_conflict):
+        with cursor(conn) as cur:
+            run(cur, query("role_may_create_temp"))
+            (may_stage,) = cur.fetchone() or (False,)
+        if may_stage:
+            return _insert_by_copy(conn, rows, table, on_progress, on_conflict, where)
+        return _insert_by_arrays(conn, rows, table, on_progress, on_conflict, where)
+
+
+@contextmanager
+def _own_transaction(conn: psycopg.Connection[Any], on_conflict: str) -> Iterator[None]:
+    """A transaction in autocommit mode; under on_conflict="error" a savepoint
+    in the caller's, so that a conflict leaves none of this call's jobs
+    there; else the caller's transaction as it is."""
+    if conn.autocommit:
+        with conn.transaction():
+            yield
+    elif on_conflict == "error":
+        # On an idle connection a transaction() block would begin a
+        # transaction and commit it at its end: the caller's to commit.
+        # Any statement begins it (psycopg's implicit BEGIN), then the block
+        # is a savepoint.
+        if conn.info.transaction_status == _IDLE:
+            with cursor(conn) as cur:
+                run(cur, query("transaction_open"))
+        with conn.transaction():
+            yield
+    else:
+        yield
+
+
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg here
+
+
+def _insert_from_arrays(
+    conn: psycopg.Connection[Any], jobs: Sequence[NewJob], table: sql.Identifier
+) -> list[int]:
+    columns = dict(zip(NewJob._fields, map(list, zip(*jobs, strict=True)), strict=True))
+    with cursor(conn) as cur:
+        run(cur, statement("jobs_insert_arrays", table), columns)
+        return [row[0] for row in cur.fetchall()]
+
+
+def _insert_by_copy(
+    conn: psycopg.Connection[Any],
+    rows: Iterable[str],
+    table: sql.Identifier,
+    on_progress: Callable[[int], None] | None,
+    on_conflict: str,
+    where: Callable[[int], str],
+) -> Ids:
+    # COPY has no RETURNING: each chunk is staged in a temporary table and
+    # moved with INSERT ... SELECT ... RETURNING id. A thread loads one chunk
+    # while this one reads and validates the next, so that the client's and
+    # the server's work overlap (psycopg releases the GIL while it waits).
+    from concurrent.futures import ThreadPoolExecutor
+
+    insert = statement("jobs_insert_loaded", table)
+    ids = Ids()
+    with cursor(conn) as cur, ThreadPoolExecutor(1) as loader:
+        unique = Unique(cur, table, on_conflict, where)
+        run(cur, query("jobs_load_create"))
+        loading: Future[tuple[list[int], list[bool]]] | None = None
+        sent = 0
+        for chunk in _chunks(rows, CHUNK_JOBS):
+            if loading is not None:
+                ids.add(*loading.result())
+            loading = loader.submit(_load_chunk, cur, chunk, insert, unique)
+            sent += len(chunk)
+            if on_progress is not None:
+                on_progress(sent)
+        if loading is not None:
+            ids.add(*loading.result())
+    return ids
+
+
+def _insert_by_arrays(
+    conn: psycopg.Connection[Any],
+    rows: Iterable[str],
+    table: sql.Identifier,
+    on_progress: Callable[[int], None] | None,
+    on_conflict: str,
+    where: Callable[[int], str],
+) -> Ids:
+    """COPY rows inserted from arrays, a chunk a statement: no temporary table."""
+    insert = statement("jobs_insert_arrays", table)
+    ids = Ids()
+    with cursor(conn) as cur:
+        unique = Unique(cur, table, on_conflict, where)
+        for chunk in _chunks(rows, CHUNK_JOBS):
+            if any(map(has_key, chunk)):
+                ids.add(*unique.insert_rows(chunk))
+            else:
+                run(cur, insert, row_columns(chunk))
+                # Ids are drawn in the order of the rows; RETURNING's order is not promised.
+                ids.extend(sorted(row[0] for row in cur.fetchall()))
+            if on_progress is not None:
+                on_progress(len(ids))
+    return ids
+
+
+def _load_chunk(
+    cur: psycopg.Cursor[Any], rows: list[str], insert: sql.Composed, unique: Unique
+) -> tuple[list[int], list[bool]]:
+    # Emptied first: the table may hold the rows of an earlier chunk, or of
+    # an earlier load in the same transaction that stopped half way.
+    run(cur, query("jobs_load_truncate"))
+    with cur.copy(query("jobs_load_copy")) as copy:
+        copy.write("".join(rows))
+    if any(map(has_key, rows)):
+        run(cur, statement("jobs_insert_loaded_unique", unique.table))
+        return unique.resolve(rows, cur.fetchall())
+    run(cur, insert)
+    return [row[0] for row in cur.fetchall()], []
+
+
+def _chunks(rows: Iterable[str], size: int) -> Iterator[list[str]]:
+    # Small at first, so that the server starts on the first rows while the
+    # client reads the next ones, then growing to `size`.
+    it = iter(rows)
+    length = min(size, FIRST_CHUNK_JOBS)
+    while chunk := list(itertools.islice(it, length)):
+        yield chunk
+        length = min(size, length * 4)
