@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.integration.test_worker import insert_jobs
 
@@ -144,6 +145,7 @@ def assert_invoiced_once(conn: psycopg.Connection[Any], kills: dict[str, int]) -
     print(f"kills {kills}, invoices rolled back {rolled_back}, jobs retried {retried[0]}")
 
 
+@pytest.mark.slow
 def test_a_program_killed_before_its_commit_invoices_once(
     conn: psycopg.Connection[Any], dsn: str, tmp_path: Path
 ) -> None:
@@ -161,6 +163,7 @@ def test_a_program_killed_before_its_commit_invoices_once(
     assert_invoiced_once(conn, kills)
 
 
+@pytest.mark.slow
 def test_a_sql_handler_killed_before_its_commit_invoices_once(
     conn: psycopg.Connection[Any], dsn: str, tmp_path: Path
 ) -> None:

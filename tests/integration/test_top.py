@@ -100,6 +100,7 @@ def run_top(pane: Pane, dsn: str, tmp_path: Path) -> None:
     wait_until(lambda: "pgqctl top" in pane.screen(), PATIENCE, "top to draw")
 
 
+@pytest.mark.slow
 def test_top_shows_the_queue_move_and_q_restores_the_terminal(
     dsn: str, pane: Pane, tmp_path: Path, start_pgqctl: object
 ) -> None:
@@ -186,7 +187,7 @@ def test_top_at_80_by_30_keeps_its_header_on_one_line_and_every_active_worker(
         )
     with pane_of(80, 30) as pane:
         run_top(pane, dsn, tmp_path)
-        wait_until(lambda: "vm:102" in pane.screen(), 10, "every worker on the screen")
+        wait_until(lambda: "vm:102" in pane.screen(), PATIENCE, "every worker on the screen")
         lines = pane.screen().splitlines()
         pane.tmux("send-keys", "-t", "top", "q")
     assert lines[0].startswith("pgqctl top ") and lines[1] == "queues"
