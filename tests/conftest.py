@@ -41,6 +41,13 @@ needs_embedded = pytest.mark.skipif(
 )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow first, the rest in their order: the parallel
+    workers (pyproject's addopts) start the long ones early, rather than one
+    of them last while the other workers sit idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @dataclass
 class Result:
     exit_code: int

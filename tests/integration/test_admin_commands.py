@@ -598,6 +598,7 @@ def test_a_statement_the_server_cancels_is_not_called_a_lost_connection(
     assert "lost" not in result.stderr
 
 
+@pytest.mark.slow
 def test_bytes_that_are_not_utf8_are_bad_input_not_a_traceback(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:

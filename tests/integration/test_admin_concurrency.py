@@ -60,7 +60,10 @@ def test_concurrent_reaps_handle_every_job_exactly_once(
 
     def waiting() -> bool:
         row = conn.execute(
+            # This database's: a clone of the same template has the same oid
+            # for its jobs table, and other tests may run beside this one.
             "SELECT count(*) FROM pg_locks WHERE relation = 'jobs'::regclass AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         ).fetchone()
         return row is not None and row[0] == 4
 

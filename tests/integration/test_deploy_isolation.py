@@ -51,6 +51,10 @@ def run_jobs(dsn: str, start_pgqctl: Callable[..., Process], name: str) -> tuple
 
 
 @pytest.mark.slow
+# The two cases one after the other on one parallel worker: each times runs
+# of three busy workers against each other, and the other case's runs beside
+# it would be load that comes and goes between them.
+@pytest.mark.xdist_group("isolation_pace")
 @pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
 def test_workers_keep_their_pace_under_a_stricter_default_isolation(
     server_dsn: str,

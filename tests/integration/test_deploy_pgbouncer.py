@@ -321,6 +321,7 @@ def _server_sessions_state(pooled: str, pool_size: int) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.slow
 def test_other_clients_of_the_pool_see_no_pgqctl_state(
     empty_dsn: str,
     start_pooler: Callable[..., Pooler],
@@ -583,6 +584,7 @@ with psycopg.connect(os.environ["APP_DSN"], autocommit=True) as conn, conn.trans
 """
 
 
+@pytest.mark.slow
 def test_sql_handlers_and_completing_programs_of_two_schemas_share_one_pool(
     empty_dsn: str, txn_pooler: Pooler, start_pgqctl: Callable[..., Process]
 ) -> None:

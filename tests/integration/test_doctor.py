@@ -143,6 +143,7 @@ def test_a_fresh_queue_is_healthy(queue: str) -> None:
     assert "nothing holds it back" in out
 
 
+@pytest.mark.slow
 def test_an_idle_transaction_holding_an_xid_is_named_while_a_worker_churns(
     queue: str, tmp_path: Path, start_pgqctl: Any
 ) -> None:

@@ -293,6 +293,7 @@ def _no_database_configured() -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_stop_names_connected_workers_and_a_later_command_does_not_restart_it(
     data_dir: Path, tmp_path: Path
 ) -> None:

@@ -235,7 +235,12 @@ def test_a_worker_told_the_disk_is_full_says_so_and_backs_off(
             stderr=log,
         )
     try:
-        time.sleep(5)  # the report is refused again and again meanwhile
+        # The report refused again and again meanwhile: three refusals show
+        # the retries and their growing waits (no need to sit out a fixed 5 s).
+        deadline = time.monotonic() + 60
+        while log_path.read_text().count('"server_refused"') < 3:
+            assert time.monotonic() < deadline, "three refused reports"
+            time.sleep(0.1)
         conn.execute("DROP TRIGGER disk_full ON jobs")
         deadline = time.monotonic() + 60
         while conn.execute("SELECT status FROM jobs WHERE id = %s", [job]).fetchone() != ("done",):

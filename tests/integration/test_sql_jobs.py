@@ -142,7 +142,7 @@ def wait_for_sleep(conn: psycopg.Connection[Any]) -> int:
     def sleeping() -> bool:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT note(%%' "
-            "AND wait_event = 'PgSleep'"
+            "AND wait_event = 'PgSleep' AND datname = current_database()"
         ).fetchall()
         found[:] = [r[0] for r in rows]
         return bool(found)

@@ -57,7 +57,13 @@ def pane_of(columns: int, lines: int) -> Iterator[Pane]:
     if shutil.which("tmux") is None:
         missing("tmux is not installed: `apt-get install tmux`")
     made = Pane(unique("pgqctl-top"))
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in clean_env().items() if k.isidentifier())
+    # Not COLUMNS or LINES (a parallel test worker has them, at 80 by 24): top
+    # must size itself by the pane's terminal, as in a real one.
+    env = " ".join(
+        f"{k}={shlex.quote(v)}"
+        for k, v in clean_env().items()
+        if k.isidentifier() and k not in ("COLUMNS", "LINES")
+    )
     made.tmux(
         *("new-session", "-d", "-s", "top", "-x", str(columns), "-y", str(lines)),
         f"env -i {env} TERM=screen sh",
@@ -100,6 +106,7 @@ def run_top(pane: Pane, dsn: str, tmp_path: Path) -> None:
     wait_until(lambda: "pgqctl top" in pane.screen(), PATIENCE, "top to draw")
 
 
+@pytest.mark.slow
 def test_top_shows_the_queue_move_and_q_restores_the_terminal(
     dsn: str, pane: Pane, tmp_path: Path, start_pgqctl: object
 ) -> None:
@@ -186,7 +193,10 @@ def test_top_at_80_by_30_keeps_its_header_on_one_line_and_every_active_worker(
         )
     with pane_of(80, 30) as pane:
         run_top(pane, dsn, tmp_path)
-        wait_until(lambda: "vm:102" in pane.screen(), 10, "every worker on the screen")
+        try:
+            wait_until(lambda: "vm:102" in pane.screen(), PATIENCE, "every worker on the screen")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the screen:\n{pane.screen()}") from None
         lines = pane.screen().splitlines()
         pane.tmux("send-keys", "-t", "top", "q")
     assert lines[0].startswith("pgqctl top ") and lines[1] == "queues"

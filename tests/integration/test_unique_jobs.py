@@ -82,6 +82,7 @@ def race(dsn: str, on_conflict: str) -> list[tuple[str, int | None, Any]]:
             p.join(timeout=30)
 
 
+@pytest.mark.slow
 def test_eight_racing_producers_make_one_job_and_all_get_its_id(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:

@@ -96,6 +96,7 @@ def producer(old_release: Path, empty_dsn: str, tmp_path: Path) -> Iterator[Prod
         p.thread.join()
 
 
+@pytest.mark.slow
 def test_old_producers_and_workers_keep_working_through_an_upgrade(
     old_release: Path, empty_dsn: str, producer: Producer, tmp_path: Path
 ) -> None:

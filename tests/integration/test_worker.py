@@ -338,8 +338,8 @@ def test_a_timeout_fires_on_time_while_the_worker_waits_on_a_locked_table(
         # The worker's next statement waits on the lock; the job's timeout
         # must not wait with it.
         waiting = (
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name LIKE 'pgqctl worker %' AND wait_event_type = 'Lock'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name LIKE 'pgqctl worker %' AND wait_event_type = 'Lock'"
         )
         wait_until(lambda: conn.execute(waiting).fetchone() == (1,), 3, "the worker to wait")
         assert gone(int(pidfile.read_text()), within=PATIENCE)

@@ -65,7 +65,10 @@ def test_concurrent_reaping_workers_reap_each_job_once(
         locker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
         for _ in range(4):
             workers.append(start_worker(dsn, "--burst", "--log-format", "json"))
-        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
         wait_until(
             lambda: conn.execute(waiting).fetchone() == (4,), 20, "every worker to wait on jobs"
         )
