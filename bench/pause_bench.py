@@ -1,7 +1,7 @@
 """What skipping paused queues costs the worker's claim while no queue is paused.
 
 The claims read the pauses in effect (`queue <> ALL(ARRAY(TABLE
-paused_queues_now))`, see worker_claim_all in sql/queries.sql). This runs
+paused_queues_now))`, see worker_claim_all in sql/queries/claims.sql). This runs
 the worker's claim-and-complete path (`claims.exchange`: report the last
 batch done and claim the next 10, until the queue is empty) over --jobs
 jobs, once with the statement the worker sends and once with the same

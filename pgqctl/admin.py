@@ -1,8 +1,8 @@
 """Operator queries: what is in the queue, and the fixes for what is stuck.
 
 The library behind `stats`, `leases`, `list`, `show`, `reap`, `requeue`,
-`cancel` and `purge`: one function per named query of the `admin` section of
-sql/queries.sql (`stats` and `purge` put several together). Jobs come back
+`cancel` and `purge`: one function per named query of
+sql/queries/admin.sql (`stats` and `purge` put several together). Jobs come back
 as `Job`s; nothing here prints or exits.
 """
 

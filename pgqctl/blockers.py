@@ -7,7 +7,7 @@ silent wait. When the server ends a statement at one of them, the session
 that held it up is looked for on a fresh connection: the wait is over by
 then, so pg_blocking_pids() of our own session no longer names it; the
 other session still holding a lock on the queue's tables since before our
-wait began does (see `lock_holder` in sql/queries.sql).
+wait began does (see `lock_holder` in sql/queries/blockers.sql).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The worker's side of the queue: claim jobs, report how they ended, renew leases.
 
 The worker's hot path is `exchange`: one statement (``worker_exchange`` in
-sql/queries.sql) that reports every job that ended since the last one,
+sql/queries/claims.sql) that reports every job that ended since the last one,
 renews the leases of those still held, and claims as many jobs as there
 are free slots (plus the room left in its local queue, with --prefetch). One
 statement is one round trip and one commit, and costs the client about half

@@ -1,8 +1,8 @@
 """Steering the queue: pause and resume queues.
 
-The library behind `pause` and `resume`: its SQL is the `control` section of
-sql/queries.sql. A pause is a row of `paused_queues`, which the workers'
-claims read in every statement (see worker_claim_all in queries.sql): a
+The library behind `pause` and `resume`: its SQL is
+sql/queries/control.sql. A pause is a row of `paused_queues`, which the workers'
+claims read in every statement (see worker_claim_all in sql/queries/claims.sql): a
 committed pause stops every worker's next claim from that queue, however
 many workers run and wherever, and holds for workers started later. A pause
 with an end needs nobody to lift it: the claims compare `until` with now().

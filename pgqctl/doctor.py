@@ -10,8 +10,8 @@ made since. `diagnose` gathers the figures (statistics views and catalogs;
 pgstattuple's exact figures when the extension is there and usable), names
 what holds the horizon, and turns what needs doing into `Finding`s, each
 with a recommendation and the SQL to act on it, built here with
-psycopg.sql and never run. Its SQL is the `doctor` section of
-sql/queries.sql. Nothing here prints or exits.
+psycopg.sql and never run. Its SQL is
+sql/queries/doctor.sql. Nothing here prints or exits.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Both read per-queue figures of the live jobs (stats' own counts, through the
 claim, lease and finished indexes) and of the jobs finished within a short
 window (through jobs_finished_idx, that window's range only), so their cost
 follows the live jobs, never the history; and the registered workers
-(pgqctl/registry.py: a row per worker). Their SQL is the `monitor` section
-of sql/queries.sql.
+(pgqctl/registry.py: a row per worker). Their SQL is
+sql/queries/monitor.sql.
 
 `THRESHOLDS` is the one list of what `check` can hold a queue to: each
 entry names its option, the figure it reads and the line a breach prints, so

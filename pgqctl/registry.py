@@ -8,7 +8,7 @@ off from the database. It is dead once a reap took its jobs back for it
 (`admin.reap`: no heartbeat for --dead-after of its intervals, or `reap
 --worker`), until it heartbeats again. Any worker removes a row stale for
 an hour. The SQL
-is the `workers` section of sql/queries.sql. Nothing here prints or exits.
+is sql/queries/registry.sql. Nothing here prints or exits.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ deep (PostgreSQL accepts about 6,000; Python's json gives up near 1,000,
 and every recursive walk of the decoded value sooner), a payload that is
 not an object, names with control characters. The reads of `payload` and
 `last_error` therefore take a bounded prefix in SQL (the `{job}` columns of
-sql/queries.sql, `left(...)` of one character more than is kept, so that a
+sql/queries/rows.sql, `left(...)` of one character more than is kept, so that a
 cut is known without measuring the whole), and `decode` turns a payload's
 text into a value, or says why it cannot.
 """

@@ -1,7 +1,7 @@
 """Schedules: cron expressions and intervals whose ticks the workers enqueue.
 
-The library behind `pgqctl schedule ...`; its SQL is the `schedules`
-section of sql/queries.sql. A schedule is a row of `schedules`; the workers
+The library behind `pgqctl schedule ...`; its SQL is
+sql/queries/schedules.sql. A schedule is a row of `schedules`; the workers
 read them and enqueue each due tick as a job (pgqctl/ticks.py), one job per
 (schedule, tick) whatever the number of workers (see
 sql/migrations/0008_schedules.sql). Cron expressions and time zones, with

@@ -1,8 +1,9 @@
 """Find the SQL files and load them by name.
 
 The SQL lives in `sql/` at the top of the source tree and is shipped inside
-the wheel as `pgqctl/sql/`. Runtime queries sit in `queries.sql` as named
-blocks::
+the wheel as `pgqctl/sql/`. Runtime queries sit in `sql/queries/X.sql`, the
+SQL of the library module `pgqctl/X.py` (or package `pgqctl/X/`), as named
+blocks, each name unique across the files::
 
     -- name: job_claim
     UPDATE jobs ...;
@@ -32,27 +33,39 @@ _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 @functools.cache
 def sql_dir() -> Path:
-    """The directory holding migrations/ and queries.sql."""
-    from pathlib import Path  # here: `import pgqctl` need not load it
+    """The directory holding migrations/ and queries/."""
+    from pathlib import Path  # not at start-up: `pgqctl --help` needs no SQL
 
     here = Path(__file__).resolve().parent
     for candidate in (here / "sql", here.parent / "sql"):
-        if (candidate / "queries.sql").is_file():
+        if (candidate / "queries").is_dir():
             return candidate
     raise PgqctlError("pgqctl's SQL files are missing: reinstall pgqctl")
 
 
 @functools.cache
 def queries() -> dict[str, str]:
-    """Every named block of queries.sql, by name."""
-    text = (sql_dir() / "queries.sql").read_text(encoding="utf-8")
-    parts = _NAME_LINE.split(text)
-    # parts = [preamble, name1, body1, name2, body2, ...]
+    """Every named block of sql/queries/*.sql, by name."""
+    return blocks_in(sorted((sql_dir() / "queries").glob("*.sql")))
+
+
+def blocks_in(files: list[Path]) -> dict[str, str]:
+    """The named blocks of `files`; a name given twice is an error, so that
+    no file's block silently takes another's place."""
     blocks: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        # Without its closing semicolon: one statement is sent, as it reads in
-        # pg_stat_activity.
-        blocks[name] = _without_comment_lines(body).strip().removesuffix(";").rstrip()
+    found_in: dict[str, str] = {}
+    for path in files:
+        parts = _NAME_LINE.split(path.read_text(encoding="utf-8"))
+        # parts = [preamble, name1, body1, name2, body2, ...]
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in found_in:
+                raise PgqctlError(
+                    f"SQL block {name!r} is named in both {found_in[name]} and {path.name}"
+                )
+            found_in[name] = path.name
+            # Without its closing semicolon: one statement is sent, as it
+            # reads in pg_stat_activity.
+            blocks[name] = _without_comment_lines(body).strip().removesuffix(";").rstrip()
     return blocks
 
 

@@ -5,8 +5,8 @@ from the database when they change (a notification on pgqctl_schedules
 from `schedule add`, `sync`, `remove`...) and every REFRESH seconds anyway.
 It works out each schedule's due ticks itself, with the cron library
 (pgqctl/schedules.py), and at most once a second, when a tick is due,
-enqueues them all in one statement (``ticks_enqueue`` in the ticks section
-of sql/queries.sql). That statement, not the worker, decides: however many
+enqueues them all in one statement (``ticks_enqueue`` in
+sql/queries/ticks.sql). That statement, not the worker, decides: however many
 workers send the same tick at once, the schedule's row lock, its last_tick
 and the unique (schedule, tick) index leave one job. A worker that loses
 the race learns the schedule's last tick from the answer and moves on. The

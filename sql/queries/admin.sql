@@ -1,0 +1,478 @@
+-- The SQL of pgqctl/admin.py: named blocks, loaded by pgqctl/sql.py with every other
+-- file of sql/queries/ (names are unique across them). Every value is a
+-- psycopg placeholder; queries are unqualified: each transaction names the
+-- schema first (settings_set_local, sql/queries/db.sql).
+
+-- name: stats_counts
+-- Per queue: exact pending, running, failed and cancelled counts, expired
+-- leases and the oldest due pending job, one arm per status so each reads its own partial index. Done
+-- jobs are counted among at most `bound` of them (NULL: all of them, exact),
+-- so a long history is never read unless asked for: the most recently
+-- finished (jobs_finished_idx, backwards), which find the queues that worked
+-- since the statistics were last gathered. The CASE folds away for NULL:
+-- an exact count sorts nothing.
+SELECT queue,
+       count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'done') AS done,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+       count(*) FILTER (WHERE status = 'running'
+                          AND (locked_until < now() OR locked_until IS NULL)) AS expired_leases,
+       extract(epoch FROM now() - min(run_at) FILTER (
+           WHERE status = 'pending' AND run_at <= now()))::float8 AS oldest_pending_age_seconds
+FROM (
+    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'pending'
+    UNION ALL
+    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'running'
+    UNION ALL
+    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'failed'
+    UNION ALL
+    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'cancelled'
+    UNION ALL
+    (SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'done'
+     ORDER BY CASE WHEN %(bound)s::bigint IS NOT NULL THEN finished_at END DESC
+     LIMIT %(bound)s)
+) AS counted
+GROUP BY queue;
+
+-- name: stats_table_estimate
+-- What the planner knows, from catalogs only: the live rows in the table
+-- (the statistics counter, else the last ANALYZE's count), the most common
+-- queues with their share of rows at the last ANALYZE, how many rows were
+-- inserted, updated or deleted since (how stale those shares may be), and
+-- the queue column's statistics target (ANALYZE samples 300 rows per unit).
+-- One row.
+SELECT coalesce(nullif(pg_stat_get_live_tuples(c.oid), 0),
+                greatest(c.reltuples, 0)::bigint) AS rows,
+       pg_stat_get_mod_since_analyze(c.oid) AS changed,
+       coalesce(nullif(a.attstattarget, -1),
+                current_setting('default_statistics_target')::int) AS target,
+       st.null_frac,
+       st.n_distinct,
+       st.most_common_vals::text::text[] AS common_queues,
+       st.most_common_freqs AS common_shares,
+       st.attname IS NOT NULL AS analyzed
+FROM pg_class AS c
+JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attname = 'queue'
+LEFT JOIN pg_stats AS st
+       ON st.schemaname = current_schema() AND st.tablename = 'jobs'
+      AND st.attname = 'queue' AND NOT st.inherited
+WHERE c.oid = 'jobs'::regclass;
+
+-- name: lease_list
+-- Running jobs, soonest lease end first (jobs_lease_idx order). A running job
+-- without a lease (only plain SQL makes one) counts as expired, here, in
+-- stats and for reap: nobody holds it, so nothing else would ever free it.
+SELECT {job},
+       locked_until < now() OR locked_until IS NULL AS expired,
+       round(extract(epoch FROM locked_until - now())::numeric, 3) AS seconds_left
+FROM jobs
+WHERE status = 'running'
+  AND (locked_until < now() OR locked_until IS NULL OR NOT %(expired_only)s)
+ORDER BY locked_until NULLS FIRST, id;
+
+-- The jobs reap takes: every running job whose lease expired (or that has
+-- none), and every running job held by a dead worker, lease or not. A worker
+-- is dead when its row in `workers` has seen no heartbeat for `dead_after`
+-- of its own heartbeat intervals, counting only the time the server has
+-- been up (pg_postmaster_start_time: after a restart every worker needs a
+-- moment to reconnect, and none of them is dead for that). `worker` (host:pid,
+-- `reap --worker`) narrows the reap to that worker's jobs, taken as soon as
+-- its row is stale (three of its heartbeats); NULL: every worker. A worker's
+-- jobs are those whose locked_by is its id followed by :slot or :prefetch
+-- (the same match as workers_list). One row per job, with why it is taken:
+-- expired (its lease), dead (its worker, by the rule) or asked (--worker).
+
+-- name: lease_reap_preview
+-- What lease_reap would do now, without locking or writing anything: each
+-- job it would take with the status and the last_error it would get (the
+-- same expressions as lease_reap's). One row per job.
+WITH dead AS (
+    SELECT id, last_seen, heartbeat_seconds
+    FROM workers
+    WHERE CASE WHEN %(worker)s::text IS NULL
+               THEN greatest(last_seen, pg_postmaster_start_time())
+                    < now() - %(dead_after)s * heartbeat_seconds * interval '1 second'
+               ELSE id = %(worker)s
+                    AND last_seen < now() - 3 * heartbeat_seconds * interval '1 second'
+          END
+), taken AS (
+    SELECT j.*, d.id AS dead_worker,
+           CASE WHEN d.id IS NULL THEN 'expired'
+                WHEN %(worker)s::text IS NULL THEN 'dead' ELSE 'asked' END AS reason,
+           extract(epoch FROM now() - d.last_seen)::numeric(12, 1) AS silent_seconds,
+           d.heartbeat_seconds
+    FROM jobs AS j
+    LEFT JOIN dead AS d ON d.id = regexp_replace(j.locked_by, ':([0-9]+|prefetch)$', '')
+    WHERE j.status = 'running'
+      AND (d.id IS NOT NULL
+           OR (%(worker)s::text IS NULL AND (j.locked_until < now() OR j.locked_until IS NULL)))
+)
+SELECT {job},
+       jobs.reason, jobs.dead_worker,
+       CASE WHEN attempts - handbacks >= max_attempts THEN 'failed' ELSE 'pending' END
+           AS reaped_status,
+       CASE
+           WHEN reason <> 'expired'
+           THEN format('worker %%s %%s: no heartbeat for %%ss (it beats every %%ss) (held by %%s)',
+                       dead_worker,
+                       CASE reason WHEN 'dead' THEN 'dead' ELSE 'reaped on demand' END,
+                       silent_seconds, heartbeat_seconds, locked_by)
+           WHEN locked_until IS NULL
+           THEN format('running without a lease (held by %%s)',
+                       coalesce(locked_by, 'an unnamed worker'))
+           ELSE format('lease expired at %%s (held by %%s)',
+                       to_char(locked_until AT TIME ZONE 'UTC',
+                               'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+                       coalesce(locked_by, 'an unnamed worker'))
+       END AS reaped_error,
+       locked_by AS held_by
+FROM taken AS jobs
+ORDER BY locked_until NULLS FIRST, id;
+
+-- name: lease_reap
+-- The seed's reclaim in one statement, and the jobs of dead workers with
+-- it. SKIP LOCKED: rows a worker is updating right now (renewal, report,
+-- heartbeat) are left for the next run instead of waited on, and two reaps
+-- at once never take the same row. A dead worker's row is locked first and
+-- its staleness checked again on the row as it is then: a heartbeat that
+-- commits meanwhile makes it alive, and none of its jobs is taken. Each job
+-- is fenced as every transition out of running is (still running, the
+-- attempt read), so a late report of the dead worker matches nothing. The
+-- dead workers get reaped_at, and the count of their jobs taken.
+WITH dead AS (
+    SELECT id, last_seen, heartbeat_seconds
+    FROM workers
+    WHERE CASE WHEN %(worker)s::text IS NULL
+               THEN greatest(last_seen, pg_postmaster_start_time())
+                    < now() - %(dead_after)s * heartbeat_seconds * interval '1 second'
+               ELSE id = %(worker)s
+                    AND last_seen < now() - 3 * heartbeat_seconds * interval '1 second'
+          END
+    FOR UPDATE SKIP LOCKED
+), taken AS (
+    SELECT j.id, j.attempts, j.locked_by, j.locked_until, d.id AS dead_worker,
+           CASE WHEN d.id IS NULL THEN 'expired'
+                WHEN %(worker)s::text IS NULL THEN 'dead' ELSE 'asked' END AS reason,
+           extract(epoch FROM now() - d.last_seen)::numeric(12, 1) AS silent_seconds,
+           d.heartbeat_seconds
+    FROM jobs AS j
+    LEFT JOIN dead AS d ON d.id = regexp_replace(j.locked_by, ':([0-9]+|prefetch)$', '')
+    WHERE j.status = 'running'
+      AND (d.id IS NOT NULL
+           OR (%(worker)s::text IS NULL AND (j.locked_until < now() OR j.locked_until IS NULL)))
+    FOR UPDATE OF j SKIP LOCKED
+), reaped AS (
+    UPDATE jobs
+    SET status = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts
+                      THEN 'failed' ELSE 'pending' END,
+        finished_at = CASE WHEN jobs.attempts - jobs.handbacks >= jobs.max_attempts
+                           THEN now() END,
+        last_error = CASE
+            WHEN taken.reason <> 'expired'
+            THEN format('worker %%s %%s: no heartbeat for %%ss (it beats every %%ss) (held by %%s)',
+                        taken.dead_worker,
+                        CASE taken.reason WHEN 'dead' THEN 'dead' ELSE 'reaped on demand' END,
+                        taken.silent_seconds, taken.heartbeat_seconds, taken.locked_by)
+            WHEN taken.locked_until IS NULL
+            THEN format('running without a lease (held by %%s)',
+                        coalesce(taken.locked_by, 'an unnamed worker'))
+            -- ISO 8601 in UTC to the millisecond, as pgqctl writes every time.
+            ELSE format('lease expired at %%s (held by %%s)',
+                        to_char(taken.locked_until AT TIME ZONE 'UTC',
+                                'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+                        coalesce(taken.locked_by, 'an unnamed worker'))
+        END,
+        locked_until = NULL  -- locked_by stays: the worker that last held it
+    FROM taken
+    WHERE jobs.id = taken.id
+      AND jobs.attempts = taken.attempts
+      AND jobs.status = 'running'
+    RETURNING jobs.*, taken.locked_by AS held_by, taken.reason, taken.dead_worker
+), marked AS (
+    -- Once per death (not again until it heartbeats), and whenever jobs go.
+    UPDATE workers AS w
+    SET reaped_at = now(), reaped_jobs = w.reaped_jobs + coalesce(r.jobs, 0)
+    FROM dead AS d
+    LEFT JOIN (SELECT dead_worker, count(*) AS jobs FROM reaped GROUP BY 1) AS r
+           ON r.dead_worker = d.id
+    WHERE w.id = d.id
+      AND (r.jobs IS NOT NULL OR w.reaped_at IS NULL OR w.reaped_at < w.last_seen)
+)
+SELECT {job}, jobs.held_by, jobs.reason, jobs.dead_worker FROM reaped AS jobs;
+
+-- name: workers_notify
+-- Wake listening workers; delivered when the surrounding transaction commits.
+SELECT pg_notify('pgqctl_jobs', current_schema());
+
+-- The filters of `list`, the same in job_list, job_list_next and job_count:
+-- each a list of values (NULL: any), every one given narrows. Statuses get
+-- one arm each, folded to true or false by the parameters, so that the jobs
+-- of each status given are read through their own partial index and `list
+-- --status pending --status failed` never reads the done history (a
+-- `status = ANY(...)` would: no partial index answers it). A new status
+-- needs its arm in each (tests/unit/test_admin_sql.py checks).
+
+-- name: job_list
+-- Jobs matching the filters, newest first, at most `limit` (NULL: all).
+SELECT {job}
+FROM jobs
+WHERE (%(statuses)s::text[] IS NULL
+       OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+       OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[]))
+       OR (status = 'done' AND 'done' = ANY(%(statuses)s::text[]))
+       OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
+       OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+  AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+-- Newest first. The CASE folds to a constant (and drops out) when done jobs
+-- may match: the primary key is walked backwards. When only pending,
+-- running or failed jobs may, it forces a sort of the matching rows, which
+-- come from their small partial indexes, instead of a backward walk through
+-- the done history that the planner may pick when those rows are old.
+ORDER BY CASE WHEN NOT ('done' = ANY(coalesce(%(statuses)s::text[], '{done}')))
+              THEN -id END,
+         id DESC
+LIMIT %(limit)s;
+
+-- name: job_list_next
+-- Pending jobs matching the filters in the order workers claim them
+-- (priority DESC, run_at, id: jobs_claim_idx, walked in order), at most
+-- `limit` (NULL: all). Jobs not due yet are listed where they will stand.
+SELECT {job}
+FROM jobs
+WHERE status = 'pending'
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+  AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+ORDER BY priority DESC, run_at, id
+LIMIT %(limit)s;
+
+-- name: job_count
+-- How many jobs match job_list's filters, counting at most `bound` of them
+-- (NULL: every one). One row.
+SELECT count(*)
+FROM (
+    SELECT 1
+    FROM jobs
+    WHERE (%(statuses)s::text[] IS NULL
+           OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+           OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[]))
+           OR (status = 'done' AND 'done' = ANY(%(statuses)s::text[]))
+           OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
+           OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+    LIMIT %(bound)s
+) AS matched;
+
+-- name: job_get
+SELECT {job} FROM jobs WHERE id = %(id)s;
+
+-- Requeue: job_requeue_preview (--dry-run) and job_requeue share the
+-- selection of job_requeue_pick, put in place of {picked}, so the preview
+-- shows exactly what the change would do; and both compute a job's new
+-- values with the same expressions (tests compare the two).
+
+-- name: job_requeue_pick
+-- The CTEs that pick the jobs of a requeue selection. `statuses` says which
+-- of pending, failed and cancelled it takes (one arm each, so each status is
+-- read through its own partial index); the other filters are optional lists
+-- (any of their values). In order, oldest finished first, pending jobs by
+-- run_at: the first `limit` (NULL: all) are picked. A finished job whose
+-- unique key a pending or running job holds (or an earlier one of the same
+-- selection will) cannot go back to pending: `held` names its holder, and it
+-- is left out of the pick and of the limit. The n-th of the N picked gets
+-- run_at now + spread * n / N: evenly over the window, in order.
+matched AS (
+    SELECT id, status, queue, unique_key, coalesce(finished_at, run_at) AS since
+    FROM jobs
+    WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+           OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
+           OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(since)s::interval IS NULL
+           OR coalesce(finished_at, created_at) >= now() - %(since)s::interval)
+),
+held AS (
+    SELECT m.*,
+           CASE WHEN m.unique_key IS NULL OR m.status = 'pending' THEN NULL
+                ELSE coalesce(
+                    (SELECT live.id FROM jobs AS live
+                     WHERE live.queue = m.queue AND live.unique_key = m.unique_key
+                       AND live.unique_key IS NOT NULL
+                       AND live.status IN ('pending', 'running')),
+                    nullif(first_value(m.id) OVER (PARTITION BY m.queue, m.unique_key
+                                                   ORDER BY m.since, m.id), m.id))
+           END AS held_by
+    FROM matched AS m
+),
+picked AS (
+    SELECT id, status,
+           now() + %(spread)s::interval
+                   * ((row_number() OVER (ORDER BY since, id) - 1)::float8
+                      / count(*) OVER ()) AS run_at
+    FROM (SELECT * FROM held WHERE held_by IS NULL ORDER BY since, id LIMIT %(limit)s) AS first
+)
+
+-- name: job_requeue_preview
+-- What job_requeue would do now, writing nothing: each picked job with the
+-- status, run_at and max_attempts it would get (held_by NULL), then each job
+-- left out for its unique key, unchanged, with its holder. In the order of
+-- the pick.
+WITH {picked}
+SELECT {job},
+       'pending' AS requeued_status,
+       CASE WHEN jobs.status = 'pending' THEN least(jobs.run_at, p.run_at) ELSE p.run_at END
+           AS requeued_run_at,
+       CASE WHEN jobs.status = 'pending' THEN jobs.max_attempts
+            ELSE jobs.attempts - jobs.handbacks + %(more)s END
+           AS requeued_max_attempts,
+       NULL::bigint AS held_by
+FROM picked AS p
+JOIN jobs ON jobs.id = p.id
+UNION ALL
+SELECT {job}, jobs.status, jobs.run_at, jobs.max_attempts, h.held_by
+FROM held AS h
+JOIN jobs ON jobs.id = h.id
+WHERE h.held_by IS NOT NULL;
+
+-- name: job_requeue
+-- The requeue, in one statement: all of it or nothing. Failed and cancelled
+-- jobs go back to pending with `more` new tries: attempts is the fencing
+-- token and never goes down, max_attempts goes up instead, from the tries
+-- used (attempts - handbacks). A pending job
+-- keeps its attempts and becomes due at its picked run_at, never later than
+-- it was. The status guard skips a job that moved since it was picked (a
+-- pending job a worker claimed, a failed one purged or requeued by someone
+-- else). Rows: the jobs changed (held_by NULL), then those left out for
+-- their unique key, as job_requeue_preview gives them.
+WITH {picked},
+moved AS (
+    UPDATE jobs
+    SET status = 'pending',
+        run_at = CASE WHEN jobs.status = 'pending' THEN least(jobs.run_at, p.run_at)
+                      ELSE p.run_at END,
+        max_attempts = CASE WHEN jobs.status = 'pending' THEN jobs.max_attempts
+                            ELSE jobs.attempts - jobs.handbacks + %(more)s END,
+        finished_at = NULL,
+        locked_until = NULL
+    FROM picked AS p
+    WHERE jobs.id = p.id AND jobs.status = p.status
+    RETURNING {job}
+)
+SELECT *, NULL::bigint AS held_by FROM moved
+UNION ALL
+SELECT {job}, h.held_by
+FROM held AS h
+JOIN jobs ON jobs.id = h.id
+WHERE h.held_by IS NOT NULL;
+
+-- The selection of `cancel`, the same in job_cancel_select and job_cancel:
+-- pending and running jobs (those of `statuses`, each status through its
+-- own partial index), narrowed by each filter given (NULL: any).
+
+-- name: job_cancel_select
+-- The jobs job_cancel would take now, by id, without locking anything;
+-- lease_expired says whether a running one's worker is gone (NULL for a
+-- pending one).
+SELECT {job},
+       CASE WHEN status = 'running'
+            THEN locked_until < now() OR locked_until IS NULL END AS lease_expired
+FROM jobs
+WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+       OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[])))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+ORDER BY id;
+
+-- name: job_cancel
+-- Pending or running -> cancelled, finished now, in one statement. Each row
+-- is locked first (in id order), waiting for a worker that is reporting on
+-- it at this instant, and the selection is checked again on the row as that
+-- report left it: a job that has just ended (done, failed) is not taken, one
+-- sent back to pending for a retry is. Then the change is fenced on the
+-- status and attempt that were locked, like every move out of running: a
+-- race with the job's own end has exactly one winner, and a worker's later
+-- report, fenced on status running, matches nothing. attempts is kept.
+-- cancelled_from is the status the job had; lease_expired as in
+-- job_cancel_select.
+UPDATE jobs
+SET status = 'cancelled',
+    finished_at = now(),
+    locked_until = NULL,  -- locked_by stays: the worker that last held it
+    last_error = %(error)s
+FROM (
+    SELECT id, status, attempts, locked_until
+    FROM jobs
+    WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+           OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[])))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+    ORDER BY id
+    FOR UPDATE
+) AS picked
+WHERE jobs.id = picked.id
+  AND jobs.status = picked.status
+  AND jobs.attempts = picked.attempts
+RETURNING {job},
+          picked.status AS cancelled_from,
+          CASE WHEN picked.status = 'running'
+               THEN picked.locked_until < now() OR picked.locked_until IS NULL
+          END AS lease_expired;
+
+-- name: workers_notify_cancel
+-- Tell the workers which running jobs were cancelled, as (id, attempt)
+-- pairs, with the schema so that workers of another schema ignore it; the
+-- worker holding one stops it. Delivered when the cancel commits, and only
+-- then. A payload must stay under 8000 bytes: callers send a few hundred
+-- jobs per notification.
+SELECT pg_notify('pgqctl_cancel',
+                 json_build_object('schema', current_schema(),
+                                   'jobs', %(jobs)s::jsonb)::text);
+
+-- name: job_purge_cutoff
+-- Purge deletes rows finished before this instant, fixed when it starts, so
+-- it ends even while workers keep finishing jobs.
+SELECT now() - %(older_than)s::interval AS cutoff;
+
+-- name: job_purge_count
+SELECT count(*)
+FROM jobs
+WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s;
+
+-- name: job_purge_batch
+-- One short transaction per batch; SKIP LOCKED so it never waits on a row
+-- someone is updating (a requeue), and workers never wait on more than this.
+-- ARRAY(...) makes the delete a primary-key lookup of the batch's ids, never a
+-- join the planner might run as a scan of the whole table.
+DELETE FROM jobs
+WHERE id = ANY(ARRAY(
+    SELECT id
+    FROM jobs
+    WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+));
+-- monitor: check and metrics (pgqctl/monitor.py). Besides stats_counts (with
+-- no done rows for check), they read these, each through a partial index:
+-- their cost follows the live jobs and the jobs finished within a short
+-- window, never the history before it.
+
+-- name: worker_get
+-- One worker's row, how long since its last heartbeat, and whether it is
+-- active (as workers_list says), or no row.
+SELECT w.*, extract(epoch FROM now() - w.last_seen)::float8 AS seen_seconds_ago,
+       w.last_seen >= now() - 3 * w.heartbeat_seconds * interval '1 second' AS active
+FROM workers AS w
+WHERE w.id = %(id)s;

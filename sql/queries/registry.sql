@@ -1,0 +1,43 @@
+-- The SQL of pgqctl/registry.py: named blocks, loaded by pgqctl/sql.py with every other
+-- file of sql/queries/ (names are unique across them). Every value is a
+-- psycopg placeholder; queries are unqualified: each transaction names the
+-- schema first (settings_set_local, sql/queries/db.sql).
+
+-- name: workers_list
+-- Every registered worker, by host and pid, with its state (stale: no
+-- heartbeat for three of its intervals; dead: a reap took its jobs as a
+-- dead worker's, or found it dead, after its last heartbeat) and the ids of the jobs it holds:
+-- running in its slots (jobs), and claimed ahead of a free slot (prefetched).
+-- The running jobs are read once, through jobs_lease_idx (status =
+-- 'running'), and grouped by holder: `locked_by` is host:pid:slot, the
+-- worker's id and the slot, or host:pid:prefetch for a prefetched job (see
+-- worker_exchange). One row per worker.
+WITH held AS (
+    SELECT regexp_replace(locked_by, ':([0-9]+|prefetch)$', '') AS worker,
+           array_agg(id ORDER BY id) FILTER (WHERE locked_by !~ ':prefetch$') AS jobs,
+           array_agg(id ORDER BY id) FILTER (WHERE locked_by ~ ':prefetch$') AS prefetched
+    FROM jobs
+    WHERE status = 'running' AND locked_by IS NOT NULL
+    GROUP BY 1
+)
+SELECT w.*,
+       CASE WHEN w.reaped_at >= w.last_seen THEN 'dead'
+            WHEN w.last_seen >= now() - 3 * w.heartbeat_seconds * interval '1 second'
+            THEN 'active' ELSE 'stale' END AS state,
+       extract(epoch FROM now() - w.last_seen)::float8 AS seen_seconds_ago,
+       coalesce(h.jobs, '{}') AS jobs,
+       coalesce(h.prefetched, '{}') AS prefetched
+FROM workers AS w
+LEFT JOIN held AS h ON h.worker = w.id
+ORDER BY w.host, w.pid, w.id;
+
+-- name: workers_states
+-- What check and metrics need of each worker: its queues (empty: every
+-- queue) and whether it is active, as workers_list says. One row per worker.
+SELECT queues,
+       last_seen >= now() - 3 * heartbeat_seconds * interval '1 second'
+           AND NOT coalesce(reaped_at >= last_seen, false) AS active
+FROM workers;
+
+-- control: pausing and resuming queues (pgqctl/control.py). The claims skip
+-- the queues of paused_queues_now (see the worker section).
