@@ -25,7 +25,7 @@ from typing import Any
 import throwaway_db
 from shared_sql import HISTORY, LIVE_SET, REEXPIRE
 
-from pgqctl import admin, db
+from pgqctl import admin, db, leases
 
 EXPIRED = 50
 CLAIM = """
@@ -54,7 +54,7 @@ def run(dsn: str, history: int, rounds: int, calls: int) -> None:
     # One execution per statement, as in one CLI invocation: never prepared.
     conn.prepare_threshold = None
     conn.execute(LIVE_SET)
-    expired_ids = [lease.job.id for lease in admin.leases(conn, expired_only=True)]
+    expired_ids = [lease.job.id for lease in leases.leases(conn, expired_only=True)]
     assert len(expired_ids) == EXPIRED, expired_ids
     operations = operations_on(conn, expired_ids)
 
@@ -78,7 +78,7 @@ def run(dsn: str, history: int, rounds: int, calls: int) -> None:
 def operations_on(conn: Any, expired_ids: list[int]) -> dict[str, Callable[[], Any]]:
     def reap() -> Any:
         # Only the reap itself is timed (see `measure`); the reset is not.
-        return admin.reap(conn)
+        return leases.reap(conn)
 
     def claim() -> Any:
         with conn.transaction(force_rollback=True):
@@ -86,8 +86,8 @@ def operations_on(conn: Any, expired_ids: list[int]) -> dict[str, Callable[[], A
 
     reap.setup = lambda: conn.execute(REEXPIRE, {"ids": expired_ids})  # type: ignore[attr-defined]
     return {
-        "leases": lambda: admin.leases(conn),
-        "reap --dry-run": lambda: admin.reap_preview(conn),
+        "leases": lambda: leases.leases(conn),
+        "reap --dry-run": lambda: leases.reap_preview(conn),
         f"reap ({EXPIRED} expired)": reap,
         "requeue --dry-run --failed": lambda: admin.requeue(conn, admin.Selection(), dry_run=True),
         "list --status failed": lambda: admin.list_jobs(conn, status="failed"),

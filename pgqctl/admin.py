@@ -1,7 +1,7 @@
 """Operator queries: what is in the queue, and the fixes for what is stuck.
 
-The library behind `stats`, `leases`, `list`, `show`, `reap`, `requeue`,
-`cancel` and `purge`: one function per named query of
+The library behind `stats`, `list`, `show`, `requeue`, `cancel` and
+`purge` (`leases` and `reap`: pgqctl/leases.py): one function per named query of
 sql/queries/admin.sql (`stats` and `purge` put several together). Jobs come back
 as `Job`s; nothing here prints or exits.
 """
@@ -19,10 +19,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgqctl.control import Pause, paused
-from pgqctl.db import atomic
 from pgqctl.errors import BadInput, PgqctlError
 from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, STATUS_NAMES, Job
-from pgqctl.rows import READ_PARAMS, with_job_columns
+from pgqctl.rows import READ_PARAMS, job_rows, named_rows, with_job_columns
 from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
@@ -30,22 +29,6 @@ Connection = psycopg.Connection[Any]
 # `stats` counts done jobs exactly while there are at most this many; above,
 # it estimates them from the planner's statistics instead of reading history.
 EXACT_DONE_BOUND = 1000
-
-
-def _rows(
-    conn: Connection, name: str, params: Mapping[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    """Run a named query; each row as a dict."""
-    return _run(conn, query(name), params)
-
-
-def _run(conn: Connection, text: str, params: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    # Always pass a dict, so `%%` in a query means `%` whether it has
-    # placeholders or not. A statement reading jobs reads their bounded
-    # columns (rows.py): whatever a row holds, it is read in bounded memory.
-    with atomic(conn), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(with_job_columns(text), {**READ_PARAMS, **(params or {})})
-        return cur.fetchall()
 
 
 # --- stats -------------------------------------------------------------------
@@ -203,7 +186,7 @@ def stats(conn: Connection, *, exact: bool = False) -> Stats:
 def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:
     """Exact counts per queue, done among at most `done_bound` jobs (None: all)."""
     found = {}
-    for row in _rows(conn, "stats_counts", {"bound": done_bound}):
+    for row in named_rows(conn, "stats_counts", {"bound": done_bound}):
         found[row["queue"]] = Counts(
             {status: int(row[status]) for status in STATUS_NAMES},
             int(row["expired_leases"]),
@@ -215,7 +198,7 @@ def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:
 def table_estimate(conn: Connection) -> TableEstimate:
     """Row count, queue shares and their freshness from the statistics;
     reads catalogs only."""
-    (row,) = _rows(conn, "stats_table_estimate")
+    (row,) = named_rows(conn, "stats_table_estimate")
     rows = int(row["rows"])
     changed = int(row["changed"])
     # ANALYZE reads 300 rows per unit of the column's statistics target.
@@ -311,147 +294,6 @@ def metric_value(stats: Stats, metric: str, queues: Sequence[str] = ()) -> int:
     return sum(c.by_status[metric] for c in scopes)
 
 
-# --- leases and reap -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A running job and where its lease stands."""
-
-    job: Job
-    expired: bool  # over, or no lease at all: what reap takes
-    seconds_left: float | None  # negative when overdue; None without a lease
-
-    def as_record(self) -> dict[str, Any]:
-        return {**self.job.as_record(), "expired": self.expired, "seconds_left": self.seconds_left}
-
-
-LEASE_FIELDS = (*FIELDS, "expired", "seconds_left")
-
-
-@dataclass(frozen=True)
-class Reaped:
-    """A job as reap left it (or would leave it), the worker that held it,
-    and why it was taken: its lease expired (`expired`), its worker was dead
-    (`dead`), or the operator named its worker (`asked`, `reap --worker`)."""
-
-    job: Job
-    held_by: str | None
-    reason: str = "expired"
-
-    def as_record(self) -> dict[str, Any]:
-        return {**self.job.as_record(), "held_by": self.held_by, "reason": self.reason}
-
-
-REAP_FIELDS = (*FIELDS, "held_by", "reason")
-
-# A worker whose row has seen no heartbeat for this many of its own
-# heartbeat intervals is dead: reap takes its jobs without waiting for their
-# leases. It shows stale after three; three more are its time to come back
-# (a pause of its host, a database that restarted, a reconnection's backoff).
-DEAD_AFTER = 6
-# `reap --worker` takes a worker's jobs once its row is stale: no heartbeat
-# for this many of its intervals, as `pgqctl workers` shows it.
-STALE_AFTER = 3
-
-
-def leases(conn: Connection, *, expired_only: bool = False) -> list[Lease]:
-    """Running jobs, soonest lease end first."""
-    return [
-        Lease(
-            Job.from_row(row),
-            row["expired"],
-            None if row["seconds_left"] is None else float(row["seconds_left"]),
-        )
-        for row in _rows(conn, "lease_list", {"expired_only": expired_only})
-    ]
-
-
-def reap_preview(
-    conn: Connection, *, dead_after: int = DEAD_AFTER, worker: str | None = None
-) -> list[Reaped]:
-    """The jobs `reap` would change now, each with the status and the
-    last_error it would get."""
-    with atomic(conn):
-        if worker is not None:
-            _check_reapable(conn, worker)
-        rows = _rows(conn, "lease_reap_preview", _reap_params(dead_after, worker))
-    return [
-        Reaped(
-            replace(
-                Job.from_row(row),
-                status=row["reaped_status"],
-                last_error=row["reaped_error"],
-                last_error_cut=False,
-            ),
-            row["held_by"],
-            row["reason"],
-        )
-        for row in rows
-    ]
-
-
-def reap(
-    conn: Connection, *, dead_after: int = DEAD_AFTER, worker: str | None = None
-) -> list[Reaped]:
-    """Expired leases, and the jobs of dead workers, back to pending, or
-    failed when out of attempts.
-
-    A worker is dead when its row in `workers` has seen no heartbeat for
-    `dead_after` of its heartbeat intervals (while the server was up); its
-    jobs are taken whatever their leases say, and its row is marked
-    (reaped_at). With `worker` (host:pid), only that worker's jobs, as soon
-    as its row is stale; BadInput when it is active or not registered.
-
-    Skips rows locked at this instant (a worker renewing, reporting or
-    heartbeating), so it never waits on workers and concurrent reaps never
-    take the same job. Workers are woken in the same transaction when a job
-    became pending.
-    """
-    with conn.transaction():
-        if worker is not None:
-            _check_reapable(conn, worker)
-        reaped = [
-            Reaped(Job.from_row(row), row["held_by"], row["reason"])
-            for row in _rows(conn, "lease_reap", _reap_params(dead_after, worker))
-        ]
-        if any(r.job.status == "pending" for r in reaped):
-            notify_workers(conn)
-    return sorted(reaped, key=lambda r: r.job.id)
-
-
-def check_dead_after(dead_after: int) -> None:
-    """BadInput for a rule that would take a worker for dead before it shows stale."""
-    if dead_after < STALE_AFTER:
-        raise BadInput(
-            f"--dead-after must be at least {STALE_AFTER} heartbeats (a worker shows stale "
-            f"after {STALE_AFTER}), e.g. --dead-after {DEAD_AFTER}"
-        )
-
-
-def _reap_params(dead_after: int, worker: str | None) -> dict[str, Any]:
-    check_dead_after(dead_after)
-    return {"dead_after": dead_after, "worker": worker}
-
-
-def _check_reapable(conn: Connection, worker: str) -> None:
-    """BadInput unless `worker` is registered and stale: the jobs of a
-    worker that heartbeats are its own, and taking them would run them twice."""
-    rows = _rows(conn, "worker_get", {"id": worker})
-    if not rows:
-        raise BadInput(
-            f"no worker {worker!r} in the registry: `pgqctl workers` lists them by "
-            "host:pid (its jobs' leases still expire by themselves)"
-        )
-    row = rows[0]
-    if row["active"]:
-        raise BadInput(
-            f"worker {worker} is active (last heartbeat {row['seen_seconds_ago']:.0f}s ago, "
-            f"every {row['heartbeat_seconds']:g}s): stop it, or wait until `pgqctl workers` "
-            "shows it stale"
-        )
-
-
 def notify_workers(conn: Connection) -> None:
     """Tell listening workers there is work; sent when the transaction commits."""
     conn.execute(query("workers_notify"), {})
@@ -536,7 +378,7 @@ def select_jobs(
 ) -> list[Job]:
     """The jobs `found` matches, in `order`, at most `limit` (None: all)."""
     name = _list_query(found, order)
-    return [Job.from_row(row) for row in _rows(conn, name, {**found.params(), "limit": limit})]
+    return [Job.from_row(row) for row in named_rows(conn, name, {**found.params(), "limit": limit})]
 
 
 def stream_jobs(
@@ -561,7 +403,7 @@ def count_jobs(conn: Connection, found: JobFilter) -> Matched:
     LIST_COUNT_BOUND), else up to the bound."""
     live_only = found.statuses and "done" not in found.statuses
     bound = None if live_only or found.ids else LIST_COUNT_BOUND + 1
-    (row,) = _rows(conn, "job_count", {**found.params(), "bound": bound})
+    (row,) = named_rows(conn, "job_count", {**found.params(), "bound": bound})
     count = int(row["count"])
     if bound is not None and count >= bound:
         return Matched(LIST_COUNT_BOUND, exact=False)
@@ -570,7 +412,7 @@ def count_jobs(conn: Connection, found: JobFilter) -> Matched:
 
 def get_job(conn: Connection, job_id: int) -> Job | None:
     """One job, every column; None if there is no such job."""
-    found = _rows(conn, "job_get", {"id": job_id})
+    found = named_rows(conn, "job_get", {"id": job_id})
     return Job.from_row(found[0]) if found else None
 
 
@@ -640,13 +482,13 @@ def requeue(
     try:
         with conn.transaction():
             if dry_run:
-                rows = _run(conn, requeue_statement("job_requeue_preview"), params)
+                rows = job_rows(conn, requeue_statement("job_requeue_preview"), params)
                 for row in rows:
                     row["status"] = row["requeued_status"]
                     row["run_at"] = row["requeued_run_at"]
                     row["max_attempts"] = row["requeued_max_attempts"]
             else:
-                rows = _run(conn, requeue_statement("job_requeue"), params)
+                rows = job_rows(conn, requeue_statement("job_requeue"), params)
                 if any(row["held_by"] is None for row in rows):
                     notify_workers(conn)
     except psycopg.errors.UniqueViolation:
@@ -748,7 +590,7 @@ def cancel(
     error = cancel_error(reason)
     params = {**selection.params(), "error": error}
     if dry_run:
-        rows = _rows(conn, "job_cancel_select", params)
+        rows = named_rows(conn, "job_cancel_select", params)
         jobs = [
             CancelledJob(
                 replace(
@@ -780,7 +622,7 @@ def _cancel_retrying(conn: Connection, params: Mapping[str, Any]) -> list[Cancel
             with conn.transaction():
                 jobs = [
                     CancelledJob(Job.from_row(row), row["cancelled_from"], row["lease_expired"])
-                    for row in _rows(conn, "job_cancel", params)
+                    for row in named_rows(conn, "job_cancel", params)
                 ]
                 running = [c.job.held for c in jobs if c.cancelled_from == "running"]
                 for start in range(0, len(running), NOTIFY_CANCEL_BATCH):
@@ -807,13 +649,13 @@ class PurgePlan:
 
 def purge_plan(conn: Connection, statuses: Sequence[str], older_than: float = 0.0) -> PurgePlan:
     """Fix the cutoff once, on the server's clock, so a purge always ends."""
-    (row,) = _rows(conn, "job_purge_cutoff", {"older_than": dt.timedelta(seconds=older_than)})
+    (row,) = named_rows(conn, "job_purge_cutoff", {"older_than": dt.timedelta(seconds=older_than)})
     return PurgePlan(tuple(statuses), row["cutoff"])
 
 
 def purge_count(conn: Connection, plan: PurgePlan) -> int:
     """How many rows the plan matches now."""
-    (row,) = _rows(
+    (row,) = named_rows(
         conn, "job_purge_count", {"statuses": list(plan.statuses), "cutoff": plan.cutoff}
     )
     return int(row["count"])

@@ -20,26 +20,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from pgqctl import admin, control, registry, schedules
 from pgqctl.db import atomic, reason
 from pgqctl.errors import PgqctlError
 from pgqctl.jobs import FINISHED, STATUS_NAMES, Job
-from pgqctl.rows import READ_PARAMS, with_job_columns
-from pgqctl.sql import query
+from pgqctl.leases import Lease
+from pgqctl.rows import named_rows
 
 Connection = psycopg.Connection[Any]
 
 # `metrics` counts the jobs finished within this long: its throughput figure.
 THROUGHPUT_WINDOW_SECONDS = 60.0
-
-
-def _rows(conn: Connection, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
-    # Jobs are read through their bounded columns (rows.py), as `leases` reads them.
-    with atomic(conn), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(with_job_columns(query(name)), {**READ_PARAMS, **params})
-        return cur.fetchall()
 
 
 # --- the figures ------------------------------------------------------------------
@@ -66,7 +58,7 @@ def finished_since(conn: Connection, window: float) -> dict[str, dict[str, int]]
     with atomic(conn):
         for status in FINISHED:
             params = {"status": status, "window": dt.timedelta(seconds=window)}
-            for row in _rows(conn, "monitor_finished_since", params):
+            for row in named_rows(conn, "monitor_finished_since", params):
                 queue = found.setdefault(row["queue"], dict.fromkeys(FINISHED, 0))
                 queue[status] = int(row["finished"])
     return found
@@ -82,7 +74,7 @@ def measure(
         counted = admin.counts(conn, done_bound=0)  # no done rows: check needs none
         running = {
             r["queue"]: r["oldest_running_age_seconds"]
-            for r in _rows(conn, "monitor_running_since", {})
+            for r in named_rows(conn, "monitor_running_since", {})
         }
         finished = finished_since(conn, window) if window is not None else {}
         fleet = registry.fleet(conn)
@@ -586,7 +578,7 @@ class TopView:
     counts: dict[str, admin.Counts]
     finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs in the window
     paused: dict[str, control.Pause]
-    leases: list[admin.Lease]
+    leases: list[Lease]
     workers: list[registry.Worker]  # the registry: active and stale ones
 
     def queues(self) -> list[str]:
@@ -607,12 +599,12 @@ def top_view(conn: Connection, *, window: float, leases: int = 10) -> TopView:
         finished = finished_since(conn, window)
         pauses = {p.queue: p for p in control.paused(conn)}
         soonest = [
-            admin.Lease(
+            Lease(
                 Job.from_row(r),
                 r["expired"],
                 None if r["seconds_left"] is None else float(r["seconds_left"]),
             )
-            for r in _rows(conn, "monitor_leases_soonest", {"limit": leases})
+            for r in named_rows(conn, "monitor_leases_soonest", {"limit": leases})
         ]
         fleet = registry.list_workers(conn)
     return TopView(

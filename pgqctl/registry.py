@@ -5,7 +5,7 @@ its first exchange, heartbeats at least every --heartbeat, removes the row
 when it stops cleanly). A worker is active while its last heartbeat is at
 most three of its own intervals old, and stale after that: killed, or cut
 off from the database. It is dead once a reap took its jobs back for it
-(`admin.reap`: no heartbeat for --dead-after of its intervals, or `reap
+(`leases.reap`: no heartbeat for --dead-after of its intervals, or `reap
 --worker`), until it heartbeats again. Any worker removes a row stale for
 an hour. The SQL
 is sql/queries/registry.sql. Nothing here prints or exits.

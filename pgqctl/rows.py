@@ -132,3 +132,26 @@ READ_PARAMS = {"payload_chars": SHOWN_PAYLOAD_CHARS + 1, "error_chars": SHOWN_ER
 def with_job_columns(text: str) -> str:
     """A statement with the bounded columns of a job (job_columns) in place of `{job}`."""
     return text.replace("{job}", query("job_columns"))
+
+
+def job_rows(conn: Any, text: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Run a statement in its own transaction (or the caller's); each row as
+    a dict. Its `{job}` columns are the bounded ones: whatever a row holds,
+    it is read in bounded memory."""
+    from psycopg.rows import dict_row
+
+    from pgqctl.db import atomic
+
+    # Always pass a dict, so `%%` in a query means `%` whether it has
+    # placeholders or not.
+    with atomic(conn), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(with_job_columns(text), {**READ_PARAMS, **(params or {})})
+        rows: list[dict[str, Any]] = cur.fetchall()
+        return rows
+
+
+def named_rows(
+    conn: Any, name: str, params: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Run a named query (`job_rows`)."""
+    return job_rows(conn, query(name), params)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import click
 
-from pgqctl import admin, control, output
+from pgqctl import admin, control, leases, output
 from pgqctl.commands.options import (
     AGE,
     COUNT,
@@ -181,9 +181,9 @@ def leases_command(database: Database, expired: bool, fmt: str) -> None:
         pgqctl leases --expired --json | jq '.[].id'
     """
     with database.connect() as conn:
-        leases = admin.leases(conn, expired_only=expired)
-    output.emit_jobs(leases, LEASE_COLUMNS, fmt, admin.LEASE_FIELDS)
-    if not leases:
+        held = leases.leases(conn, expired_only=expired)
+    output.emit_jobs(held, LEASE_COLUMNS, fmt, leases.LEASE_FIELDS)
+    if not held:
         say("no expired leases" if expired else "no running jobs")
 
 
@@ -345,12 +345,12 @@ def reap_command(
     """
     with database.connect(writes=not dry_run) as conn:
         if dry_run:
-            reaped = admin.reap_preview(conn, dead_after=dead_after, worker=worker)
+            reaped = leases.reap_preview(conn, dead_after=dead_after, worker=worker)
         else:
-            reaped = admin.reap(conn, dead_after=dead_after, worker=worker)
+            reaped = leases.reap(conn, dead_after=dead_after, worker=worker)
     if not reaped and quiet:
         return
-    output.emit_jobs(reaped, CHANGE_COLUMNS, fmt, admin.REAP_FIELDS)
+    output.emit_jobs(reaped, CHANGE_COLUMNS, fmt, leases.REAP_FIELDS)
     if quiet:
         return
     if not reaped:
@@ -364,7 +364,7 @@ def reap_command(
     say(f"{verb} {what}: {len(reaped) - failed} back to pending, {failed} failed (out of attempts)")
 
 
-def reap_causes(reaped: Sequence[admin.Reaped]) -> str:
+def reap_causes(reaped: Sequence[leases.Reaped]) -> str:
     """`2 expired leases, 4 of dead worker h:12`: why the jobs were taken."""
     expired = sum(r.reason == "expired" for r in reaped)
     parts = [output.plural(expired, "expired lease")] if expired else []

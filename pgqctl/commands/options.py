@@ -637,7 +637,7 @@ def format_options(func: F) -> F:
 def dead_after_option(func: F) -> F:
     """--dead-after: when a silent worker is dead and its jobs are reaped
     (`reap`, and the worker's own reaps)."""
-    from pgqctl.admin import DEAD_AFTER, STALE_AFTER
+    from pgqctl.leases import DEAD_AFTER, STALE_AFTER
 
     return click.option(
         "--dead-after",

@@ -12,11 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pgqctl import (
-    admin,
-    limits,
-    runner,
-)
+from pgqctl import leases, limits, runner
 from pgqctl.blockers import Timeouts
 from pgqctl.errors import BadInput
 from pgqctl.policy import Policy
@@ -105,7 +101,7 @@ class WorkerConfig:
     # Reclaim expired leases about this often (+-25%); None: never (cron does).
     reap_every: float | None = 30.0
     # And the jobs of workers silent for this many of their heartbeats.
-    dead_after: int = admin.DEAD_AFTER
+    dead_after: int = leases.DEAD_AFTER
     # Enqueue the schedules' due ticks (pgqctl/ticks.py); and what becomes of
     # ticks missed while no worker ran (schedules.CATCH_UP).
     schedules: bool = True
@@ -139,7 +135,7 @@ class WorkerConfig:
             raise BadInput(
                 "--reap-every must be more than 0s, e.g. --reap-every 30s (or --no-reap)"
             )
-        admin.check_dead_after(self.dead_after)
+        leases.check_dead_after(self.dead_after)
         if self.heartbeat <= 0:
             raise BadInput("--heartbeat must be more than 0s, e.g. --heartbeat 10s")
         if self.timeout is not None and self.timeout <= 0:

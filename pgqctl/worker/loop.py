@@ -28,7 +28,7 @@ Threads, and who owns what:
   handler of its channel (`Listener._on_notification`), which posts an event: for
   ``pgqctl_jobs``, a wake-up when it is about this schema; for
   ``pgqctl_cancel``, the jobs an operator cancelled (`pgqctl cancel`).
-- Every --reap-every the loop also reclaims expired leases (`admin.reap`,
+- Every --reap-every the loop also reclaims expired leases (`leases.reap`,
   the statement `pgqctl reap` runs), so a fleet without cron still gets a
   dead worker's jobs back; its own leases are live (renewed first). It
   then removes the rows of workers gone for an hour from `workers`.

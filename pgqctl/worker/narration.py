@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pgqctl import admin, claims, payload, runner, ticks
+from pgqctl import claims, leases, payload, runner, ticks
 from pgqctl.blockers import Blocker, spelled
 from pgqctl.claims import Failure
 from pgqctl.db import reason
@@ -177,7 +177,7 @@ class Narration:
             workers=forgotten,
         )
 
-    def reaped(self, reaped: list[admin.Reaped]) -> None:
+    def reaped(self, reaped: list[leases.Reaped]) -> None:
         ids = [r.job.id for r in reaped]
         failed = [r.job.id for r in reaped if r.job.status == "failed"]
         holders = sorted({r.held_by or "an unnamed worker" for r in reaped})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from pgqctl import admin, claims, db, ticks
+from pgqctl import claims, db, leases, ticks
 from pgqctl.worker.config import WorkerConfig, jittered
 
 
@@ -38,7 +38,7 @@ class Upkeep:
     def silent_too_long(self, now: float) -> bool:
         """Silent for three heartbeats (stopped, suspended, starved): a reap
         may have taken our jobs as a dead worker's."""
-        return now >= self.next_heartbeat + (admin.STALE_AFTER - 1) * self.config.heartbeat
+        return now >= self.next_heartbeat + (leases.STALE_AFTER - 1) * self.config.heartbeat
 
     def current_beat(self, running: int) -> claims.Beat:
         """This worker's row now, with `running` jobs."""
@@ -93,12 +93,12 @@ class Upkeep:
 
     def reap(
         self, conn: db.QueueConnection, now: float, burst_idle: bool
-    ) -> tuple[list[admin.Reaped], list[str]]:
+    ) -> tuple[list[leases.Reaped], list[str]]:
         """Reclaim expired leases, as `pgqctl reap` does, and forget workers
         gone for an hour: what it took, and whom it forgot."""
         assert self.config.reap_every is not None
         self.next_reap = now + jittered(self.config.reap_every)
-        reaped = admin.reap(conn, dead_after=self.config.dead_after)
+        reaped = leases.reap(conn, dead_after=self.config.dead_after)
         forgotten = claims.forget_stale(conn)
         self.burst_reaped = burst_idle  # a --burst worker reaps again once back
         return reaped, forgotten

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pgqctl import admin, output, registry
+from pgqctl import admin, leases, output, registry
 from pgqctl.commands.admin import CHANGE_COLUMNS, LEASE_COLUMNS, LIST_COLUMNS, REQUEUE_COLUMNS
 from pgqctl.jobs import Job
 from pgqctl.runner import Outcome
@@ -50,9 +50,9 @@ def jobs() -> list[Job]:
 
 
 def listings() -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
-    leases = [admin.Lease(replace_status(j, "running", HOLDER), True, -312.5) for j in jobs()]
+    held = [leases.Lease(replace_status(j, "running", HOLDER), True, -312.5) for j in jobs()]
     reaped = [
-        admin.Reaped(
+        leases.Reaped(
             replace_status(
                 j,
                 "pending",
@@ -102,7 +102,7 @@ def listings() -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
             output.WORKER_COLUMNS,
         ),
         "list": ([output._job_cells(j.as_record()) for j in jobs()], LIST_COLUMNS),
-        "leases": ([output._job_cells(r.as_record()) for r in leases], LEASE_COLUMNS),
+        "leases": ([output._job_cells(r.as_record()) for r in held], LEASE_COLUMNS),
         "reap": ([output._job_cells(r.as_record()) for r in reaped], CHANGE_COLUMNS),
         "requeue": (
             [output._job_cells(replace_status(j, "pending", HOLDER).as_record()) for j in jobs()],
