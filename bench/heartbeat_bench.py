@@ -38,7 +38,7 @@ from dataclasses import replace
 import throwaway_db
 from report import say, summary
 
-from pgqctl import __version__, claims, db
+from pgqctl import __version__, claims, db, registry
 from pgqctl.jobs import Held
 from pgqctl.worker import SESSION_SETTINGS
 
@@ -51,7 +51,7 @@ INSERT INTO jobs (kind, payload)
 SELECT 'bench', '{"argv": ["true"]}' FROM generate_series(1, %(n)s)
 """
 TIDY = "DELETE FROM jobs"
-BEAT = claims.Beat(
+BEAT = registry.Beat(
     id=f"bench:{os.getpid()}",
     host="bench",
     pid=os.getpid(),

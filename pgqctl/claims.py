@@ -15,10 +15,9 @@ it runs. A worker of every queue walks from a floor (`Floor`, kept by
 jobs already claimed, which vacuum cannot remove while the xmin horizon is
 held, are not walked again by every claim.
 
-The worker's row in ``workers`` (the registry `pgqctl workers` lists) is
-written here too: `Beat` is a heartbeat, sent in the pipeline of an
-exchange when one is due (`exchange(beat=...)`: no round trip of its own),
-or alone (`heartbeat`) when the worker has nothing else to send.
+A heartbeat (`registry.Beat`, the worker's row in ``workers``) rides in
+the pipeline of an exchange when one is due (`exchange(beat=...)`: no
+round trip of its own); alone, it is `registry.heartbeat`.
 
 Every transition out of ``running`` is fenced on (id, claimed attempt,
 status = 'running'), so a worker that lost its lease changes nothing: the
@@ -32,7 +31,7 @@ import collections
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import psycopg
@@ -40,6 +39,7 @@ import psycopg
 from pgqctl import limits
 from pgqctl.db import QueueConnection
 from pgqctl.jobs import Held, Job
+from pgqctl.registry import Beat
 from pgqctl.rows import claimed_payload
 from pgqctl.sql import query
 
@@ -65,36 +65,6 @@ class FailResult:
 
     status: str
     run_at: datetime
-
-
-@dataclass(frozen=True)
-class Beat:
-    """A worker's row in `workers`: who it is, and its counters now.
-
-    started_at None registers the worker (the server's now() becomes its
-    start); later heartbeats send the started_at registration returned, so
-    that a row re-created after someone removed it keeps the true start.
-    """
-
-    id: str  # host:pid, as locked_by names the worker before the slot
-    host: str
-    pid: int
-    version: str
-    queues: tuple[str, ...]  # () for every queue
-    kinds: tuple[str, ...]
-    concurrency: int
-    heartbeat: float  # seconds between heartbeats: stale after three missed
-    lease: float
-    started_at: datetime | None = None
-    running: int = 0
-    done: int = 0  # attempts reported done since the start
-    failed: int = 0  # attempts reported failed (retried or not) since the start
-
-    def params(self) -> dict[str, object]:
-        found = asdict(self)
-        found["queues"] = list(self.queues)
-        found["kinds"] = list(self.kinds)
-        return found
 
 
 @dataclass(frozen=True)
@@ -274,27 +244,6 @@ def exchange(
         else:
             result.renewed.add(job_id)
     return result
-
-
-def heartbeat(conn: Conn, beat: Beat) -> datetime:
-    """Register the worker, or heartbeat when no exchange goes out; its started_at."""
-    with conn.transaction():
-        row = conn.execute(query("worker_beat"), beat.params()).fetchone()
-    assert row is not None  # an upsert returns its row
-    started_at: datetime = row[0]
-    return started_at
-
-
-def unregister(conn: Conn, worker: str) -> None:
-    """A clean stop: the worker's row goes."""
-    with conn.transaction():
-        conn.execute(query("worker_unregister"), {"id": worker})
-
-
-def forget_stale(conn: Conn) -> list[str]:
-    """Remove the rows of workers gone for an hour; their ids."""
-    with conn.transaction():
-        return sorted(row[0] for row in conn.execute(query("workers_forget_stale")).fetchall())
 
 
 def next_due(conn: Conn, *, queues: Sequence[str] = (), kinds: Sequence[str] = ()) -> float | None:

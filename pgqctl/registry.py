@@ -1,14 +1,14 @@
-"""`pgqctl workers`: the registered workers, whether each is alive, and what it runs.
+"""The worker registry: each worker's row, as it writes it, and `pgqctl workers`,
+which lists the registered workers, whether each is alive, and what it runs.
 
-Each worker writes its own row of `workers` (claims.Beat: it registers with
+Each worker writes its own row of `workers` (`Beat`, below: it registers with
 its first exchange, heartbeats at least every --heartbeat, removes the row
 when it stops cleanly). A worker is active while its last heartbeat is at
 most three of its own intervals old, and stale after that: killed, or cut
 off from the database. It is dead once a reap took its jobs back for it
 (`leases.reap`: no heartbeat for --dead-after of its intervals, or `reap
 --worker`), until it heartbeats again. Any worker removes a row stale for
-an hour. The SQL
-is sql/queries/registry.sql. Nothing here prints or exits.
+an hour. The SQL is sql/queries/registry.sql. Nothing here prints or exits.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgqctl.db import atomic
+from pgqctl.db import QueueConnection, atomic
 from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
@@ -109,3 +109,57 @@ def fleet(conn: Connection) -> Fleet:
         rows = conn.execute(query("workers_states"), {}).fetchall()
     active: list[tuple[str, ...]] = [tuple(queues) for queues, alive in rows if alive]
     return Fleet(len(active), len(rows) - len(active), tuple(active))
+
+
+# --- what each worker writes of its own row -------------------------------------
+
+
+@dataclass(frozen=True)
+class Beat:
+    """A worker's row in `workers`: who it is, and its counters now.
+
+    started_at None registers the worker (the server's now() becomes its
+    start); later heartbeats send the started_at registration returned, so
+    that a row re-created after someone removed it keeps the true start.
+    """
+
+    id: str  # host:pid, as locked_by names the worker before the slot
+    host: str
+    pid: int
+    version: str
+    queues: tuple[str, ...]  # () for every queue
+    kinds: tuple[str, ...]
+    concurrency: int
+    heartbeat: float  # seconds between heartbeats: stale after three missed
+    lease: float
+    started_at: dt.datetime | None = None
+    running: int = 0
+    done: int = 0  # attempts reported done since the start
+    failed: int = 0  # attempts reported failed (retried or not) since the start
+
+    def params(self) -> dict[str, object]:
+        found = asdict(self)
+        found["queues"] = list(self.queues)
+        found["kinds"] = list(self.kinds)
+        return found
+
+
+def heartbeat(conn: QueueConnection, beat: Beat) -> dt.datetime:
+    """Register the worker, or heartbeat when no exchange goes out; its started_at."""
+    with conn.transaction():
+        row = conn.execute(query("worker_beat"), beat.params()).fetchone()
+    assert row is not None  # an upsert returns its row
+    started_at: dt.datetime = row[0]
+    return started_at
+
+
+def unregister(conn: QueueConnection, worker: str) -> None:
+    """A clean stop: the worker's row goes."""
+    with conn.transaction():
+        conn.execute(query("worker_unregister"), {"id": worker})
+
+
+def forget_stale(conn: QueueConnection) -> list[str]:
+    """Remove the rows of workers gone for an hour; their ids."""
+    with conn.transaction():
+        return sorted(row[0] for row in conn.execute(query("workers_forget_stale")).fetchall())

@@ -35,7 +35,7 @@ Threads, and who owns what:
 - The worker registers itself in `workers` with its first exchange, and
   heartbeats there at least every --heartbeat: in the pipeline of an
   exchange when one goes out (no round trip of its own), alone otherwise
-  (`claims.Beat`). A clean stop removes its row.
+  (`registry.Beat`). A clean stop removes its row.
 - When a schedule's tick is due (at most once a second), the loop enqueues
   the due ticks of every schedule in one statement (`ticks.Ticker`, which
   keeps the schedules read from the database; a notification on
@@ -88,6 +88,7 @@ from pgqctl import (
     claims,
     db,
     payload,
+    registry,
     runner,
     sql_jobs,
 )
@@ -201,7 +202,7 @@ class Worker:
         self.next_due: float | None = None
         self.next_renew = now
         # Reaping, schedule ticks, heartbeats: when each is due.
-        beat = claims.Beat(
+        beat = registry.Beat(
             id=self.worker_id,
             host=self.worker_id.rpartition(":")[0],
             pid=os.getpid(),
@@ -565,7 +566,7 @@ class Worker:
         if self._broken() or self.read_only:
             return
         try:
-            claims.unregister(self.conn, self.worker_id)
+            registry.unregister(self.conn, self.worker_id)
         except (psycopg.Error, PgqctlError) as exc:
             self.say.debug_error("could not remove this worker's row from workers", exc)
 

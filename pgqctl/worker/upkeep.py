@@ -10,12 +10,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from pgqctl import claims, db, leases, ticks
+from pgqctl import db, leases, registry, ticks
 from pgqctl.worker.config import WorkerConfig, jittered
 
 
 class Upkeep:
-    def __init__(self, config: WorkerConfig, beat: claims.Beat, now: float) -> None:
+    def __init__(self, config: WorkerConfig, beat: registry.Beat, now: float) -> None:
         self.config = config
         # The worker's row in `workers`; its counters change with each heartbeat.
         self.beat = beat
@@ -40,7 +40,7 @@ class Upkeep:
         may have taken our jobs as a dead worker's."""
         return now >= self.next_heartbeat + (leases.STALE_AFTER - 1) * self.config.heartbeat
 
-    def current_beat(self, running: int) -> claims.Beat:
+    def current_beat(self, running: int) -> registry.Beat:
         """This worker's row now, with `running` jobs."""
         return replace(
             self.beat,
@@ -60,7 +60,7 @@ class Upkeep:
 
     def heartbeat(self, conn: db.QueueConnection, running: int, sent: float) -> None:
         """Heartbeat alone, in a statement of its own."""
-        self.beaten(claims.heartbeat(conn, self.current_beat(running)), sent)
+        self.beaten(registry.heartbeat(conn, self.current_beat(running)), sent)
 
     # ---------------------------------------------------------------- ticks
 
@@ -99,7 +99,7 @@ class Upkeep:
         assert self.config.reap_every is not None
         self.next_reap = now + jittered(self.config.reap_every)
         reaped = leases.reap(conn, dead_after=self.config.dead_after)
-        forgotten = claims.forget_stale(conn)
+        forgotten = registry.forget_stale(conn)
         self.burst_reaped = burst_idle  # a --burst worker reaps again once back
         return reaped, forgotten
 

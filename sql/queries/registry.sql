@@ -41,3 +41,40 @@ FROM workers;
 
 -- control: pausing and resuming queues (pgqctl/control.py). The claims skip
 -- the queues of paused_queues_now (see the worker section).
+
+-- name: worker_beat
+-- Register the worker, or heartbeat: its row, written whole, with last_seen
+-- now and its counters. An upsert, so a row someone removed (or that was
+-- removed as stale while the worker was cut off) comes back with the next
+-- heartbeat, and a row left by an earlier process of the same host:pid (a
+-- restarted container) is replaced. started_at NULL registers (now);
+-- heartbeats send the started_at that registration returned. Sent at most
+-- every --heartbeat, in the pipeline of an exchange when one goes out, alone
+-- otherwise. One row: started_at.
+INSERT INTO workers AS w (id, host, pid, version, queues, kinds, concurrency,
+                          heartbeat_seconds, lease_seconds, started_at, last_seen,
+                          running, done, failed)
+VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(queues)s::text[], %(kinds)s::text[],
+        %(concurrency)s, %(heartbeat)s, %(lease)s, coalesce(%(started_at)s, now()), now(),
+        %(running)s, %(done)s, %(failed)s)
+ON CONFLICT (id) DO UPDATE
+SET host = EXCLUDED.host, pid = EXCLUDED.pid, version = EXCLUDED.version,
+    queues = EXCLUDED.queues, kinds = EXCLUDED.kinds, concurrency = EXCLUDED.concurrency,
+    heartbeat_seconds = EXCLUDED.heartbeat_seconds, lease_seconds = EXCLUDED.lease_seconds,
+    started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen,
+    running = EXCLUDED.running, done = EXCLUDED.done, failed = EXCLUDED.failed
+RETURNING started_at;
+
+-- name: worker_unregister
+-- A clean stop: the worker's row goes. No rows.
+DELETE FROM workers WHERE id = %(id)s;
+
+-- name: workers_forget_stale
+-- Rows of workers gone for an hour (and for three of their heartbeats, for
+-- a worker whose --heartbeat is longer): killed or cut off for good. Run by
+-- every worker with its reap; a worker that was only cut off comes back
+-- with its next heartbeat. One row per worker removed: its id.
+DELETE FROM workers
+WHERE last_seen < now() - greatest(interval '1 hour',
+                                   3 * heartbeat_seconds * interval '1 second')
+RETURNING id;
