@@ -73,14 +73,21 @@ def test_workers_keep_their_pace_under_a_stricter_default_isolation(
             row = conn.execute("SHOW transaction_isolation").fetchone()
         assert row == (isolation,)
 
-        # The strict run between two default ones, measured against the slower
-        # of them: other work on a shared machine slows a run now and then.
+        # Strict and default runs in turn, the faster strict run against the
+        # slower default one: other work on a shared machine (or the suite's
+        # other parallel worker) slows a run now and then, while a pace lost
+        # to the isolation level (retries, reconnects) slows every strict run.
         before, _ = run_jobs(plain, start_pgqctl, "plain")
-        taken, reconnects = run_jobs(strict, start_pgqctl, "strict")
+        first, reconnects = run_jobs(strict, start_pgqctl, "strict")
         after, _ = run_jobs(plain, start_pgqctl, "plain")
+        second, more = run_jobs(strict, start_pgqctl, "strict")
+        reconnects += more
 
     baseline = max(before, after)
-    timing = f"{isolation}: {taken:.1f}s, default: {before:.1f}s and {after:.1f}s"
+    taken = min(first, second)
+    timing = (
+        f"{isolation}: {first:.1f}s and {second:.1f}s, default: {before:.1f}s and {after:.1f}s"
+    )
     print(timing)  # the figure, with -s
     assert reconnects == [], f"{len(reconnects)} reconnects or errors ({timing}): {reconnects[0]}"
     assert taken <= 1.3 * baseline, timing
