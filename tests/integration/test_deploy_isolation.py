@@ -85,9 +85,7 @@ def test_workers_keep_their_pace_under_a_stricter_default_isolation(
 
     baseline = max(before, after)
     taken = min(first, second)
-    timing = (
-        f"{isolation}: {first:.1f}s and {second:.1f}s, default: {before:.1f}s and {after:.1f}s"
-    )
+    timing = f"{isolation}: {first:.1f}s and {second:.1f}s, default: {before:.1f}s and {after:.1f}s"
     print(timing)  # the figure, with -s
     assert reconnects == [], f"{len(reconnects)} reconnects or errors ({timing}): {reconnects[0]}"
     assert taken <= 1.3 * baseline, timing
