@@ -16,6 +16,7 @@ running job, kept for the next one.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -178,7 +179,8 @@ class SqlJobs:
         except (psycopg.Error, PgqctlError) as exc:
             return SqlResult(_failed(f"cannot connect to run the job's SQL: {exc}", started))
         self._on_started(job.key, conn.info.backend_pid)
-        job.stop.when_requested(lambda: _cancel(conn))
+        running = _OnConnection(conn)
+        job.stop.when_requested(running.cancel)
         timeout_ms = 0 if job.timeout is None else max(1, round(job.timeout * 1000))
         try:
             # Pipelined: BEGIN through the completion in one round trip, the
@@ -209,6 +211,7 @@ class SqlJobs:
             result = SqlResult(_failed(_error(exc), started))
         else:
             result = SqlResult(Outcome(exit_code=0, duration=_since(started)), committed=True)
+        running.end()  # a stop requested from now on cancels nothing
         self._give_back(conn)
         return result
 
@@ -239,10 +242,38 @@ class _Job:
     stop: Stop
 
 
-def _cancel(conn: QueueConnection) -> None:
-    """Cancel the statement running on `conn`, without waiting on the
-    round trip to the server here (the caller may be the worker's loop)."""
-    threading.Thread(target=conn.cancel_safe, name="pgqctl-sql-cancel", daemon=True).start()
+class _OnConnection:
+    """A job's statement on its connection, until `end`: what a stop cancels.
+
+    The connection serves the next job once this one ends, and a cancel
+    request cancels whatever its backend runs when the request arrives: so a
+    cancel is sent only while the job has not ended, and the job does not
+    end (nor its connection go back to the pool) while a cancel is on its way.
+    """
+
+    def __init__(self, conn: QueueConnection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._ended = False
+
+    def cancel(self) -> None:
+        """Cancel the statement, without waiting here for the round trip to
+        the server (the caller may be the worker's loop)."""
+        threading.Thread(target=self._send_cancel, name="pgqctl-sql-cancel", daemon=True).start()
+
+    def _send_cancel(self) -> None:
+        import psycopg
+
+        with self._lock:
+            if not self._ended:
+                # A cancel that cannot be sent leaves the statement to its
+                # timeout, or to the connection's end with the worker.
+                with contextlib.suppress(psycopg.Error, OSError):
+                    self._conn.cancel_safe()
+
+    def end(self) -> None:
+        with self._lock:
+            self._ended = True
 
 
 def _error(exc: Any) -> str:
