@@ -1,11 +1,18 @@
 """The worker's loop: claim jobs, run each as a child process, report how it ended.
 
 The loop owns the main connection, and the parts it holds never call back
-into it: `slots.Slots` (the jobs running and prefetched, the free slots,
-what to renew), `outbox.Outbox` (finished jobs waiting to be reported),
-`listener.Listener` (its thread; it only posts events), `upkeep.Upkeep`
-(reap, stale registry rows, schedule ticks, heartbeats: when each is due)
-and `narration.Narration` (one method per event of the log).
+into it (they take the few functions they need):
+
+- `slots.Slots`: the jobs running and prefetched, the free slots, what to renew;
+- `outbox.Outbox`: finished jobs waiting to be reported, settled by the exchange's answer;
+- `executor.Executor`: what runs a claimed job (a child process, or a --sql
+  statement), which posts each job's end as an event;
+- `ended.EndedElsewhere`: jobs that ended without the worker (cancelled,
+  completed by their own transaction, lease lost), found and stopped;
+- `listener.Listener`: its thread and connection; it only posts events;
+- `upkeep.Upkeep`: reap, stale registry rows, schedule ticks, heartbeats: when each is due;
+- `retry.Retry` and `shutdown.Shutdown`: when to try the database again, and how to stop;
+- `narration.Narration`: one method per event of the log.
 
 Threads, and who owns what:
 
@@ -71,7 +78,6 @@ it stops anything (anyone connected may send a notification), and logs
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import signal
@@ -83,42 +89,19 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import (
-    __version__,
-    claims,
-    db,
-    payload,
-    registry,
-    runner,
-    sql_jobs,
-)
+from pgqctl import __version__, claims, db, payload, registry
 from pgqctl.blockers import Blocker, timeout_kind, waited
 from pgqctl.errors import PgqctlError, PrivilegeMissing, ReadOnlyServer
-from pgqctl.guard import Guard
-from pgqctl.jobs import Held, Job
-from pgqctl.rows import Unreadable
-from pgqctl.worker.config import (
-    POLL_DEAF,
-    POLL_LISTENING,
-    RECONNECT_CAP,
-    RECONNECT_FIRST,
-    REPORT_WAIT,
-    TERM_GRACE,
-    WorkerConfig,
-    identity,
-    jittered,
-)
-from pgqctl.worker.listener import (
-    DEAF,
-    HEARING,
-    SCHEDULES,
-    WAKE,
-    CancelNotice,
-    Listener,
-)
+from pgqctl.jobs import Job
+from pgqctl.worker.config import POLL_DEAF, POLL_LISTENING, WorkerConfig, identity
+from pgqctl.worker.ended import EndedElsewhere
+from pgqctl.worker.executor import Executor
+from pgqctl.worker.listener import DEAF, HEARING, SCHEDULES, WAKE, CancelNotice, Listener
 from pgqctl.worker.narration import Narration
 from pgqctl.worker.outbox import HAND_BACK_REASON, Fenced, Finished, Outbox, Settled
-from pgqctl.worker.slots import Running, Slots
+from pgqctl.worker.retry import Retry
+from pgqctl.worker.shutdown import Shutdown
+from pgqctl.worker.slots import Slots
 from pgqctl.worker.upkeep import Upkeep
 from pgqctl.worklog import WorkLog
 
@@ -151,57 +134,37 @@ class Worker:
         # Who holds the lock a statement gave up on (find_blocker's
         # keywords `waited` and `ours`).
         self.find_blocker = find_blocker or (lambda **_: None)
-        self.listen_connect = listen_connect or connect
-        self.log = log
         self.worker_id = identity()
         self.say = Narration(log, config, self.worker_id)
         self.target = describe_target
         self.listen_target = describe_listen_target or describe_target or "the database"
-        # Taken and cleaned once: reading os.environ decodes every variable again.
-        self.environ = payload.without_credentials(os.environ if environ is None else environ)
         self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.exit_code = 0
-        self.output_cap = runner.OutputCap(config.log_output_lines, config.log_output_bytes)
 
-        self._children: runner.Supervisor | None = None
-        self._sql = (
-            sql_jobs.SqlJobs(
-                dict(config.sql_handlers),
-                connect,
-                on_started=self._sql_started,
-                on_done=self._sql_done,
-                keep=config.concurrency,
-            )
-            if config.sql_handlers
-            else None
+        now = time.monotonic()
+        self.conn: db.QueueConnection | None = None
+        self.read_only = False  # the server refuses our writes for good (a standby)
+        self.retry = Retry(now)
+        self.stop = Shutdown()
+        self.slots = Slots(config.concurrency, config.prefetch)
+        self.outbox = Outbox(config.backoff)
+        self.ended = EndedElsewhere(self.slots, self.say)
+        self.executor = Executor(
+            config,
+            connect,
+            # Taken and cleaned once: reading os.environ decodes every variable again.
+            payload.without_credentials(os.environ if environ is None else environ),
+            self.say,
+            put=self.events.put,
+            post=self._post,
         )
-        self._guard: Guard | None = None
         self.listener = Listener(
-            self.listen_connect,
+            listen_connect or connect,
             config.schema,
             self._post,
             say_deaf=self._say_deaf,
             on_error=self._listen_failed,
         )
-
-        self.conn: db.QueueConnection | None = None
-        # Often, until the listener hears notifications.
-        self.poll = POLL_DEAF if config.poll is None else config.poll
-        self.read_only = False  # the server refuses our writes for good (a standby)
-        self.slots = Slots(config.concurrency, config.prefetch)
-        self.outbox = Outbox(config.backoff)
-        # Held jobs a notification says were cancelled: checked, then stopped.
-        self.cancel_notices: set[Held] = set()
-        self.claimed = 0
-        self.floors = claims.Floors(enabled=not config.queues and not config.kinds)
-
-        now = time.monotonic()
-        self.claim_wanted = True
-        self.last_claim_short = False
-        self.next_poll = now
-        self.next_due: float | None = None
-        self.next_renew = now
-        # Reaping, schedule ticks, heartbeats: when each is due.
         beat = registry.Beat(
             id=self.worker_id,
             host=self.worker_id.rpartition(":")[0],
@@ -214,36 +177,32 @@ class Worker:
             lease=config.lease,
         )
         self.upkeep = Upkeep(config, beat, now)
-        self.reconnect_delay = RECONNECT_FIRST
-        self.reconnect_at = now
-        self.lost_since: float | None = None
-        # The server refused for want of a resource (disk full...): no
-        # exchange before refused_until, refused_delay longer each time.
-        self.refused_until = 0.0
-        self.refused_delay = RECONNECT_FIRST
 
-        self.signals = 0
-        self.stopping = False
-        self.stop_now = False
-        self.children_stopped = False
-        self.grace_deadline = 0.0
-        self.report_deadline: float | None = None
-        self.guard_lost_logged = False
+        # Claiming: how often to look without a notification (often, until
+        # the listener hears them), and when.
+        self.poll = POLL_DEAF if config.poll is None else config.poll
+        self.claimed = 0
+        self.floors = claims.Floors(enabled=not config.queues and not config.kinds)
+        self.claim_wanted = True
+        self.last_claim_short = False
+        self.next_poll = now
+        self.next_due: float | None = None
+        self.next_renew = now
 
     # ------------------------------------------------------------- lifecycle
 
     def check(self, conn: db.QueueConnection) -> None:
         """Refuse to start (BadInput) with what no job could ever run: a
         --sql statement the server cannot prepare, or of the wrong parameters."""
-        if self._sql is not None:
-            self._sql.check(conn)
+        self.executor.check(conn)
 
     def run(self, conn: db.QueueConnection) -> int:
         """Work until told to stop (or, with burst/max-jobs, until done); the exit code."""
         self.conn = conn
         self.say.worker_started(self.target)
         previous = self._install_signal_handlers()
-        self._start_threads()
+        self.executor.start()
+        self.listener.start()
         try:
             while True:
                 try:
@@ -257,35 +216,14 @@ class Worker:
         finally:
             # Signals stay ours until the end: one arriving while the threads
             # stop must not kill a worker that is stopping cleanly.
-            self._stop_threads()
+            self.executor.close()
+            self.listener.close()
             if self.conn is not None:
                 self._unregister()
                 self.conn.close()
-            if self._sql is not None:
-                self._sql.close()
             self._restore_signal_handlers(previous)
         self.say.worker_stopped(self.claimed, self.exit_code)
         return self.exit_code
-
-    def _start_threads(self) -> None:
-        try:
-            self._guard = Guard(TERM_GRACE, self.log.format, self.environ)
-        except OSError as exc:
-            self.say.error("cannot start the guard that stops jobs if this worker dies", exc)
-        self._children = runner.Supervisor(
-            self._child_done,
-            on_start=self._child_started,
-            term_grace=TERM_GRACE,
-            guard=self._guard,
-        )
-        self.listener.start()
-
-    def _stop_threads(self) -> None:
-        if self._children is not None:
-            self._children.close(timeout=TERM_GRACE + 1)
-        if self._guard is not None:
-            self._guard.close(timeout=TERM_GRACE + 1)
-        self.listener.close()
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         previous: dict[int, Any] = {}
@@ -315,45 +253,28 @@ class Worker:
         """An event from another thread (or a signal handler): the loop may be
         watching the children, so wake it too."""
         self.events.put(event)
-        if self._children is not None:
-            self._children.wake()
+        self.executor.wake()
 
     # ------------------------------------------------------------- the loop
 
     def _act(self) -> None:
         """Do whatever is due now: stop children, reconnect, report, renew, claim."""
         now = time.monotonic()
-        if self._children is not None and self._children.failure is not None:
-            self._supervisor_failed(self._children.failure)
-        if self._guard is not None and self._guard.lost and not self.guard_lost_logged:
-            self.guard_lost_logged = True
-            self.say.guard_lost(self._guard.pid)
-        if (
-            self.stopping
-            and not self.children_stopped
-            and (self.stop_now or now >= self.grace_deadline)
-        ):
-            self._stop_children()
-        if self.conn is None and (
-            self.read_only or now < self.reconnect_at or not self._reconnect()
-        ):
+        self._watch_children(now)
+        if not self._connected(now):
             return
-        if now < self.refused_until:
-            return
-        if self.cancel_notices:
+        if self.ended.notices:
             self._check_cancel_notices()
             if self.conn is None:
                 return
-        if not self.stopping and self.upkeep.tick_due():
+        if not self.stop.stopping and self.upkeep.tick_due():
             self._tick()
             if self.conn is None:
                 return
+        # The hot path: finished jobs out, leases renewed, new jobs claimed,
+        # all in one exchange; the new jobs start as its answer comes.
         limit = self._claim_limit() if self._claim_due(now) else 0
-        if self.upkeep.silent_too_long(now):
-            # A reap may have taken our jobs as a dead worker's. Renewing now
-            # tells, and stops at once the jobs we no longer hold.
-            self.next_renew = now
-        renew = now >= self.next_renew and self.slots.leases_held()
+        renew = self._renew_due(now)
         beat = self.upkeep.beat_due(now)
         if limit or renew or self.slots.slotted or self.outbox:
             self._exchange(limit, renew, beat)
@@ -363,8 +284,32 @@ class Worker:
         if self._reap_due(time.monotonic()):
             self._reap()
 
+    def _watch_children(self, now: float) -> None:
+        """Act on what the executor says, and stop the jobs when it is time."""
+        failure = self.executor.failure()
+        if failure is not None:
+            self._supervisor_failed(failure)
+        self.executor.say_guard_lost()
+        if self.stop.children_due(now):
+            self._stop_children()
+
+    def _connected(self, now: float) -> bool:
+        """Whether the database can take an exchange now (reconnecting if due)."""
+        if self.conn is None and (
+            self.read_only or not self.retry.may_reconnect(now) or not self._reconnect()
+        ):
+            return False
+        return not self.retry.refusing(now)
+
+    def _renew_due(self, now: float) -> bool:
+        if self.upkeep.silent_too_long(now):
+            # A reap may have taken our jobs as a dead worker's. Renewing now
+            # tells, and stops at once the jobs we no longer hold.
+            self.next_renew = now
+        return now >= self.next_renew and self.slots.leases_held()
+
     def _reap_due(self, now: float) -> bool:
-        if self.stopping or self.conn is None:
+        if self.stop.stopping or self.conn is None:
             return False
         return self.upkeep.reap_due(now, self._burst_idle())
 
@@ -383,7 +328,7 @@ class Worker:
             return False
         if self.outbox:
             return self._give_up_reporting()
-        if self.stopping:
+        if self.stop.stopping:
             return True
         if self.conn is None:
             return False
@@ -398,8 +343,7 @@ class Worker:
         """Watch the children until an event arrives or the nearest deadline;
         apply every event."""
         if self.events.empty():
-            assert self._children is not None
-            self._children.drive(self._next_deadline() - time.monotonic())
+            self.executor.drive(self._next_deadline() - time.monotonic())
         while True:
             try:
                 event = self.events.get_nowait()
@@ -409,24 +353,20 @@ class Worker:
 
     def _next_deadline(self) -> float:
         now = time.monotonic()
-        deadlines = [now + _IDLE_CAP]
-        if self.stopping and not self.children_stopped:
-            deadlines.append(self.grace_deadline)
-        if self.report_deadline is not None:
-            deadlines.append(self.report_deadline)
+        deadlines = [now + _IDLE_CAP, *self.stop.deadlines()]
         if self.conn is None:
-            deadlines.append(self.reconnect_at)
+            deadlines.append(self.retry.reconnect_at)
             return min(deadlines)
-        if now < self.refused_until:
-            deadlines.append(self.refused_until)
+        if self.retry.refusing(now):
+            deadlines.append(self.retry.refused_until)
             return min(deadlines)
-        if self.outbox or self.cancel_notices:
+        if self.outbox or self.ended.notices:
             deadlines.append(now)
         if self.slots.leases_held():
             deadlines.append(self.next_renew)
         if self.slots.slotted:
             deadlines.append(now)
-        deadlines += self.upkeep.deadlines(self.stopping)
+        deadlines += self.upkeep.deadlines(self.stop.stopping)
         if self._claim_limit() > 0:
             if self.claim_wanted:
                 deadlines.append(now)
@@ -443,7 +383,7 @@ class Worker:
         elif event == SCHEDULES:
             self.upkeep.schedules_changed()
         elif isinstance(event, CancelNotice):
-            self.cancel_notices.update(held for held in event.held if self.slots.holding(held))
+            self.ended.noticed(event.held)
         elif event in (DEAF, HEARING) and self.config.poll is None:
             # Until a notification can wake it, the loop looks for jobs often.
             self.poll = POLL_LISTENING if event == HEARING else POLL_DEAF
@@ -459,7 +399,7 @@ class Worker:
         )
 
     def _claim_limit(self) -> int:
-        if self.stopping or self.conn is None:
+        if self.stop.stopping or self.conn is None:
             return 0
         free = self.slots.room()
         if self.config.max_jobs is not None:
@@ -530,7 +470,7 @@ class Worker:
         if renew:
             self.next_renew = sent + c.lease / 3
         if held:
-            self._check_renewal(held, changed.renewed)
+            self.ended.check_renewal(conn, held, changed.renewed)
         if limit:
             self._find_next_due()
 
@@ -587,30 +527,6 @@ class Worker:
         if any(r.job.status != "failed" for r in reaped):
             self.claim_wanted = True  # back in the queue and due now
 
-    def _start_jobs(self, jobs: list[Job], slots: list[int], limit: int, now: float) -> None:
-        """Start the jobs claimed for free slots; queue those claimed beyond them."""
-        if jobs:
-            self.upkeep.jobs_claimed()
-        if jobs and not self.slots.leases_held():
-            self.next_renew = now + self.config.lease / 3
-        for running in self.slots.claimed(jobs, slots):
-            self._launch(running)
-        self.claimed += len(jobs)
-        self.last_claim_short = len(jobs) < limit
-        self.next_due = None
-
-    def _start_prefetched(self) -> None:
-        """A slot is free: start the job prefetched first, if any."""
-        if self.stopping:
-            return
-        running = self.slots.start_prefetched()
-        if running is not None:
-            self._launch(running)
-
-    def _hand_back_prefetched(self) -> None:
-        """Stopping: hand the prefetched jobs back at once, without using an attempt."""
-        self.outbox.hand_back(self.slots.take_prefetched())
-
     def _find_next_due(self) -> None:
         """After a short claim: when is the next delayed job due? (Sleep until then.)"""
         if self.last_claim_short and not self.config.burst and self.conn is not None:
@@ -623,71 +539,19 @@ class Worker:
                 self.next_due = time.monotonic() + max(due, 0.0)
 
     def _check_cancel_notices(self) -> None:
-        """Stop the held jobs a notification said were cancelled, once their
-        rows confirm it."""
         assert self.conn is not None
-        held = [k for k in self.cancel_notices if self.slots.holding(k)]
-        self.cancel_notices.clear()
-        if not held:
-            return
         try:
-            found = claims.ended(self.conn, held)
+            self.ended.check_notices(self.conn)
         except (psycopg.Error, PgqctlError) as exc:
-            self.cancel_notices.update(held)  # asked again once reconnected
             self._connection_failed(exc)
-            return
-        for key in held:
-            running = self.slots.holding(key)
-            status, why = found.get(key[0], ("", None))
-            if running is not None and status == "cancelled":
-                self._stop_cancelled(running, why, "notification")
 
-    def _stop_cancelled(self, running: Running, error: str | None, noticed: str) -> None:
-        """An operator cancelled a job this worker runs: stop its process
-        group (SIGTERM, then SIGKILL) and drop its result; the database
-        already says cancelled. A prefetched one leaves the local queue unstarted."""
-        self.say.cancelled(running, error, noticed)
-        if running.prefetched:
-            self.slots.drop_prefetched(running)
-        else:
-            running.lost = True
-            running.stop.request("cancelled")
-
-    def _check_renewal(self, held: list[Held], kept: set[int]) -> None:
-        gone = [key for key in held if key[0] not in kept and self.slots.holding(key)]
-        if not gone:
-            return
-        # Lost, cancelled by an operator (also without a notification,
-        # through a transaction pooler), or done by the job's own
-        # transaction: the job's row tells which.
+    def _explain_fenced_out(self, fenced_out: list[Fenced]) -> None:
+        """Reports that matched nothing: count those done after all, say the others."""
         assert self.conn is not None
-        try:
-            ended = claims.ended(self.conn, gone)
-        except (psycopg.Error, PgqctlError):
-            ended = {}  # said as a lost lease; either way the job is stopped
-        for key in gone:
-            running = self.slots.holding(key)
-            if running is None:
-                continue
-            status, why = ended.get(key[0], ("", None))
-            if status == "cancelled":
-                self._stop_cancelled(running, why, "renewal")
-                continue
-            if status == "done" and not running.prefetched:
-                self._completed_by_job(running)
-                continue
-            self.say.lease_lost(running)
-            if running.prefetched:
-                self.slots.drop_prefetched(running)
-                continue
-            running.lost = True
-            running.stop.request("lease lost")
+        for finished, by_job in self.ended.explain_fenced_out(self.conn, fenced_out):
+            self._done(finished, by_job=by_job)
 
-    def _completed_by_job(self, running: Running) -> None:
-        """The job's program committed its own "done" and runs on: let it
-        finish, with nothing left to renew or report."""
-        running.completed = True
-        self.say.completed_by_job(running)
+    # ------------------------------------------- when the database fails us
 
     def _reconnect(self) -> bool:
         try:
@@ -696,12 +560,9 @@ class Worker:
             self._cannot_go_on(str(exc))
             return False
         except (psycopg.Error, PgqctlError):
-            self._schedule_reconnect()
+            self.retry.reconnect_failed(time.monotonic())
             return False
-        down = time.monotonic() - (self.lost_since or time.monotonic())
-        self.say.db_restored(down)
-        self.lost_since = None
-        self.reconnect_delay = RECONNECT_FIRST
+        self.say.db_restored(self.retry.restored(time.monotonic()))
         # Catch up: renew what we hold, report, and look for work at once;
         # heartbeat too (our row comes back if someone removed it meanwhile).
         self.next_renew = time.monotonic()
@@ -727,8 +588,7 @@ class Worker:
             self.say.db_conflict(exc)
             assert self.conn is not None
             _rollback_quietly(self.conn)
-            self.next_renew = time.monotonic()
-            self.claim_wanted = True
+            self._catch_up()
             return
         if _insufficient_resources(exc) and not self._broken():
             self._server_refused(exc)
@@ -745,6 +605,11 @@ class Worker:
             self.say.error("database error; retrying with backoff", exc)
         self._drop_connection()
 
+    def _catch_up(self) -> None:
+        """Renew and claim at once: the last try was rolled back."""
+        self.next_renew = time.monotonic()
+        self.claim_wanted = True
+
     def _held_up(self, exc: BaseException, kind: str) -> None:
         """A statement gave up at its lock (or statement) timeout: the
         database is there, another session holds it up. Say which, and try
@@ -755,21 +620,13 @@ class Worker:
         limit = self.config.timeouts.limit(kind)
         blocker = self.find_blocker(waited=waited(kind, limit), ours=ours)
         self.say.db_blocked(exc, kind, limit, blocker)
-        self.next_renew = time.monotonic()
-        self.claim_wanted = True
+        self._catch_up()
 
     def _server_refused(self, exc: BaseException) -> None:
         """The server refused a statement for want of a resource (SQLSTATE
         class 53: disk full, out of memory...). The connection is fine and a
-        new one would be refused the same: say what the server said and wait,
-        longer each time while it goes on (a refusal after a quiet while
-        starts short again)."""
-        now = time.monotonic()
-        if now - self.refused_until > 2 * RECONNECT_CAP:
-            self.refused_delay = RECONNECT_FIRST
-        delay = jittered(self.refused_delay)
-        self.refused_delay = min(self.refused_delay * 2, RECONNECT_CAP)
-        self.refused_until = now + delay
+        new one would be refused the same: say what the server said and wait."""
+        delay = self.retry.refused(time.monotonic())
         self.say.server_refused(
             exc,
             delay,
@@ -789,8 +646,7 @@ class Worker:
         self.say.db_refused(message)
         self.read_only = True
         self.exit_code = 1
-        self.stopping = True
-        self.stop_now = True
+        self.stop.at_once()
         self.slots.take_prefetched()  # nothing can be handed back there: reap returns them
         if self.conn is not None:
             _close_quietly(self.conn)
@@ -800,36 +656,39 @@ class Worker:
         if self.conn is not None:
             _close_quietly(self.conn)
             self.conn = None
-        if self.lost_since is None:
-            self.lost_since = time.monotonic()
-        self._schedule_reconnect()
-
-    def _schedule_reconnect(self) -> None:
-        self.reconnect_at = time.monotonic() + jittered(self.reconnect_delay)
-        self.reconnect_delay = min(self.reconnect_delay * 2, RECONNECT_CAP)
+        self.retry.lost(time.monotonic())
 
     def _give_up_reporting(self) -> bool:
         """While stopping with results the database cannot take: wait a little, then exit 1."""
         if self.read_only:
             return True  # a standby takes no results, however long we wait
-        if not self.stopping or self.conn is not None:
-            return False
-        now = time.monotonic()
-        if self.report_deadline is None:
-            self.report_deadline = now + REPORT_WAIT
-            return False
-        if now < self.report_deadline:
+        if not self.stop.give_up_reporting(time.monotonic(), connected=self.conn is not None):
             return False
         self.say.unreported(sorted(f.running.job.id for f in self.outbox.report().finished()))
         self.exit_code = 1
         return True
 
-    # -------------------------------------------------- finished jobs
+    # -------------------------------------------------- jobs in and out
+
+    def _start_jobs(self, jobs: list[Job], slots: list[int], limit: int, now: float) -> None:
+        """Start the jobs claimed for free slots; queue those claimed beyond them."""
+        if jobs:
+            self.upkeep.jobs_claimed()
+        if jobs and not self.slots.leases_held():
+            self.next_renew = now + self.config.lease / 3
+        for running in self.slots.claimed(jobs, slots):
+            self.executor.launch(running)
+        self.claimed += len(jobs)
+        self.last_claim_short = len(jobs) < limit
+        self.next_due = None
 
     def _finished(self, finished: Finished) -> None:
         running = finished.running
-        if self.slots.release(running):
-            self._start_prefetched()
+        if self.slots.release(running) and not self.stop.stopping:
+            # A slot is free: start the job prefetched first, if any.
+            next_one = self.slots.start_prefetched()
+            if next_one is not None:
+                self.executor.launch(next_one)
         self.claim_wanted = True
         what = self.outbox.add(finished)
         if what == "by_job":
@@ -857,46 +716,23 @@ class Worker:
         self.upkeep.jobs_done += 1  # the next heartbeat says so
         self.say.done(finished, by_job=by_job)
 
-    def _explain_fenced_out(self, fenced_out: list[Fenced]) -> None:
-        """Say why reports matched nothing: the job was taken over, reaped, or deleted."""
-        assert self.conn is not None
-        try:
-            state = claims.fence_state(self.conn, [f.finished.running.job.id for f in fenced_out])
-        except (psycopg.Error, PgqctlError):
-            state = {}  # explained below as "no longer held"; the next step reconnects
-        for fenced in fenced_out:
-            finished, tried = fenced.finished, fenced.tried
-            job = finished.running.job
-            status, attempts = state.get(job.id, ("", -1))
-            if status == "done" and attempts == job.attempts:
-                # Our own earlier report, whose answer the connection lost;
-                # or else the job's program completed it in its own transaction.
-                ours = tried == "done" and fenced.maybe_ours
-                self._done(finished, by_job=not ours)
-                continue
-            if status == "cancelled" and attempts == job.attempts:
-                # An operator cancelled it before the report came in.
-                self.say.cancelled_before_report(job, tried)
-                continue
-            self.say.fenced_out(job, tried, status, attempts, held=bool(state))
-
     # --------------------------------------------------------- stopping
 
     def _on_signal(self, signum: int) -> None:
-        self.signals += 1
         name = signal.Signals(signum).name
         count = len(self.slots.running)
         # Jobs not started yet go back at once: another worker may run them
         # while ours finish.
         ahead = len(self.slots.prefetched)
         self._hand_back_prefetched()
-        self.stopping = True
-        if self.signals == 1 and self.config.grace > 0 and count:
-            self.grace_deadline = time.monotonic() + self.config.grace
+        if self.stop.signalled(time.monotonic(), self.config.grace, count):
             self.say.stopping(name, running=count, prefetched=ahead, grace=self.config.grace)
-            return
-        self.stop_now = True
-        self.say.stopping(name, running=count, prefetched=ahead)
+        else:
+            self.say.stopping(name, running=count, prefetched=ahead)
+
+    def _hand_back_prefetched(self) -> None:
+        """Stopping: hand the prefetched jobs back at once, without using an attempt."""
+        self.outbox.hand_back(self.slots.take_prefetched())
 
     def _supervisor_failed(self, failure: BaseException) -> None:
         """The thread running children has failed: it reported every job it
@@ -904,100 +740,15 @@ class Worker:
         if self.exit_code == 0:
             self.say.error("the worker can no longer run jobs; stopping", failure)
             self.exit_code = 1
-        self.stopping = True
-        self.stop_now = True
-        self.children_stopped = True
+        self.stop.at_once(children_stopped=True)
         self._hand_back_prefetched()
 
     def _stop_children(self) -> None:
-        self.children_stopped = True
+        self.stop.children_stopped = True
         for running in self.slots.running.values():
             running.stop.request("the worker is stopping")
 
-    # ---------------------------------------------------------- children
-
-    def _launch(self, running: Running) -> None:
-        """Hand a claimed job's command to the supervisor; a payload that can
-        never run, or a failure to prepare it, ends the job at once."""
-        job = running.job
-        c = self.config
-        try:
-            if isinstance(job.payload, Unreadable):  # what its row holds can never run
-                raise payload.PayloadRejected(job.payload.reason)
-            if self._sql is not None and job.kind in self._sql:
-                self._sql.submit(
-                    running,
-                    job_id=job.id,
-                    attempt=job.attempts,
-                    kind=job.kind,
-                    payload=json.dumps(job.payload),
-                    timeout=c.timeout,
-                    stop=running.stop,
-                )
-                return
-            command = payload.command_for_job(
-                job.payload,
-                kind=job.kind,
-                handlers=c.handler_map,
-                allow_shell=c.allow_shell,
-                default_timeout=c.timeout,
-                policy=c.policy,
-                environ=self.environ,
-            )
-            env = payload.job_environment(
-                self.environ,
-                job_id=job.id,
-                kind=job.kind,
-                queue=job.queue,
-                attempt=job.tries,
-                extra=command.env,
-                claim=job.attempts,
-                schema=c.schema,
-                schedule=job.schedule,
-                tick=job.tick,
-            )
-            assert self._children is not None
-            self._children.submit(
-                running,
-                command,
-                env,
-                stop=running.stop,
-                on_line=self.say.forwarder(job.id),
-                cap=self.output_cap,
-            )
-        except payload.PayloadRejected as exc:
-            self.events.put(Finished(running, runner.Outcome(start_error=exc.reason), exc.reason))
-        except Exception as exc:  # never lose the job's report
-            self._child_done(running, runner.Outcome(), exc)
-
-    def _child_started(self, key: object, pid: int) -> None:
-        """A job's process exists (called on whichever thread started it)."""
-        assert isinstance(key, Running)
-        self.say.started(key, pid=pid)
-
-    def _sql_started(self, key: object, backend_pid: int) -> None:
-        """A SQL job's statement is about to run (called on its thread)."""
-        assert isinstance(key, Running)
-        self.say.started(key, backend_pid=backend_pid)
-
-    def _sql_done(self, key: object, result: sql_jobs.SqlResult) -> None:
-        """A SQL job ended (called on its thread): post its result, waking the loop."""
-        assert isinstance(key, Running)
-        self._post(
-            Finished(key, result.outcome, committed=result.committed, fenced_out=result.fenced_out)
-        )
-
-    def _child_done(
-        self, key: object, outcome: runner.Outcome, error: BaseException | None
-    ) -> None:
-        """A child ended (called on whichever thread watches the children): post its result."""
-        assert isinstance(key, Running)
-        if error is not None:
-            self.say.error(f"job {key.job.id}: unexpected error running it", error)
-            outcome = runner.Outcome(start_error=f"worker error: {error}")
-        elif outcome.left_out_bytes or outcome.left_out_lines:
-            self.say.output_left_out(key.job.id, outcome)
-        self.events.put(Finished(key, outcome))
+    # ---------------------------------------------------------- listener
 
     def _say_deaf(self) -> None:
         every = self.config.poll if self.config.poll is not None else POLL_DEAF
