@@ -20,6 +20,7 @@ import psycopg
 from pgqctl import db
 from pgqctl.errors import PgqctlError, TimedOut
 from pgqctl.sql import query
+from pgqctl.text import format_seconds
 
 LOCK_TIMEOUT_SQLSTATE = "55P03"  # lock_not_available
 CANCELED_SQLSTATE = "57014"  # query_canceled: a statement timeout, or a cancel request
@@ -75,8 +76,6 @@ class Blocker:
 
     def describe(self) -> str:
         """pid 4242 (psql, idle in transaction, transaction open 3m12s)."""
-        from pgqctl.output import format_seconds
-
         parts = [self.application or "no application name", self.state or "state hidden"]
         if self.age is not None:
             parts.append(f"transaction open {format_seconds(self.age)}")

@@ -30,8 +30,8 @@ from pgqctl.durations import parse_duration
 from pgqctl.errors import BadInput
 from pgqctl.intake.fields import make_job
 from pgqctl.limits import check_name
-from pgqctl.output import cut
 from pgqctl.sql import query
+from pgqctl.text import cut
 
 Connection = psycopg.Connection[Any]
 UTC = dt.timezone.utc

@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any, TextIO
 
-from pgqctl.output import LINE_ESCAPES, format_seconds, printable
+from pgqctl.text import LINE_ESCAPES, format_seconds, printable
 
 LOG_FORMATS = ("text", "json")
 # Of each job's output, what a worker logs by default: enough for a job's

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import click
 
-from pgqctl import admin, control, leases, output
+from pgqctl import admin, control, leases
 from pgqctl.commands.options import (
     AGE,
     COUNT,
@@ -29,6 +29,12 @@ from pgqctl.commands.options import (
 )
 from pgqctl.errors import BadInput, NotFound
 from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, REQUEUED, STATUS_NAMES, Job
+from pgqctl.output.control import pause_summary
+from pgqctl.output.formats import emit_number, emit_result, emit_stream, is_human, resolve_format
+from pgqctl.output.jobs import emit_job, emit_jobs
+from pgqctl.output.progress import progress
+from pgqctl.output.stats import emit_stats, estimate_note, live, stats_table
+from pgqctl.text import format_seconds, plural
 
 # `schedule`: the schedule and tick of a job a schedule enqueued (left out
 # of a table where no job has one).
@@ -132,11 +138,11 @@ def stats_command(
             return admin.stats(conn, exact=exact)
 
         if metric is not None:
-            output.emit_number(admin.metric_value(snapshot(), metric, queues))
+            emit_number(admin.metric_value(snapshot(), metric, queues))
         elif watch is None:
             _show_stats(snapshot(), fmt)
-        elif output.resolve_format(fmt) == "table":
-            output.live(lambda: output.stats_table(snapshot(), _now()), watch)
+        elif resolve_format(fmt) == "table":
+            live(lambda: stats_table(snapshot(), _now()), watch)
         else:
             try:
                 while True:
@@ -152,14 +158,14 @@ def _now() -> dt.datetime:
 
 
 def _show_stats(stats: admin.Stats, fmt: str, ts: dt.datetime | None = None) -> None:
-    output.emit_stats(stats, fmt, ts)
-    note = output.estimate_note(stats)
-    if note and output.is_human(fmt):
+    emit_stats(stats, fmt, ts)
+    note = estimate_note(stats)
+    if note and is_human(fmt):
         say(note)
-    if output.is_human(fmt):
+    if is_human(fmt):
         # Whole here: a narrow terminal's table cuts or leaves out the column.
         for pause in stats.paused.values():
-            say(f"queue {pause.queue} paused {output.pause_summary(pause.until, pause.reason)}")
+            say(f"queue {pause.queue} paused {pause_summary(pause.until, pause.reason)}")
 
 
 @command("leases")
@@ -182,7 +188,7 @@ def leases_command(database: Database, expired: bool, fmt: str) -> None:
     """
     with database.connect() as conn:
         held = leases.leases(conn, expired_only=expired)
-    output.emit_jobs(held, LEASE_COLUMNS, fmt, leases.LEASE_FIELDS)
+    emit_jobs(held, LEASE_COLUMNS, fmt, leases.LEASE_FIELDS)
     if not held:
         say("no expired leases" if expired else "no running jobs")
 
@@ -255,8 +261,8 @@ def list_command(
     found = admin.JobFilter(statuses, queues, kinds, ids, since)
     matched: admin.Matched | None = None
     with database.connect() as conn:
-        if limit == 0 and not output.is_human(fmt):
-            shown = output.emit_stream(
+        if limit == 0 and not is_human(fmt):
+            shown = emit_stream(
                 (j.as_record() for j in admin.stream_jobs(conn, found, order=order)),
                 FIELDS,
                 fmt,
@@ -265,7 +271,7 @@ def list_command(
             jobs = admin.select_jobs(conn, found, order=order, limit=limit or None)
             if limit and len(jobs) == limit:
                 matched = admin.count_jobs(conn, found)
-            output.emit_jobs(jobs, list_columns(jobs), fmt, FIELDS)
+            emit_jobs(jobs, list_columns(jobs), fmt, FIELDS)
             shown = len(jobs)
     if not shown:
         say("no jobs match")
@@ -294,7 +300,7 @@ def show_command(database: Database, job_id: int, fmt: str) -> None:
             f"job {job_id} not found in schema {database.schema}: "
             "`pgqctl list` shows the jobs there"
         )
-    output.emit_job(job, fmt)
+    emit_job(job, fmt)
 
 
 @command("reap")
@@ -350,7 +356,7 @@ def reap_command(
             reaped = leases.reap(conn, dead_after=dead_after, worker=worker)
     if not reaped and quiet:
         return
-    output.emit_jobs(reaped, CHANGE_COLUMNS, fmt, leases.REAP_FIELDS)
+    emit_jobs(reaped, CHANGE_COLUMNS, fmt, leases.REAP_FIELDS)
     if quiet:
         return
     if not reaped:
@@ -358,16 +364,16 @@ def reap_command(
         return
     failed = sum(1 for r in reaped if r.job.status == "failed")
     verb = "would reap" if dry_run else "reaped"
-    what = output.plural(len(reaped), "expired lease")
+    what = plural(len(reaped), "expired lease")
     if any(r.reason != "expired" for r in reaped):
-        what = f"{output.plural(len(reaped), 'job')} ({reap_causes(reaped)})"
+        what = f"{plural(len(reaped), 'job')} ({reap_causes(reaped)})"
     say(f"{verb} {what}: {len(reaped) - failed} back to pending, {failed} failed (out of attempts)")
 
 
 def reap_causes(reaped: Sequence[leases.Reaped]) -> str:
     """`2 expired leases, 4 of dead worker h:12`: why the jobs were taken."""
     expired = sum(r.reason == "expired" for r in reaped)
-    parts = [output.plural(expired, "expired lease")] if expired else []
+    parts = [plural(expired, "expired lease")] if expired else []
     workers: dict[str, int] = {}
     for r in reaped:
         if r.reason != "expired":
@@ -503,7 +509,7 @@ def requeue_command(
             conn, selection, more=more, limit=limit, spread=spread or 0.0, dry_run=dry_run
         )
     say_unknown_queues(unknown, {job.queue for job in result.jobs})
-    output.emit_jobs(result.jobs, REQUEUE_COLUMNS, fmt, FIELDS)
+    emit_jobs(result.jobs, REQUEUE_COLUMNS, fmt, FIELDS)
     held_ids = {job.id for job, _ in result.held}
     for job_id, status in result.left.items():
         if job_id in held_ids:
@@ -532,8 +538,8 @@ def requeue_command(
     verb = "would requeue" if dry_run else "requeued"
     jobs = result.jobs
     if jobs:
-        window = f", run_at spread over {output.format_seconds(spread)}" if spread else ""
-        say(f"{verb} {output.plural(len(jobs), 'job')}{window}")
+        window = f", run_at spread over {format_seconds(spread)}" if spread else ""
+        say(f"{verb} {plural(len(jobs), 'job')}{window}")
     else:
         say(f"no {_statuses(chosen, 'or')} jobs match")
     if None in result.left.values():
@@ -605,7 +611,7 @@ def cancel_command(
         unknown = control.unknown_queues(conn, queues)  # before: a cancel can empty a queue
         result = admin.cancel(conn, selection, reason=reason, dry_run=dry_run)
     say_unknown_queues(unknown, {c.job.queue for c in result.jobs})
-    output.emit_jobs(result.jobs, CHANGE_COLUMNS, fmt, admin.CANCEL_FIELDS)
+    emit_jobs(result.jobs, CHANGE_COLUMNS, fmt, admin.CANCEL_FIELDS)
     takes = " or ".join(selection.statuses or CANCELLABLE)
     for job_id, status in result.left.items():
         if status is None:
@@ -628,7 +634,7 @@ def cancel_command(
         if gone:
             parts.append(f"{gone} running whose worker is gone (lease expired)")
         verb = "would cancel" if dry_run else "cancelled"
-        say(f"{verb} {output.plural(len(jobs), 'job')}: {', '.join(parts)}")
+        say(f"{verb} {plural(len(jobs), 'job')}: {', '.join(parts)}")
     if None in result.left.values():
         raise NotFound(
             "some --id jobs do not exist: `pgqctl list --status pending --status running` "
@@ -701,17 +707,17 @@ def purge_command(
     """
     chosen = admin.purge_statuses(statuses)
     what = f"{' and '.join(chosen)} jobs" + (
-        f" finished more than {output.format_seconds(older_than)} ago" if older_than else ""
+        f" finished more than {format_seconds(older_than)} ago" if older_than else ""
     )
     with database.connect(writes=not dry_run) as conn:
         plan = admin.purge_plan(conn, chosen, older_than)
         if dry_run:
             matched = admin.purge_count(conn, plan)
-            output.emit_result({"deleted": 0, "dry_run": True, "matched": matched}, fmt)
+            emit_result({"deleted": 0, "dry_run": True, "matched": matched}, fmt)
             say(f"would delete {matched} {what}")
             return
         total = admin.purge_count(conn, plan) if sys.stderr.isatty() else None
-        with output.progress(total, f"deleting {what}") as advance:
+        with progress(total, f"deleting {what}") as advance:
             deleted = admin.purge(conn, plan, batch_size=batch_size, on_batch=advance)
-    output.emit_result({"deleted": deleted}, fmt)
+    emit_result({"deleted": deleted}, fmt)
     say(f"deleted {deleted} {what}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pgqctl import control, output
+from pgqctl import control
 from pgqctl.commands.options import (
     AGE,
     Database,
@@ -14,6 +14,8 @@ from pgqctl.commands.options import (
     say,
     selection_option,
 )
+from pgqctl.output.control import emit_pauses
+from pgqctl.text import format_seconds, plural
 
 PAUSED_FIELDS = (*control.PAUSE_FIELDS, "updated")
 
@@ -69,18 +71,16 @@ def pause_command(
     """
     with database.connect(writes=True) as conn:
         done = control.pause(conn, queues, seconds=seconds, reason=reason, force=force)
-    output.emit_pauses(done, fmt, PAUSED_FIELDS)
+    emit_pauses(done, fmt, PAUSED_FIELDS)
     for paused in done:
         if paused.updated:
             say(f"queue {paused.pause.queue} was paused already: its pause is updated")
     until = (
-        "until resumed (`pgqctl resume`)"
-        if seconds is None
-        else f"for {output.format_seconds(seconds)}"
+        "until resumed (`pgqctl resume`)" if seconds is None else f"for {format_seconds(seconds)}"
     )
     names = ", ".join(p.pause.queue for p in done)
     say(
-        f"paused {output.plural(len(done), 'queue')} ({names}) {until}: "
+        f"paused {plural(len(done), 'queue')} ({names}) {until}: "
         "workers claim nothing more from them; running jobs go on"
     )
 
@@ -102,12 +102,12 @@ def resume_command(database: Database, queues: tuple[str, ...], fmt: str) -> Non
     """
     with database.connect(writes=True) as conn:
         result = control.resume(conn, queues)
-    output.emit_pauses(result.resumed, fmt, control.PAUSE_FIELDS)
+    emit_pauses(result.resumed, fmt, control.PAUSE_FIELDS)
     for name in result.not_paused:
         say(f"queue {name} is not paused: nothing to do")
     if result.resumed:
         names = ", ".join(p.queue for p in result.resumed)
         say(
-            f"resumed {output.plural(len(result.resumed), 'queue')} ({names}): "
+            f"resumed {plural(len(result.resumed), 'queue')} ({names}): "
             "workers claim from them again"
         )

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import click
 
-from pgqctl import doctor, output
+from pgqctl import doctor
 from pgqctl.commands.options import AGE, Database, command, database_options, format_options, say
 from pgqctl.errors import EXIT_CHECK
+from pgqctl.output.doctor import emit_doctor
+from pgqctl.output.formats import is_human
+from pgqctl.text import plural
 
 
 @command("doctor")
@@ -61,13 +64,13 @@ def doctor_command(database: Database, max_horizon_age: float, verbose: bool, fm
     """
     with database.connect() as conn:
         report = doctor.diagnose(conn, max_horizon_age=max_horizon_age)
-    output.emit_doctor(report, fmt, verbose=verbose)
+    emit_doctor(report, fmt, verbose=verbose)
     for what in report.unseen:
         say(f"could not see {what}")
-    if output.is_human(fmt):
+    if is_human(fmt):
         for note in report.notes:
             say(f"note: {note}")
     if report.findings:
-        say(f"{output.plural(len(report.findings), 'finding')}: see the SQL at the top to act")
+        say(f"{plural(len(report.findings), 'finding')}: see the SQL at the top to act")
         raise click.exceptions.Exit(EXIT_CHECK)
     say("ok: nothing needs doing")

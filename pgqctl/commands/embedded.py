@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from pgqctl import output
 from pgqctl.commands.options import (
     CONTEXT,
     OnceGroup,
@@ -14,6 +13,8 @@ from pgqctl.commands.options import (
     say,
 )
 from pgqctl.errors import EXIT_CHECK, PgqctlError
+from pgqctl.output.formats import emit_record
+from pgqctl.text import plural
 
 
 @click.group("embedded", cls=OnceGroup, context_settings=CONTEXT)
@@ -45,7 +46,7 @@ def embedded_status(fmt: str) -> None:
     from pgqctl import embedded
 
     st = embedded.status()
-    output.emit_record(
+    emit_record(
         {
             "data_dir": str(st.data_dir),
             "initialized": st.initialized,
@@ -104,7 +105,7 @@ def embedded_stop(force: bool) -> None:
     if workers:
         names = ", ".join(w.removeprefix("pgqctl worker ") for w in workers)
         raise PgqctlError(
-            f"{output.plural(len(workers), 'worker')} connected ({names}): stop "
+            f"{plural(len(workers), 'worker')} connected ({names}): stop "
             f"{'it' if len(workers) == 1 else 'them'} first (SIGTERM lets running jobs "
             "finish), or give --force"
         )

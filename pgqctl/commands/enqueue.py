@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from pgqctl import output
 from pgqctl.commands.options import (
     DURATION,
     Database,
@@ -27,8 +26,12 @@ from pgqctl.commands.options import (
     max_payload_bytes_option,
     say,
 )
+from pgqctl.formats import HUMAN_FORMATS
 from pgqctl.intake.command_line import Input, Request, enqueue_from_options
 from pgqctl.intake.unique import ON_CONFLICT
+from pgqctl.output.formats import emit_new_ids
+from pgqctl.output.progress import file_progress
+from pgqctl.text import id_span, plural
 
 if TYPE_CHECKING:
     from pgqctl.intake.loading import Ids
@@ -255,7 +258,7 @@ def enqueue_command(
             f"{queue!r} (pending or running): "
             + ("nothing enqueued" if not kinds else f"no new {held.kind!r} job")
         )
-    output.emit_new_ids(done.ids, fmt, existing=done.ids.existing)
+    emit_new_ids(done.ids, fmt, existing=done.ids.existing)
 
 
 def _regular_file(f: object) -> bool:
@@ -268,7 +271,7 @@ def _regular_file(f: object) -> bool:
 @contextlib.contextmanager
 def _open_input(path: str) -> Iterator[Input]:
     """The file --file names (- for stdin), with a progress bar on a terminal."""
-    with click.open_file(path, "rb") as f, output.file_progress(f) as progress:
+    with click.open_file(path, "rb") as f, file_progress(f) as progress:
         yield Input(
             f if progress is None else progress.lines(f),
             "stdin" if path == "-" else path,
@@ -282,17 +285,17 @@ def _open_input(path: str) -> Iterator[Input]:
 def _report_file(ids: Ids, source: str, fmt: str) -> None:
     if not ids:
         say(f"nothing to enqueue: {source} has no jobs")
-        output.emit_new_ids([], fmt)
+        emit_new_ids([], fmt)
         return
     if ids.existing:
         held = len(ids.existing)
         added = len(ids) - held
         say(
-            f"enqueued {output.plural(added, 'job')}; {output.plural(held, 'job')} skipped: "
+            f"enqueued {plural(added, 'job')}; {plural(held, 'job')} skipped: "
             f"their unique key is held by a pending or running job (its id printed instead)"
         )
     else:
-        say(f"enqueued {output.plural(len(ids), 'job')} {output.id_span(ids)}")
+        say(f"enqueued {plural(len(ids), 'job')} {id_span(ids)}")
     # Thousands of ids on a terminal are noise: there, the line above says it all.
-    if not (sys.stdout.isatty() and fmt in ("auto", *output.HUMAN_FORMATS)):
-        output.emit_new_ids(ids, fmt, existing=ids.existing)
+    if not (sys.stdout.isatty() and fmt in ("auto", *HUMAN_FORMATS)):
+        emit_new_ids(ids, fmt, existing=ids.existing)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgqctl import db, output
+from pgqctl import db
 from pgqctl.commands.options import (
     DURATION,
     Database,
@@ -17,7 +17,9 @@ from pgqctl.commands.options import (
     selection_option,
 )
 from pgqctl.errors import CheckFailed
+from pgqctl.output.formats import emit_rows
 from pgqctl.sql import migrations
+from pgqctl.text import size
 
 if TYPE_CHECKING:
     from pgqctl.migrate import Impact, MigrationState
@@ -101,7 +103,7 @@ def migrate_command(
                 }
                 for s in states
             ]
-            output.emit_rows(rows, ["name", "status", "applied_at", *IMPACT_COLUMNS], fmt)
+            emit_rows(rows, ["name", "status", "applied_at", *IMPACT_COLUMNS], fmt)
             return
         if check:
             todo = migrate.pending(conn, database.schema)
@@ -116,7 +118,7 @@ def migrate_command(
             todo = migrate.pending(conn, database.schema)
             planned = migrate.impacts(conn, database.schema, todo)
             rows = [{"name": i.name, **_impact_row(i)} for i in planned]
-            output.emit_rows(rows, ["name", *IMPACT_COLUMNS], fmt)
+            emit_rows(rows, ["name", *IMPACT_COLUMNS], fmt)
             say(f"{len(todo)} migration(s) would be applied" if todo else "nothing to do")
             return
         applied = migrate.apply(
@@ -145,9 +147,7 @@ def _impact_row(impact: Impact) -> dict[str, Any]:
     else:
         locks = ", ".join(impact.locks) or "none (new objects only)"
         writers = "wait a moment" if impact.writers_wait else "go on"
-    reads = (
-        f"{output.size(impact.read_bytes)}, ~{impact.read_rows:,} rows" if impact.read_bytes else ""
-    )
+    reads = f"{size(impact.read_bytes)}, ~{impact.read_rows:,} rows" if impact.read_bytes else ""
     return {
         "locks": locks,
         "writers": writers,

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from pgqctl import config, monitor, output, schedules
+from pgqctl import config, monitor, schedules
 from pgqctl.commands.options import (
     AGE,
     DURATION,
@@ -23,6 +23,13 @@ from pgqctl.commands.options import (
     selection_option,
 )
 from pgqctl.errors import EXIT_CHECK, BadInput, PgqctlError
+from pgqctl.output.check import emit_check
+from pgqctl.output.control import pause_summary
+from pgqctl.output.formats import is_human
+from pgqctl.output.metrics import emit_metrics, metrics_text, write_metrics_textfile
+from pgqctl.output.top import top_render, top_screen
+from pgqctl.output.workers import emit_workers
+from pgqctl.text import plural
 
 # A threshold on a count: 0 is a limit too (`--max-failed 0`: none tolerated).
 LIMIT = click.IntRange(min=0)
@@ -84,13 +91,13 @@ def workers_command(database: Database, fmt: str) -> None:
 
     with database.connect() as conn:
         found = registry.list_workers(conn)
-    output.emit_workers(found, fmt, registry.FIELDS)
+    emit_workers(found, fmt, registry.FIELDS)
     if not found:
         say("no workers registered")
-    elif output.is_human(fmt):
+    elif is_human(fmt):
         stale = sum(w.state == "stale" for w in found)
         dead = sum(w.state == "dead" for w in found)
-        active = f"{output.plural(len(found) - stale - dead, 'worker')} active"
+        active = f"{plural(len(found) - stale - dead, 'worker')} active"
         say(active + (f", {stale} stale" if stale else "") + (f", {dead} dead" if dead else ""))
 
 
@@ -168,26 +175,24 @@ def check_command(
         result = monitor.check(
             conn, thresholds, queues, with_schedules=with_schedules, include_paused=include_paused
         )
-    output.emit_check(result, fmt)
+    emit_check(result, fmt)
     for q in result.queues:
         if q.pause is not None:
             held = "held to" if include_paused else "not held to"
-            pause = output.pause_summary(q.pause.until, q.pause.reason)
+            pause = pause_summary(q.pause.until, q.pause.reason)
             say(
                 f"queue {q.queue} is paused ({pause}): its backlog is {held} the thresholds "
                 f"(`pgqctl resume {q.queue}` resumes it)"
             )
     breaches = result.breaches()
     if breaches:
-        say(f"{output.plural(len(breaches), 'threshold')} breached")
+        say(f"{plural(len(breaches), 'threshold')} breached")
         raise click.exceptions.Exit(EXIT_CHECK)
     held = ", ".join(f"--{n.replace('_', '-')}" for n in thresholds)
     ticking = (
-        ""
-        if result.schedules is None
-        else f"; {output.plural(len(result.schedules), 'schedule')} on time"
+        "" if result.schedules is None else f"; {plural(len(result.schedules), 'schedule')} on time"
     )
-    say(f"ok: {output.plural(len(result.queues), 'queue')} within {held}{ticking}")
+    say(f"ok: {plural(len(result.queues), 'queue')} within {held}{ticking}")
 
 
 # Said in --help from the one list of thresholds.
@@ -276,16 +281,16 @@ def metrics_command(
     if listen is None:
         registry = read()  # read whole before anything is written
         if textfile is None:
-            output.emit_metrics(registry)
+            emit_metrics(registry)
         else:
-            output.write_metrics_textfile(textfile, registry)
+            write_metrics_textfile(textfile, registry)
         return
     host, port = listen
     try:
         server = monitor.metrics_server(
             host,
             port,
-            lambda: output.metrics_text(read()),
+            lambda: metrics_text(read()),
             on_error=lambda why: say(f"scrape failed: {why}"),
         )
     except OSError as exc:
@@ -360,6 +365,6 @@ def top_command(database: Database, interval: float, lease_count: int) -> None:
             now = time.monotonic()
             window, last[0] = max(now - last[0], 0.001), now
             view = monitor.top_view(conn, window=window, leases=lease_count)
-            return output.top_render(view, where, interval)
+            return top_render(view, where, interval)
 
-        output.top_screen(render, interval)
+        top_screen(render, interval)

@@ -37,7 +37,7 @@ DEBUG_HELP = "Show tracebacks on errors."
 def say(message: str) -> None:
     """A message for the person at the terminal: always stderr, one line
     whatever the names it quotes hold."""
-    from pgqctl.output import LINE_ESCAPES, printable
+    from pgqctl.text import LINE_ESCAPES, printable
 
     click.echo(f"pgqctl: {printable(message, LINE_ESCAPES)}", err=True)
 

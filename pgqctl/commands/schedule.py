@@ -7,7 +7,7 @@ from typing import IO
 
 import click
 
-from pgqctl import output, schedules
+from pgqctl import schedules
 from pgqctl.commands.enqueue import (
     max_attempts_option,
     policy_option,
@@ -27,7 +27,10 @@ from pgqctl.commands.options import (
 from pgqctl.errors import BadInput
 from pgqctl.intake.command_line import read_policy_file
 from pgqctl.intake.fields import check_policy, parse_payload
+from pgqctl.output.formats import emit_new_ids
+from pgqctl.output.schedules import emit_schedule, emit_schedules, emit_sync
 from pgqctl.payload import iso_utc
+from pgqctl.text import plural
 
 
 @click.group("schedule", cls=OnceGroup, context_settings=CONTEXT)
@@ -134,7 +137,7 @@ def add_command(
         check_policy(definition.kind, definition.payload, rules)
     with database.connect(writes=True) as conn:
         added = schedules.add(conn, definition)
-    output.emit_schedule(added, fmt)
+    emit_schedule(added, fmt)
     tick = added.next_tick
     when = "paused" if tick is None else f"next tick {iso_utc(tick)}"
     say(f"schedule {name} added ({added.timing.describe()}): {when}")
@@ -159,11 +162,11 @@ def list_command(database: Database, fmt: str) -> None:
     """
     with database.connect() as conn:
         found = schedules.list_all(conn)
-    output.emit_schedules(found, fmt, schedules.FIELDS)
+    emit_schedules(found, fmt, schedules.FIELDS)
     missed = [s.name for s in found if s.missed_since is not None]
     if missed:
         say(
-            f"{output.plural(len(missed), 'schedule')} missed a tick ({', '.join(missed)}): "
+            f"{plural(len(missed), 'schedule')} missed a tick ({', '.join(missed)}): "
             "is a worker running (without --no-schedules)?"
         )
     elif not found:
@@ -187,7 +190,7 @@ def show_command(database: Database, name: str, fmt: str) -> None:
     """
     with database.connect() as conn:
         found = schedules.show(conn, name)
-    output.emit_schedule(found, fmt)
+    emit_schedule(found, fmt)
 
 
 @command("remove")
@@ -203,7 +206,7 @@ def remove_command(database: Database, name: str, fmt: str) -> None:
     """
     with database.connect(writes=True) as conn:
         removed = schedules.remove(conn, name)
-    output.emit_schedule(removed, fmt)
+    emit_schedule(removed, fmt)
     say(f"schedule {name} removed")
 
 
@@ -220,7 +223,7 @@ def pause_command(database: Database, name: str, fmt: str) -> None:
     """
     with database.connect(writes=True) as conn:
         found, changed = schedules.set_paused(conn, name, True)
-    output.emit_schedule(found, fmt)
+    emit_schedule(found, fmt)
     say(f"schedule {name} paused" if changed else f"schedule {name} was paused already")
 
 
@@ -238,7 +241,7 @@ def resume_command(database: Database, name: str, fmt: str) -> None:
     """
     with database.connect(writes=True) as conn:
         found, changed = schedules.set_paused(conn, name, False)
-    output.emit_schedule(found, fmt)
+    emit_schedule(found, fmt)
     if changed and found.next_tick is not None:
         say(f"schedule {name} resumed: next tick {iso_utc(found.next_tick)}")
     else:
@@ -261,7 +264,7 @@ def run_command(database: Database, name: str, fmt: str) -> None:
     """
     with database.connect(writes=True) as conn:
         job_id = schedules.run_now(conn, name)
-    output.emit_new_ids([job_id], fmt)
+    emit_new_ids([job_id], fmt)
 
 
 @command("sync")
@@ -344,10 +347,10 @@ def sync_command(
     with database.connect(writes=True) as conn:
         synced = schedules.sync(conn, wanted, source=source, dry_run=dry_run)
     changes = synced.changes
-    output.emit_sync(changes, fmt)
+    emit_sync(changes, fmt)
     if synced.unowned:
         say(
-            f"{output.plural(len(synced.unowned), 'schedule')} made by a sync before sources "
+            f"{plural(len(synced.unowned), 'schedule')} made by a sync before sources "
             f"existed belong to no source ({', '.join(synced.unowned)}): name them in their "
             "file to adopt them, or `pgqctl schedule remove NAME`"
         )

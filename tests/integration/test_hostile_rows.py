@@ -18,7 +18,8 @@ import pytest
 from psycopg import sql
 from rich.console import Console
 
-from pgqctl import monitor, output, rows
+from pgqctl import monitor, rows
+from pgqctl.output.top import top_render
 from tests.conftest import run_cli
 from tests.integration.jobrows import add_jobs, expired
 
@@ -177,7 +178,7 @@ def test_every_read_command_shows_every_hostile_row(
     _ok("metrics", "--dsn", dsn)
     frame = io.StringIO()
     view = monitor.top_view(conn, window=1.0)
-    Console(file=frame, width=200).print(output.top_render(view, "here", 1.0))
+    Console(file=frame, width=200).print(top_render(view, "here", 1.0))
     # Names are cut to fit there: escaped, so on the line of their row.
     assert "evil\\x0a" in frame.getvalue()
     assert not any("CRITICAL" in line[:20] for line in frame.getvalue().splitlines())

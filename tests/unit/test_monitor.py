@@ -8,8 +8,10 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgqctl import admin, monitor, output, registry
+from pgqctl import admin, monitor, registry
 from pgqctl.jobs import FINISHED, STATUS_NAMES
+from pgqctl.output.metrics import metrics_text
+from pgqctl.output.stats import emit_stats
 from tests.conftest import run_cli
 
 
@@ -69,7 +71,7 @@ def test_a_worker_with_no_queue_serves_every_queue() -> None:
     fleet = registry.Fleet(active=3, stale=1, active_queues=((), ("emails",), ("sms", "emails")))
     assert [fleet.serving(q) for q in ("emails", "sms", "other")] == [3, 2, 1]
     snapshot = monitor.MetricsSnapshot({"other": admin.Counts()}, {}, fleet=fleet)
-    text = output.metrics_text(monitor.metrics_registry(snapshot)).decode()
+    text = metrics_text(monitor.metrics_registry(snapshot)).decode()
     found = {f.name: f for f in text_string_to_metric_families(text)}
     assert {s.labels["state"]: s.value for s in found["pgqctl_workers"].samples} == {
         "active": 3,
@@ -83,7 +85,7 @@ def test_a_worker_with_no_queue_serves_every_queue() -> None:
 def test_every_status_is_a_series_of_pgqctl_jobs_and_every_finished_one_an_outcome() -> None:
     counts = {"emails": admin.Counts.of(pending=2, failed=1), "sms": admin.Counts()}
     snapshot = monitor.MetricsSnapshot(counts, {"sms": {"done": 4}})
-    text = output.metrics_text(monitor.metrics_registry(snapshot)).decode()
+    text = metrics_text(monitor.metrics_registry(snapshot)).decode()
     found = {f.name: f for f in text_string_to_metric_families(text)}
     jobs = {(s.labels["queue"], s.labels["status"]): s.value for s in found["pgqctl_jobs"].samples}
     assert {status for _, status in jobs} == set(STATUS_NAMES)
@@ -99,21 +101,21 @@ def test_a_done_count_not_counted_has_no_sample() -> None:
     counts = admin.Counts.of(pending=1)
     counts.done_figure = "unknown"
     snapshot = monitor.MetricsSnapshot({"emails": counts}, {})
-    text = output.metrics_text(monitor.metrics_registry(snapshot)).decode()
+    text = metrics_text(monitor.metrics_registry(snapshot)).decode()
     assert 'status="done"' not in text and 'status="pending"' in text
 
 
 def test_watched_stats_carry_the_time_of_the_snapshot(capsys: pytest.CaptureFixture[str]) -> None:
     stats = admin.Stats(admin.Counts.of(pending=1), {"q": admin.Counts.of(pending=1)}, False)
     ts = dt.datetime(2026, 12, 2, 1, 50, 7, tzinfo=dt.timezone.utc)
-    output.emit_stats(stats, "json", ts)
+    emit_stats(stats, "json", ts)
     assert json.loads(capsys.readouterr().out)["ts"] == "2026-12-02T01:50:07+00:00"
-    output.emit_stats(stats, "csv", ts)
+    emit_stats(stats, "csv", ts)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("ts,queue,") and lines[1].startswith("2026-12-02")
-    output.emit_stats(stats, "plain", ts)
+    emit_stats(stats, "plain", ts)
     assert capsys.readouterr().out.splitlines()[0] == "2026-12-02 01:50:07+00:00"
-    output.emit_stats(stats, "json")
+    emit_stats(stats, "json")
     assert "ts" not in json.loads(capsys.readouterr().out)
 
 

@@ -8,14 +8,8 @@ import json
 
 import pytest
 
-from pgqctl.output import (
-    emit_ids,
-    emit_object,
-    emit_record,
-    emit_rows,
-    format_seconds,
-    resolve_format,
-)
+from pgqctl.output.formats import emit_ids, emit_object, emit_record, emit_rows, resolve_format
+from pgqctl.text import format_seconds
 
 ROWS = [
     {

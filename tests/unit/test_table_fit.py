@@ -9,10 +9,18 @@ from typing import Any
 
 import pytest
 
-from pgqctl import admin, leases, output, registry
+from pgqctl import admin, leases, registry
 from pgqctl.commands.admin import CHANGE_COLUMNS, LEASE_COLUMNS, LIST_COLUMNS, REQUEUE_COLUMNS
 from pgqctl.jobs import Job
+from pgqctl.output.fitting import fit
+from pgqctl.output.formats import emit_rows
+from pgqctl.output.jobs import _job_cells
+from pgqctl.output.schedules import SCHEDULE_COLUMNS, _schedule_cells
+from pgqctl.output.stats import STATS_COLUMNS, _stats_rows
+from pgqctl.output.top import share_rows
+from pgqctl.output.workers import WORKER_COLUMNS, _worker_cells
 from pgqctl.runner import Outcome
+from pgqctl.text import error_summary, human, id_ranges
 
 WHEN = dt.datetime(2026, 12, 1, 14, 21, 4, 382000, tzinfo=dt.timezone.utc)
 HOLDER = "ip-10-0-12-34.eu-west-1.compute.internal:48213:3"
@@ -98,17 +106,17 @@ def listings() -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
     ]
     return {
         "workers": (
-            [output._worker_cells(w.as_record()) for w in fleet],
-            output.WORKER_COLUMNS,
+            [_worker_cells(w.as_record()) for w in fleet],
+            WORKER_COLUMNS,
         ),
-        "list": ([output._job_cells(j.as_record()) for j in jobs()], LIST_COLUMNS),
-        "leases": ([output._job_cells(r.as_record()) for r in held], LEASE_COLUMNS),
-        "reap": ([output._job_cells(r.as_record()) for r in reaped], CHANGE_COLUMNS),
+        "list": ([_job_cells(j.as_record()) for j in jobs()], LIST_COLUMNS),
+        "leases": ([_job_cells(r.as_record()) for r in held], LEASE_COLUMNS),
+        "reap": ([_job_cells(r.as_record()) for r in reaped], CHANGE_COLUMNS),
         "requeue": (
-            [output._job_cells(replace_status(j, "pending", HOLDER).as_record()) for j in jobs()],
+            [_job_cells(replace_status(j, "pending", HOLDER).as_record()) for j in jobs()],
             REQUEUE_COLUMNS,
         ),
-        "stats": (output._stats_rows(stats), output.STATS_COLUMNS),
+        "stats": (_stats_rows(stats), STATS_COLUMNS),
     }
 
 
@@ -142,7 +150,7 @@ def table_cells(lines: list[str]) -> list[dict[str, str]]:
 def test_a_listing_fits_the_width_and_breaks_no_value(width: int, fmt: str, name: str) -> None:
     rows, columns = listings()[name]
     out = io.StringIO()
-    output.emit_rows(rows, columns, fmt, stream=out, width=width)
+    emit_rows(rows, columns, fmt, stream=out, width=width)
     lines = out.getvalue().splitlines()
     assert all(len(line) <= width for line in lines), [len(line) for line in lines]
     header = lines[0].replace("┃", " ").split()
@@ -157,9 +165,9 @@ def test_a_listing_fits_the_width_and_breaks_no_value(width: int, fmt: str, name
             elif column in ("run_at", "finished_at", "locked_until", "started_at"):
                 assert cell == "" if value is None else TIME.fullmatch(cell), cell
             elif column in ("status", "attempt", "locked_by", "left", "pid", "state", "running"):
-                assert cell == output.human(value)
+                assert cell == human(value)
             else:  # text: whole, or cut with …
-                text = output.human(value)
+                text = human(value)
                 assert cell == text or (cell.endswith("…") and text.startswith(cell[:-1]))
 
 
@@ -168,13 +176,13 @@ def test_the_error_is_cut_first_and_times_shortened_before_columns_go() -> None:
     # Jobs of no schedule: that column is empty, and left out first.
     rows = [{**r, "schedule": ""} for r in rows]
     columns = [c for c in columns if c != "schedule"]
-    wide = output.fit(rows, columns, 200)
+    wide = fit(rows, columns, 200)
     assert wide.columns == list(columns) and wide.style == "full"
-    at_120 = output.fit(rows, columns, 120)
+    at_120 = fit(rows, columns, 120)
     assert at_120.columns == list(columns) and at_120.style in ("utc", "short")
     widths = dict(zip(at_120.columns, at_120.widths, strict=True))
     assert widths["error"] < wide.widths[-1]
-    at_80 = output.fit(rows, columns, 80)
+    at_80 = fit(rows, columns, 80)
     assert {"id", "status", "attempt", "error"} <= set(at_80.columns)
     assert "finished_at" not in at_80.columns  # the least important goes first
 
@@ -182,7 +190,7 @@ def test_the_error_is_cut_first_and_times_shortened_before_columns_go() -> None:
 def test_an_empty_column_is_left_out_before_a_full_one() -> None:
     rows, columns = listings()["list"]
     pending = [r for r in rows if r["status"] == "pending"]
-    layout = output.fit(pending, columns, 80)
+    layout = fit(pending, columns, 80)
     assert "finished_at" not in layout.columns  # empty: left out before run_at
     assert "run_at" in layout.columns
 
@@ -190,19 +198,19 @@ def test_an_empty_column_is_left_out_before_a_full_one() -> None:
 def test_the_error_column_reads_the_worker_s_last_error() -> None:
     tail = "converting\nconvert: no such file a.png\n"
     failed = Outcome(exit_code=1, output_tail=tail).last_error()
-    assert output.error_summary(failed) == "exit status 1: convert: no such file a.png"
+    assert error_summary(failed) == "exit status 1: convert: no such file a.png"
     long = Outcome(exit_code=2, output_tail="x" * 5000 + "\nlast\n", output_bytes=9000)
-    assert output.error_summary(long.last_error(limit=100)) == "exit status 2: last"
+    assert error_summary(long.last_error(limit=100)) == "exit status 2: last"
     timed_out = Outcome(timed_out=True, timeout=1.0, output_tail="slow\n").last_error()
-    assert output.error_summary(timed_out) == "timed out after 1s: slow"
-    assert output.error_summary(Outcome(exit_code=1).last_error()) == "exit status 1"
-    assert output.error_summary("boom\nTraceback...") == "boom"
-    assert output.error_summary(None) == ""
+    assert error_summary(timed_out) == "timed out after 1s: slow"
+    assert error_summary(Outcome(exit_code=1).last_error()) == "exit status 1"
+    assert error_summary("boom\nTraceback...") == "boom"
+    assert error_summary(None) == ""
 
 
 def test_the_schedule_of_a_job_stays_before_when_it_finished() -> None:
     rows, columns = listings()["list"]
-    at_120 = output.fit(rows, columns, 120)
+    at_120 = fit(rows, columns, 120)
     assert "schedule" in at_120.columns and "finished_at" not in at_120.columns
     cells = at_120.cells(rows)
     shown = [row[at_120.columns.index("schedule")] for row in cells]
@@ -238,9 +246,9 @@ def schedule_records() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("fmt", ["table", "plain"])
 def test_the_schedule_listing_fits_and_keeps_names_and_ticks_readable(width: int, fmt: str) -> None:
-    rows = [output._schedule_cells(r) for r in schedule_records()]
+    rows = [_schedule_cells(r) for r in schedule_records()]
     out = io.StringIO()
-    output.emit_rows(rows, output.SCHEDULE_COLUMNS, fmt, stream=out, width=width)
+    emit_rows(rows, SCHEDULE_COLUMNS, fmt, stream=out, width=width)
     lines = out.getvalue().splitlines()
     assert all(len(line) <= width for line in lines), [len(line) for line in lines]
     shown = table_cells(lines)
@@ -254,7 +262,7 @@ def test_the_schedule_listing_fits_and_keeps_names_and_ticks_readable(width: int
 
 def test_no_value_is_cut_while_an_empty_column_is_shown() -> None:
     rows = [{"name": "nightly", "timing": "cron */15 9-17 * * mon-fri", "paused": ""}]
-    layout = output.fit(rows, ["name", "timing", "paused"], 40)
+    layout = fit(rows, ["name", "timing", "paused"], 40)
     # Was: the cron expression cut to 14 beside an empty `paused` (rank 0).
     assert layout.columns == ["name", "timing"]
     assert layout.widths[1] == len("cron */15 9-17 * * mon-fri")
@@ -265,7 +273,7 @@ def test_no_value_is_cut_while_an_empty_column_is_shown() -> None:
     [([], ""), ([7], "7"), ([9, 10, 11, 12, 13, 14, 20], "9-14, 20"), ([3, 1, 2, 5], "1-3, 5")],
 )
 def test_job_ids_that_follow_each_other_read_as_ranges(ids: list[int], shown: str) -> None:
-    assert output.id_ranges(ids) == shown
+    assert id_ranges(ids) == shown
 
 
 @pytest.mark.parametrize(
@@ -280,4 +288,4 @@ def test_job_ids_that_follow_each_other_read_as_ranges(ids: list[int], shown: st
 def test_top_shares_the_rows_of_the_terminal(
     wanted: list[int], available: int, given: list[int]
 ) -> None:
-    assert output.share_rows(wanted, available) == given
+    assert share_rows(wanted, available) == given
