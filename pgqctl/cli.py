@@ -61,6 +61,10 @@ COMMANDS = {
         "pgqctl.commands.admin:show_command",
         "One job, whole: every column, the payload pretty-printed and the full last error.",
     ),
+    "why": Lazy(
+        "pgqctl.commands.why:why_command",
+        "Why a job is not running, each reason with the command that would change it.",
+    ),
     "reap": Lazy(
         "pgqctl.commands.admin:reap_command",
         "Reclaim expired leases, and the jobs of dead workers: each job goes back to pending, "

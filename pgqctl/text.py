@@ -11,6 +11,7 @@ import datetime as dt
 import decimal
 import json
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -148,3 +149,15 @@ def size(n: int | None) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} B"  # not reached
+
+
+def shell_word(value: str) -> str:
+    """`value` as one word of a command to paste into a shell, quoted only
+    when it must be, and on one line: a value with control characters in
+    bash's $'...' quoting, each escaped."""
+    if value.isprintable():
+        return shlex.quote(value)
+    escaped = "".join(
+        f"\\x{ord(c):02x}" if not c.isprintable() else "\\" + c if c in "\\'" else c for c in value
+    )
+    return f"$'{escaped}'"
