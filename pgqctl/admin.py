@@ -665,7 +665,8 @@ def purge_batch(conn: Connection, plan: PurgePlan, batch_size: int) -> int:
     """Delete up to `batch_size` matching rows in one short transaction."""
     params = {"statuses": list(plan.statuses), "cutoff": plan.cutoff, "batch_size": batch_size}
     with conn.transaction():
-        return conn.execute(query("job_purge_batch"), params).rowcount
+        (deleted,) = conn.execute(query("job_purge_batch"), params).fetchone() or (0,)
+    return int(deleted)
 
 
 def purge(

@@ -37,6 +37,7 @@ from datetime import datetime
 import psycopg
 
 from pgqctl import limits
+from pgqctl.attempts import Record, record_attempts
 from pgqctl.db import QueueConnection
 from pgqctl.jobs import Held, Job
 from pgqctl.registry import Beat
@@ -155,6 +156,8 @@ def exchange(
     floor: Floor | None = None,
     beat: Beat | None = None,
     max_payload_bytes: int = limits.MAX_PAYLOAD_BYTES,
+    records: Sequence[Record] = (),
+    now: float = 0.0,
 ) -> Exchanged:
     """Report, renew and claim in one statement: in a transaction of its own,
     or in the caller's when one is open. With `beat`, the worker's heartbeat
@@ -175,6 +178,8 @@ def exchange(
     run for what its row holds: see rows.claimed_payload) comes with an
     `Unreadable` payload, for the worker to fail for good; the claim reads no
     more of a payload than that.
+    records: the attempts that ended, recorded in the same transaction
+    (record_attempts, with `now` the worker's monotonic clock at sending).
     """
     holders = [str(int(n)) for n in slots] + ["prefetch"] * prefetch
     params = {
@@ -197,6 +202,8 @@ def exchange(
     statement = exchange_statement(queues, kinds, from_floor=from_floor)
     beaten = None
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        if records:
+            record_attempts(conn, records, now)
         rows = conn.execute(statement, params).fetchall()  # the caller's
         if beat is not None:
             beaten = conn.execute(query("worker_beat"), beat.params()).fetchone()
@@ -205,6 +212,10 @@ def exchange(
         with conn.pipeline():
             conn.execute(query("transaction_begin"))
             conn.execute(query("settings_set_local"), conn.settings_params())
+            if records:
+                # Before the statement: it may claim a job that one of them
+                # ended (a retry due at once), which must not make it late.
+                record_attempts(conn, records, now)
             cur = conn.execute(statement, params)
             if beat is not None:
                 beat_cur = conn.execute(query("worker_beat"), beat.params())

@@ -59,7 +59,12 @@ COMMANDS = {
     ),
     "show": Lazy(
         "pgqctl.commands.admin:show_command",
-        "One job, whole: every column, the payload pretty-printed and the full last error.",
+        "One job, whole: every column, the payload pretty-printed, the full last error, and a "
+        "timeline of its attempts.",
+    ),
+    "logs": Lazy(
+        "pgqctl.commands.attempts:logs_command",
+        "The output an attempt of a job wrote, as the worker kept it.",
     ),
     "why": Lazy(
         "pgqctl.commands.why:why_command",

@@ -128,6 +128,8 @@ class Job:
     # The schedule that enqueued it and the tick it is for (None: not a tick).
     schedule: str | None = None
     tick: datetime | None = None
+    # When the last claim took it (None before the first): a running job runs since then.
+    claimed_at: datetime | None = None
     # Why `payload` holds the payload's JSON text rather than its value (cut,
     # or nested too deep to decode): None when it is the value. Read
     # commands cut a payload and a last_error too long to show (rows.py).

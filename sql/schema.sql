@@ -30,7 +30,9 @@ CREATE TABLE jobs (
     -- schedules); NULL for jobs enqueued otherwise. `schedule run` sets
     -- only the schedule.
     schedule      text,
-    tick          timestamptz
+    tick          timestamptz,
+    -- When the last claim took it (see 0012); NULL before the first.
+    claimed_at    timestamptz
 );
 
 -- Vacuumed and analyzed after a fixed number of rows, not a fraction of the
@@ -219,3 +221,35 @@ BEGIN
         current_schema(), current_schema());
 END
 $$;
+
+-- Every attempt of a job that ended (see 0012): one row per claim, keyed by
+-- the fencing token; written by the worker that ran it (with its next
+-- exchange), a reap (lease_lost) or a cancel (cancelled).
+CREATE TABLE attempts (
+    job_id        bigint NOT NULL,
+    claim         integer NOT NULL,
+    attempt       integer NOT NULL,
+    worker        text,
+    outcome       text NOT NULL CHECK (outcome IN ('done', 'failed', 'timed_out', 'cancelled',
+                                                   'lease_lost', 'handed_back', 'refused')),
+    claimed_at    timestamptz,
+    started_at    timestamptz,
+    finished_at   timestamptz NOT NULL DEFAULT now(),
+    exit_status   integer,
+    signal        integer,
+    error         text,
+    user_cpu      float8,
+    system_cpu    float8,
+    max_rss_bytes bigint,
+    stdout_head   text,
+    stdout_tail   text,
+    stdout_bytes  bigint,
+    stderr_head   text,
+    stderr_tail   text,
+    stderr_bytes  bigint,
+    late          boolean NOT NULL DEFAULT false,
+    recorded_by   text NOT NULL CHECK (recorded_by IN ('worker', 'reap', 'cancel')),
+    PRIMARY KEY (job_id, claim)
+);
+-- Retention (`purge --attempts-older-than`) and recent failures by time.
+CREATE INDEX attempts_finished_idx ON attempts (finished_at);

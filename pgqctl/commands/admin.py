@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import click
 
 from pgqctl import admin, control, leases
+from pgqctl.attempts import list_attempts
 from pgqctl.commands.options import (
     AGE,
     COUNT,
@@ -285,8 +286,13 @@ def list_command(
 @click.argument("job_id", metavar="ID", type=JOB_ID)
 @format_options
 def show_command(database: Database, job_id: int, fmt: str) -> None:
-    """One job, whole: every column, the payload pretty-printed and the full
-    last error.
+    """One job, whole: every column, the payload pretty-printed, the full
+    last error, and a timeline of its attempts.
+
+    Each attempt on one line: its try number, when it started, the worker
+    and slot, how long it ran, how it ended, the CPU time and peak memory
+    of its process, and the last line it wrote (`pgqctl logs` shows its
+    output). --json has every attempt's fields under "history".
 
     \b
     Example:
@@ -295,12 +301,13 @@ def show_command(database: Database, job_id: int, fmt: str) -> None:
     """
     with database.connect() as conn:
         job = admin.get_job(conn, job_id)
+        tries = list_attempts(conn, job_id) if job is not None else []
     if job is None:
         raise NotFound(
             f"job {job_id} not found in schema {database.schema}: "
             "`pgqctl list` shows the jobs there"
         )
-    emit_job(job, fmt)
+    emit_job(job, fmt, tries)
 
 
 @command("reap")

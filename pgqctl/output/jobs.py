@@ -7,7 +7,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pgqctl.output.formats import Record, emit_record, emit_rows, is_human
+from pgqctl.attempts import Attempt
+from pgqctl.output.attempts import emit_timeline
+from pgqctl.output.formats import Record, emit_record, emit_rows, is_human, resolve_format
 from pgqctl.text import error_summary, format_seconds
 
 
@@ -49,11 +51,12 @@ def _schedule_cell(schedule: str | None, tick: dt.datetime | None) -> str:
     return f"{schedule} {tick.astimezone(dt.timezone.utc):%m-%d %H:%M:%SZ}"
 
 
-def emit_job(job: Record, fmt: str) -> None:
+def emit_job(job: Record, fmt: str, attempts: Sequence[Attempt] = ()) -> None:
     """One job whole (`show`): for people, its payload pretty-printed, and
     under a payload or an error cut (or a payload too deep to decode) a
-    note that says so; JSON says it in payload_note, payload_cut and
-    last_error_cut."""
+    note that says so, then the timeline of its attempts; JSON says it in
+    payload_note, payload_cut and last_error_cut, and has every attempt
+    under "history" ("attempts" is the count of claims)."""
     record = job.as_record()
     if is_human(fmt):
         note = record.pop("payload_note")
@@ -66,4 +69,9 @@ def emit_job(job: Record, fmt: str) -> None:
             record["last_error"] += (
                 f"\n[last_error cut: the first {len(record['last_error']):,} characters]"
             )
+        emit_record(record, fmt)
+        emit_timeline(attempts, fmt)
+        return
+    if resolve_format(fmt) in ("json", "ndjson"):
+        record["history"] = [a.as_record() for a in attempts]
     emit_record(record, fmt)

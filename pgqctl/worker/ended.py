@@ -82,7 +82,7 @@ class EndedElsewhere:
                 self.say.completed_by_job(running)
             else:
                 self.say.lease_lost(running)
-                self._drop(running, "lease lost")
+                self._drop(running, "lease lost", "lease_lost")
 
     def explain_fenced_out(
         self, conn: db.QueueConnection, fenced_out: list[Fenced]
@@ -114,11 +114,12 @@ class EndedElsewhere:
         group (SIGTERM, then SIGKILL) and drop its result; the database
         already says cancelled."""
         self.say.cancelled(running, error, noticed)
-        self._drop(running, "cancelled")
+        self._drop(running, "cancelled", "cancelled")
 
-    def _drop(self, running: Running, why: str) -> None:
-        """Stop a job's process and drop its result; a prefetched one leaves
-        the local queue unstarted."""
+    def _drop(self, running: Running, why: str, ended_by: str) -> None:
+        """Stop a job's process and drop its result (its attempt is recorded
+        as `ended_by`); a prefetched one leaves the local queue unstarted."""
+        running.ended_by = ended_by
         if running.prefetched:
             self.slots.drop_prefetched(running)
         else:

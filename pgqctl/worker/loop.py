@@ -147,7 +147,7 @@ class Worker:
         self.retry = Retry(now)
         self.stop = Shutdown()
         self.slots = Slots(config.concurrency, config.prefetch)
-        self.outbox = Outbox(config.backoff)
+        self.outbox = Outbox(config.backoff, self.worker_id)
         self.ended = EndedElsewhere(self.slots, self.say)
         self.executor = Executor(
             config,
@@ -448,6 +448,8 @@ class Worker:
                 floor=self.floors.floor(sent) if limit else None,
                 beat=self.upkeep.current_beat(self.slots.live()) if beat else None,
                 max_payload_bytes=c.max_payload_bytes,
+                records=report.records,
+                now=sent,
             )
         except (psycopg.Error, PgqctlError) as exc:
             self.claim_wanted = self.claim_wanted or bool(limit)
@@ -676,7 +678,7 @@ class Worker:
             self.upkeep.jobs_claimed()
         if jobs and not self.slots.leases_held():
             self.next_renew = now + self.config.lease / 3
-        for running in self.slots.claimed(jobs, slots):
+        for running in self.slots.claimed(jobs, slots, now):
             self.executor.launch(running)
         self.claimed += len(jobs)
         self.last_claim_short = len(jobs) < limit

@@ -9,9 +9,10 @@ failed stays for the next one.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
-from pgqctl import claims, runner
+from pgqctl import attempts, claims, runner
 from pgqctl.claims import Failure
 from pgqctl.jobs import Held
 from pgqctl.worker.config import backoff_delay
@@ -32,6 +33,7 @@ class Finished:
     # found no longer running (nothing committed). Nothing left to report.
     committed: bool = False
     fenced_out: bool = False
+    at: float = field(default_factory=time.monotonic)  # when it ended
 
 
 @dataclass
@@ -41,9 +43,11 @@ class Report:
     done: list[Finished] = field(default_factory=list)
     fails: list[tuple[Finished, Failure]] = field(default_factory=list)
     handed_back: list[Finished] = field(default_factory=list)
+    # Every attempt that ended, reported or not (lost, done by the job...).
+    records: list[attempts.Record] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.done or self.fails or self.handed_back)
+        return bool(self.done or self.fails or self.handed_back or self.records)
 
     def finished(self) -> list[Finished]:
         return [*self.done, *(f for f, _ in self.fails), *self.handed_back]
@@ -74,8 +78,9 @@ class Settled:
 
 
 class Outbox:
-    def __init__(self, backoff: float) -> None:
+    def __init__(self, backoff: float, worker: str = "") -> None:
         self.backoff = backoff
+        self.worker = worker  # host:pid, for the attempts' records
         self.pending = Report()
         # Jobs whose "done" report was sent on an exchange that failed: if
         # their rows say done, that may be our report's doing, not the job's.
@@ -91,6 +96,7 @@ class Outbox:
         lost), "by_job" (the job's own transaction did it), "committed" (a SQL
         job done with its statement), "fenced_out" (a SQL job whose attempt no
         longer ran)."""
+        self.pending.records.append(attempt_record(finished, self.worker))
         running = finished.running
         if running.lost:
             return "lost"
@@ -123,7 +129,9 @@ class Outbox:
 
     def hand_back(self, unstarted: list[Running]) -> None:
         """Jobs to hand back unstarted (prefetched ones, when stopping)."""
-        self.pending.handed_back.extend(Finished(r, runner.Outcome()) for r in unstarted)
+        handed_back = [Finished(r, runner.Outcome()) for r in unstarted]
+        self.pending.handed_back.extend(handed_back)
+        self.pending.records.extend(attempt_record(f, self.worker) for f in handed_back)
 
     def report(self) -> Report:
         """What the next exchange reports (kept here until `settle`)."""
@@ -165,3 +173,47 @@ class Outbox:
             r.status == "pending" for r in changed.failed.values()
         )
         return settled
+
+
+def attempt_outcome(finished: Finished) -> str:
+    """How the attempt ended, as attempts.outcome says it."""
+    running, outcome = finished.running, finished.outcome
+    if running.ended_by is not None:
+        return running.ended_by
+    if finished.fenced_out:
+        return "lease_lost"
+    if running.completed or finished.committed:
+        return "done"
+    if finished.rejected is not None:
+        return "refused"
+    if outcome.succeeded:
+        return "done"
+    if outcome.stopped or running.prefetched:  # a shutdown, or handed back unstarted
+        return "handed_back"
+    if outcome.timed_out:
+        return "timed_out"
+    return "failed"
+
+
+def attempt_record(finished: Finished, worker: str) -> attempts.Record:
+    """What the attempts table keeps of a finished attempt."""
+    running, outcome = finished.running, finished.outcome
+    job = running.job
+    ran = finished.rejected is None and outcome.start_error is None and running.ran_in is not None
+    how = attempt_outcome(finished)
+    error = None
+    if how != "done":
+        error = finished.rejected if finished.rejected is not None else outcome.describe()
+    return attempts.Record(
+        job_id=job.id,
+        claim=job.attempts,
+        attempt=job.tries,
+        worker=f"{worker}:{'prefetch' if running.ran_in is None else running.ran_in}",
+        outcome=how,
+        claimed=running.claimed_at or None,
+        started=finished.at - outcome.duration if ran else None,
+        ended=finished.at,
+        exit_status=outcome.exit_code,
+        signal=outcome.signal,
+        error=error,
+    )

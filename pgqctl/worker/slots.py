@@ -28,6 +28,12 @@ class Running:
     # renew or report; its program runs on until it exits.
     completed: bool = False
     prefetched: bool = False  # claimed ahead of a free slot, and not started yet
+    # When the exchange that claimed it was sent (monotonic), and the slot it
+    # ran in (kept after the slot frees): for its attempt's record.
+    claimed_at: float = 0.0
+    ran_in: int | None = None
+    # Why it ended without this worker, once found: "cancelled", "lease_lost".
+    ended_by: str | None = None
 
     @property
     def holds_lease(self) -> bool:
@@ -64,16 +70,20 @@ class Slots:
         (the lowest free ones first); jobs claimed beyond them are prefetched."""
         return self._free[::-1][:limit]
 
-    def claimed(self, jobs: list[Job], slots: list[int]) -> list[Running]:
-        """Take the claimed jobs: the first into `slots` (as `free_for` gave
-        them), the rest into the local queue. The ones to start now."""
+    def claimed(self, jobs: list[Job], slots: list[int], at: float = 0.0) -> list[Running]:
+        """Take the jobs claimed by the exchange sent `at`: the first into
+        `slots` (as `free_for` gave them), the rest into the local queue. The
+        ones to start now."""
         started = min(len(jobs), len(slots))
         del self._free[len(self._free) - started :]
-        now = [Running(job, runner.Stop(), slot) for job, slot in zip(jobs, slots, strict=False)]
+        now = [
+            Running(job, runner.Stop(), slot, claimed_at=at, ran_in=slot)
+            for job, slot in zip(jobs, slots, strict=False)
+        ]
         for running in now:
             self.running[running.job.held] = running
         self.prefetched.extend(
-            Running(job, runner.Stop(), prefetched=True) for job in jobs[started:]
+            Running(job, runner.Stop(), prefetched=True, claimed_at=at) for job in jobs[started:]
         )
         return now
 
@@ -92,7 +102,7 @@ class Slots:
             return None
         running = self.prefetched.popleft()
         running.prefetched = False
-        running.slot = self._free.pop()
+        running.slot = running.ran_in = self._free.pop()
         self.running[running.job.held] = running
         self.slotted[running.job.held] = running.slot
         return running

@@ -262,32 +262,45 @@ ORDER BY id;
 -- status and attempt that were locked, like every move out of running: a
 -- race with the job's own end has exactly one winner, and a worker's later
 -- report, fenced on status running, matches nothing. attempts is kept.
--- cancelled_from is the status the job had; lease_expired as in
--- job_cancel_select.
-UPDATE jobs
-SET status = 'cancelled',
-    finished_at = now(),
-    locked_until = NULL,  -- locked_by stays: the worker that last held it
-    last_error = %(error)s
-FROM (
-    SELECT id, status, attempts, locked_until
-    FROM jobs
-    WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
-           OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[])))
-      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-    ORDER BY id
-    FOR UPDATE
-) AS picked
-WHERE jobs.id = picked.id
-  AND jobs.status = picked.status
-  AND jobs.attempts = picked.attempts
-RETURNING {job},
-          picked.status AS cancelled_from,
-          CASE WHEN picked.status = 'running'
-               THEN picked.locked_until < now() OR picked.locked_until IS NULL
-          END AS lease_expired;
+-- The attempt of a running job is recorded as cancelled (its worker's record
+-- adds what the process did). cancelled_from is the status the job had;
+-- lease_expired as in job_cancel_select.
+WITH cancelled AS (
+    UPDATE jobs
+    SET status = 'cancelled',
+        finished_at = now(),
+        locked_until = NULL,  -- locked_by stays: the worker that last held it
+        last_error = %(error)s
+    FROM (
+        SELECT id, status, attempts, locked_until
+        FROM jobs
+        WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
+               OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[])))
+          AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+          AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+          AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+        ORDER BY id
+        FOR UPDATE
+    ) AS picked
+    WHERE jobs.id = picked.id
+      AND jobs.status = picked.status
+      AND jobs.attempts = picked.attempts
+    RETURNING jobs.*,
+              picked.status AS cancelled_from,
+              CASE WHEN picked.status = 'running'
+                   THEN picked.locked_until < now() OR picked.locked_until IS NULL
+              END AS lease_expired
+), recorded AS (
+    INSERT INTO attempts (job_id, claim, attempt, worker, outcome, claimed_at, error,
+                          recorded_by)
+    SELECT id, attempts, attempts - handbacks, locked_by, 'cancelled', claimed_at, last_error,
+           'cancel'
+    FROM cancelled
+    WHERE cancelled_from = 'running'
+    ON CONFLICT (job_id, claim) DO NOTHING
+)
+SELECT {job}, jobs.cancelled_from, jobs.lease_expired
+FROM cancelled AS jobs;
 
 -- name: workers_notify_cancel
 -- Tell the workers which running jobs were cancelled, as (id, attempt)
@@ -314,14 +327,22 @@ WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s;
 -- someone is updating (a requeue), and workers never wait on more than this.
 -- ARRAY(...) makes the delete a primary-key lookup of the batch's ids, never a
 -- join the planner might run as a scan of the whole table.
-DELETE FROM jobs
-WHERE id = ANY(ARRAY(
-    SELECT id
-    FROM jobs
-    WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s
-    LIMIT %(batch_size)s
-    FOR UPDATE SKIP LOCKED
-));
+-- A job's attempts go with it, by the attempts' primary key. One row: how
+-- many jobs went.
+WITH gone AS (
+    DELETE FROM jobs
+    WHERE id = ANY(ARRAY(
+        SELECT id
+        FROM jobs
+        WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING id
+), attempts_gone AS (
+    DELETE FROM attempts WHERE job_id = ANY(ARRAY(SELECT id FROM gone))
+)
+SELECT count(*) FROM gone;
 -- monitor: check and metrics (pgqctl/monitor.py). Besides stats_counts (with
 -- no done rows for check), they read these, each through a partial index:
 -- their cost follows the live jobs and the jobs finished within a short

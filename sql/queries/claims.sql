@@ -98,6 +98,7 @@ WITH done AS (
     UPDATE jobs AS j
     SET status = 'running',
         attempts = j.attempts + 1,
+        claimed_at = now(),
         locked_until = now() + %(lease)s * interval '1 second',
         locked_by = %(worker)s || COALESCE(
             ':' || (%(slots)s::text[])[array_position((SELECT ids FROM picked), j.id)], '')

@@ -83,7 +83,8 @@ ORDER BY locked_until NULLS FIRST, id;
 -- commits meanwhile makes it alive, and none of its jobs is taken. Each job
 -- is fenced as every transition out of running is (still running, the
 -- attempt read), so a late report of the dead worker matches nothing. The
--- dead workers get reaped_at, and the count of their jobs taken.
+-- dead workers get reaped_at, and the count of their jobs taken; each
+-- attempt taken is recorded in attempts.
 WITH dead AS (
     SELECT id, last_seen, heartbeat_seconds
     FROM workers
@@ -133,6 +134,13 @@ WITH dead AS (
       AND jobs.attempts = taken.attempts
       AND jobs.status = 'running'
     RETURNING jobs.*, taken.locked_by AS held_by, taken.reason, taken.dead_worker
+), lost AS (
+    -- Each attempt a reap ends, recorded as lease_lost; a late record of its
+    -- worker adds what the process did (attempt_record).
+    INSERT INTO attempts (job_id, claim, attempt, worker, outcome, claimed_at, error, recorded_by)
+    SELECT id, attempts, attempts - handbacks, held_by, 'lease_lost', claimed_at, last_error, 'reap'
+    FROM reaped
+    ON CONFLICT (job_id, claim) DO NOTHING
 ), marked AS (
     -- Once per death (not again until it heartbeats), and whenever jobs go.
     UPDATE workers AS w

@@ -16,4 +16,5 @@ left(jobs.payload::text, %(payload_chars)s) AS payload_head,
 jobs.status, jobs.priority, jobs.attempts, jobs.max_attempts, jobs.run_at,
 jobs.locked_until, jobs.locked_by,
 left(jobs.last_error, %(error_chars)s) AS last_error_head,
-jobs.created_at, jobs.finished_at, jobs.handbacks, jobs.unique_key, jobs.schedule, jobs.tick
+jobs.created_at, jobs.finished_at, jobs.handbacks, jobs.unique_key, jobs.schedule, jobs.tick,
+jobs.claimed_at

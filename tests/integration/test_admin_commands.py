@@ -259,8 +259,9 @@ def test_show_prints_every_column_with_the_payload_pretty(
 
     whole = cli_json(dsn, "show", str(job_id))
     columns = [r[0] for r in conn.execute("SELECT * FROM jobs LIMIT 0").description or []]
-    # Every column, then what says whether payload and last_error are whole.
-    assert list(whole) == [*columns, "payload_note", "payload_cut", "last_error_cut"]
+    # Every column, then what says whether payload and last_error are whole, then
+    # its attempts.
+    assert list(whole) == [*columns, "payload_note", "payload_cut", "last_error_cut", "history"]
     assert (whole["payload_note"], whole["payload_cut"], whole["last_error_cut"]) == (
         None,
         False,

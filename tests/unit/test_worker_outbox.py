@@ -59,21 +59,25 @@ def test_the_backoff_grows_with_the_attempt_up_to_its_cap() -> None:
 
 
 @pytest.mark.parametrize(
-    ("flags", "expected"),
+    ("flags", "expected", "outcome"),
     [
-        ({"lost": True}, "lost"),
-        ({"completed": True}, "by_job"),
+        ({"lost": True, "ended_by": "lease_lost"}, "lost", "lease_lost"),
+        ({"lost": True, "ended_by": "cancelled"}, "lost", "cancelled"),
+        ({"completed": True}, "by_job", "done"),
     ],
 )
-def test_jobs_whose_end_was_said_otherwise_are_not_reported(
-    flags: dict[str, bool], expected: str
+def test_jobs_whose_end_was_said_otherwise_are_not_reported_but_recorded(
+    flags: dict[str, object], expected: str, outcome: str
 ) -> None:
-    outbox = Outbox(backoff=2.0)
+    outbox = Outbox(backoff=2.0, worker="h:1")
     f = finished(1, exit_code=0)
     for name, value in flags.items():
         setattr(f.running, name, value)
     assert outbox.add(f) == expected
-    assert not outbox
+    assert not outbox.report().finished()
+    # Still, the next exchange records how the attempt ended.
+    [record] = outbox.report().records
+    assert (record.job_id, record.outcome) == (1, outcome)
 
 
 def test_a_sql_job_reports_nothing_and_one_fenced_out_loses_its_lease() -> None:
@@ -83,7 +87,8 @@ def test_a_sql_job_reports_nothing_and_one_fenced_out_loses_its_lease() -> None:
     assert outbox.add(committed) == "committed"
     assert outbox.add(fenced) == "fenced_out"
     assert fenced.running.lost
-    assert not outbox
+    assert not outbox.report().finished()
+    assert [r.outcome for r in outbox.report().records] == ["done", "lease_lost"]
 
 
 def test_a_failed_exchange_keeps_the_reports_and_remembers_the_dones() -> None:
@@ -148,3 +153,56 @@ def test_prefetched_jobs_are_handed_back_unstarted() -> None:
     outbox.hand_back(ahead)
     assert [f.running for f in outbox.report().handed_back] == ahead
     assert all(f.outcome == runner.Outcome() for f in outbox.report().handed_back)
+
+
+def test_every_ending_is_recorded_as_an_attempt_with_where_and_when() -> None:
+    outbox = Outbox(backoff=2.0, worker="h:1")
+    endings = {
+        "done": finished(1, exit_code=0, duration=2.0),
+        "failed": finished(2, exit_code=3, duration=1.0),
+        "timed_out": finished(3, signal=15, timed_out=True, timeout=5.0, duration=5.0),
+        "handed_back": finished(4, signal=15, stopped=True, duration=1.0),
+        "never_started": finished(5, start_error="no such program", never_starts=True),
+    }
+    rejected = Finished(finished(6).running, runner.Outcome(), rejected="not allowed by policy")
+    for f in [*endings.values(), rejected]:
+        f.running.ran_in = 0
+        f.running.claimed_at = f.at - 10.0
+        outbox.add(f)
+    records = {r.job_id: r for r in outbox.report().records}
+    assert [records[i].outcome for i in range(1, 7)] == [
+        "done",
+        "failed",
+        "timed_out",
+        "handed_back",
+        "failed",
+        "refused",
+    ]
+    done = records[1]
+    assert (done.worker, done.claim, done.attempt, done.exit_status) == ("h:1:0", 1, 1, 0)
+    assert done.error is None
+    assert done.ended == endings["done"].at and done.started == done.ended - 2.0
+    assert done.claimed == done.ended - 10.0
+    assert records[2].error == "exit status 3" and records[2].exit_status == 3
+    assert records[3].signal == 15 and records[3].error == "timed out after 5s"
+    assert records[5].started is None and records[5].error == "no such program"
+    assert records[6].started is None and records[6].error == "not allowed by policy"
+
+
+def test_prefetched_jobs_handed_back_unstarted_are_recorded_without_a_start() -> None:
+    outbox = Outbox(backoff=2.0, worker="h:1")
+    job = Job(id=9, queue="default", kind="k", payload={}, attempts=2, handbacks=1)
+    outbox.hand_back([Running(job, runner.Stop(), prefetched=True, claimed_at=5.0)])
+    [record] = outbox.report().records
+    assert (record.outcome, record.worker, record.started) == ("handed_back", "h:1:prefetch", None)
+    assert (record.claim, record.attempt) == (2, 1)
+
+
+def test_records_stay_until_an_exchange_goes_through() -> None:
+    outbox = Outbox(backoff=2.0, worker="h:1")
+    outbox.add(finished(1, exit_code=0))
+    report = outbox.report()
+    outbox.unsent(report)
+    assert len(outbox.report().records) == 1
+    outbox.settle(report, claims.Exchanged(done={1}))
+    assert outbox.report().records == [] and not outbox

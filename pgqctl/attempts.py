@@ -1,0 +1,135 @@
+"""Every attempt of a job: what a worker records of each one that ended, and
+what `show` and `logs` read back.
+
+A row per claim (the fencing token), written by the worker that ran it (in
+its exchange's pipeline: no round trip of its own), by a reap that took it
+back, or by a cancel of a running job; see sql/migrations/0012_attempts.sql
+for who wins when two write the same claim. The SQL is sql/queries/attempts.sql.
+Nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from pgqctl.rows import named_rows
+from pgqctl.sql import query
+
+# How an attempt ended (the CHECK of attempts.outcome).
+OUTCOMES = (
+    "done",
+    "failed",
+    "timed_out",
+    "cancelled",
+    "lease_lost",
+    "handed_back",
+    "refused",
+)
+
+# Characters of an attempt's error that `show` reads (`logs` reads it whole).
+SHOWN_ERROR_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a worker knows of an attempt that ended. Instants are on the
+    worker's monotonic clock; they are sent as seconds before the exchange."""
+
+    job_id: int
+    claim: int  # the job's attempts as the claim left it: the fencing token
+    attempt: int  # the try's number, as the job saw it
+    worker: str  # host:pid:slot
+    outcome: str  # one of OUTCOMES
+    claimed: float | None  # monotonic instants
+    started: float | None  # None: it never started
+    ended: float
+    exit_status: int | None = None
+    signal: int | None = None
+    error: str | None = None
+    user_cpu: float | None = None
+    system_cpu: float | None = None
+    max_rss_bytes: int | None = None
+    stdout_head: str | None = None
+    stdout_tail: str | None = None
+    stdout_bytes: int | None = None
+    stderr_head: str | None = None
+    stderr_tail: str | None = None
+    stderr_bytes: int | None = None
+
+
+_INSTANTS = ("claimed", "started", "ended")
+_TEXTS = ("error", "stdout_head", "stdout_tail", "stderr_head", "stderr_tail")
+
+
+def record_params(records: Sequence[Record], now: float) -> dict[str, str]:
+    """The parameters of attempt_record for `records`, sent at monotonic `now`."""
+    rows = []
+    for record in records:
+        row = {f.name: getattr(record, f.name) for f in fields(record)}
+        for name in _INSTANTS:
+            at = row.pop(name)
+            row[f"{name}_ago"] = None if at is None else max(now - at, 0.0)
+        for name in _TEXTS:
+            if row[name] is not None and "\0" in row[name]:
+                # PostgreSQL's text holds no NUL: a program's stray NUL shows as U+FFFD.
+                row[name] = row[name].replace("\0", "\ufffd")
+        rows.append(row)
+    return {"attempts": json.dumps(rows, ensure_ascii=False)}
+
+
+def record_attempts(conn: Any, records: Sequence[Record], now: float) -> None:
+    """Send the records: in the caller's pipeline and transaction (the
+    exchange's), before its statement."""
+    conn.execute(query("attempt_record"), record_params(records, now))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt as `show` lists it: no output but its last line."""
+
+    job_id: int
+    claim: int
+    attempt: int
+    worker: str | None
+    outcome: str
+    claimed_at: dt.datetime | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime
+    exit_status: int | None
+    signal: int | None
+    error: str | None
+    user_cpu: float | None
+    system_cpu: float | None
+    max_rss_bytes: int | None
+    stdout_bytes: int | None
+    stderr_bytes: int | None
+    late: bool
+    recorded_by: str
+    output_end: str | None
+
+    @property
+    def seconds(self) -> float | None:
+        """How long it ran (None if it never started)."""
+        if self.started_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+    def as_record(self) -> dict[str, Any]:
+        return {**asdict(self), "seconds": self.seconds}
+
+
+def list_attempts(conn: Any, job_id: int) -> list[Attempt]:
+    """The attempts of job `job_id`, in claim order."""
+    rows = named_rows(conn, "attempt_list", {"id": job_id, "error_chars": SHOWN_ERROR_CHARS})
+    return [Attempt(**row) for row in rows]
+
+
+def get_attempt(conn: Any, job_id: int, attempt: int | None = None) -> dict[str, Any] | None:
+    """One attempt whole, its output included: try number `attempt` (its
+    latest claim), or the latest; None if there is none."""
+    rows = named_rows(conn, "attempt_get", {"id": job_id, "attempt": attempt})
+    return rows[0] if rows else None
