@@ -11,8 +11,8 @@ import pytest
 from psycopg import sql
 
 from tests.conftest import run_cli
-from tests.integration.jobrows import add_jobs
-from tests.integration.servers import Roles, roles
+from tests.support.jobrows import add_jobs
+from tests.support.servers import Roles, roles
 
 __all__ = ["roles"]
 
@@ -183,7 +183,7 @@ def test_check_names_a_paused_queue_and_leaves_its_backlog_alone(
 ) -> None:
     """Was: exit 3, `CRITICAL images: oldest pending job waited 1h`, with
     nothing said of the pause."""
-    from tests.integration.jobrows import ago
+    from tests.support.jobrows import ago
 
     add_jobs(conn, 5, queue="images", run_at=ago("1 hour"))
     assert run_cli("pause", "images", "--reason", "disk", "--dsn", dsn).exit_code == 0
