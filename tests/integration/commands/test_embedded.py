@@ -25,6 +25,9 @@ import pytest
 from pgqctl import embedded
 from pgqctl.errors import EmbeddedError
 from tests.conftest import needs_embedded
+from tests.support.processes import start_worker
+
+__all__ = ["start_worker"]  # a fixture
 
 pytestmark = needs_embedded
 
@@ -295,7 +298,7 @@ def _no_database_configured() -> dict[str, str]:
 
 @pytest.mark.slow
 def test_stop_names_connected_workers_and_a_later_command_does_not_restart_it(
-    data_dir: Path, tmp_path: Path
+    data_dir: Path, start_worker: Any
 ) -> None:
     """Was: `embedded stop` exit 0 under a running worker, and the next
     command (the worker's own reconnect too) started the server again."""
@@ -308,10 +311,7 @@ def test_stop_names_connected_workers_and_a_later_command_does_not_restart_it(
     env = {**_no_database_configured(), "PGQCTL_EMBEDDED_DIR": str(data_dir)}
     assert pgqctl("embedded", "start").returncode == 0
     assert pgqctl("migrate").returncode == 0
-    log = (tmp_path / "worker.log").open("w")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "pgqctl", "worker", "--poll", "100ms"], env=env, stderr=log
-    )
+    worker = start_worker(None, "--poll", "100ms", env=env)
     try:
         dsn = embedded.dsn(data_dir)
         deadline = time.monotonic() + 30
@@ -337,8 +337,6 @@ def test_stop_names_connected_workers_and_a_later_command_does_not_restart_it(
         assert not embedded.status(data_dir).running
     finally:
         worker.kill()
-        worker.wait()
-        log.close()
     started = pgqctl("embedded", "start")
     assert started.returncode == 0, started.stderr
     assert pgqctl("stats").returncode == 0

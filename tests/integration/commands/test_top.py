@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import start_pgqctl
+from tests.support.processes import PATIENCE, start_pgqctl
 from tests.support.servers import (
     REPO_ROOT,
     clean_env,
@@ -24,9 +24,6 @@ from tests.support.servers import (
 )
 
 __all__ = ["start_pgqctl"]
-
-# How long to wait for what a test expects on a machine busy with other work.
-PATIENCE = 30.0
 
 
 class Pane:

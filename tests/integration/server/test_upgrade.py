@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import tarfile
@@ -20,6 +19,7 @@ import pytest
 
 from pgqctl.sql import migrations
 from tests.conftest import run_cli
+from tests.support.processes import PgqctlProcess
 from tests.support.servers import REPO_ROOT
 
 # The oldest release whose schema `migrate` upgrades (one migration, 0001).
@@ -113,13 +113,11 @@ def test_old_producers_and_workers_keep_working_through_an_upgrade(
             "INSERT INTO jobs (kind, payload) SELECT 'upgrade', %s FROM generate_series(1, 300)",
             (payload,),
         )
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "pgqctl", "worker", "--dsn", empty_dsn, "--concurrency", "2"],
+    worker = PgqctlProcess(
+        ["worker", "--dsn", empty_dsn, "--concurrency", "2"],
+        tmp_path / "old-worker.log",
         env=old_env(old_release),
         cwd=old_release,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         producer.thread.start()
@@ -132,14 +130,14 @@ def test_old_producers_and_workers_keep_working_through_an_upgrade(
         producer.thread.join()
         wait_until_run(empty_dsn)
     finally:
-        worker.send_signal(signal.SIGTERM)
-        _, worker_log = worker.communicate(timeout=30)
+        code = worker.stop(30)
+    worker_log = worker.log
 
     failed = [(c.returncode, c.stderr.strip()) for c in producer.calls if c.returncode != 0]
     assert failed == []
     # A release-era command started after the upgrade works too.
     assert old_pgqctl(old_release, "stats", "--dsn", empty_dsn).returncode == 0
-    assert worker.returncode == 0, worker_log
+    assert code == 0, worker_log
     enqueued = {int(c.stdout) for c in producer.calls}
     with psycopg.connect(empty_dsn) as c:
         rows = c.execute("SELECT id, status, attempts FROM jobs WHERE kind = 'upgrade'")

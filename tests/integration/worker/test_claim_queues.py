@@ -10,7 +10,6 @@ as it runs unprepared behind a pooler (a custom plan each time).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,6 +24,9 @@ from psycopg import sql
 
 from pgqctl import claims, db, limits
 from pgqctl.sql import query
+from tests.support.processes import start_worker
+
+__all__ = ["start_worker"]  # a fixture
 
 LEASE = 60.0
 PLANS = ["generic", "custom"]
@@ -430,7 +432,7 @@ def test_concurrent_claimers_over_overlapping_queues_and_kinds_claim_each_job_on
 
 
 def test_worker_processes_of_several_queues_run_each_job_once(
-    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path, start_worker: Any
 ) -> None:
     ran = tmp_path / "ran"
     script = 'echo "$PGQCTL_JOB_ID" >> "$1"'
@@ -450,21 +452,9 @@ def test_worker_processes_of_several_queues_run_each_job_once(
         ["--kind", "x", "--kind", "y", "--queue", "c", "--queue", "a"],
         ["--kind", "y"],
     ]
-    logs = [tmp_path / f"worker-{n}.log" for n in range(len(args))]
-    procs = []
-    for a, log in zip(args, logs, strict=True):
-        with log.open("w") as err:
-            procs.append(
-                subprocess.Popen(
-                    [*command, "--concurrency", "4", *a],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
-                    env=dict(os.environ),
-                )
-            )
-    codes = [p.wait(timeout=120) for p in procs]
-    outputs = [log.read_text() for log in logs]
+    procs = [start_worker(dsn, "--burst", "--concurrency", "4", *a) for a in args]
+    codes = [p.wait(120) for p in procs]
+    outputs = [p.log for p in procs]
     assert codes == [0] * len(procs), outputs
     # A burst worker stops when all it sees is taken: what others held then
     # and gave up is left for one more.

@@ -14,7 +14,6 @@ import contextlib
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import psycopg
 import pytest
 
 from tests.support.jobrows import insert_jobs
+from tests.support.processes import PgqctlProcess
 
 ORDERS = 500
 
@@ -101,11 +101,14 @@ def run_with_kills(
     `kill_programs`, job programs) with SIGKILL at random moments; how many
     of each were killed."""
     rng = random.Random(os.environ.get("PYTEST_XDIST_WORKER", "") + str(time.time()))
-    command = [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn, "--concurrency", "4"]
+    command = ["worker", "--dsn", dsn, "--concurrency", "4"]
     command += ["--lease", "2s", "--reap-every", "1s", "--backoff", "0.1s", *worker_args]
     kills = {"worker": 0, "program": 0}
-    log = (tmp_path / "workers.log").open("ab")
-    worker = subprocess.Popen(command, stderr=log, stdin=subprocess.DEVNULL)
+
+    def start() -> PgqctlProcess:
+        return PgqctlProcess(command, tmp_path / f"worker-{kills['worker']}.log")
+
+    worker = start()
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline:
@@ -125,13 +128,10 @@ def run_with_kills(
                 kills["program"] += 1
                 continue
             worker.kill()
-            worker.wait()
             kills["worker"] += 1
-            worker = subprocess.Popen(command, stderr=log, stdin=subprocess.DEVNULL)
+            worker = start()
     finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(60)
-        log.close()
+        worker.stop(60)
     return kills
 
 
