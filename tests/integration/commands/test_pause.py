@@ -26,7 +26,9 @@ from tests.integration.worker.test_claim_queues import (
     rows_read,
 )
 from tests.support.jobrows import add_jobs
-from tests.support.processes import PgqctlProcess, wait_until
+from tests.support.processes import PgqctlProcess, start_worker, wait_until
+
+__all__ = ["start_worker"]  # a fixture
 
 # The fixtures of those modules, for these tests too.
 claimer = test_claim_queues.claimer

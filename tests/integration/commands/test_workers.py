@@ -15,7 +15,9 @@ from pgqctl.worker import application_name
 from tests.conftest import run_cli
 from tests.integration.commands.test_metrics import samples
 from tests.support.jobrows import insert_jobs
-from tests.support.processes import wait_until
+from tests.support.processes import start_worker, wait_until
+
+__all__ = ["start_worker"]  # a fixture
 
 HOST = socket.gethostname()
 SLEEP = {"argv": ["sleep", "60"]}

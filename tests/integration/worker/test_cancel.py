@@ -21,8 +21,10 @@ from pgqctl.worker import TERM_GRACE
 from tests.conftest import alive, gone
 from tests.integration.commands.test_cancel import assert_cancelled, cancel_json
 from tests.support.jobrows import expired, insert_jobs, job
-from tests.support.processes import wait_for_listener, wait_until
-from tests.support.servers import Pooler
+from tests.support.processes import start_json_worker, wait_for_listener, wait_until
+from tests.support.servers import Pooler, txn_pooler
+
+__all__ = ["start_json_worker", "txn_pooler"]  # fixtures
 
 
 def family_job(pids: Path) -> dict[str, str]:

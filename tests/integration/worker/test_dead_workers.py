@@ -15,7 +15,9 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.support.jobrows import add_jobs, ago, insert_jobs, job, sh
-from tests.support.processes import wait_until
+from tests.support.processes import start_worker, wait_until
+
+__all__ = ["start_worker"]  # a fixture
 
 STARTED = re.compile(r" job \d+ started")
 # Heartbeats every half second, dead after ten of them (5 s): short for the

@@ -20,7 +20,9 @@ from cronsim import CronSim
 
 from pgqctl import db, ticks
 from tests.conftest import run_cli
-from tests.support.processes import wait_until
+from tests.support.processes import start_worker, wait_until
+
+__all__ = ["start_worker"]  # a fixture
 
 UTC = dt.timezone.utc
 # One job per tick, whether or not the previous one has ended.

@@ -27,7 +27,9 @@ import pytest
 from pgqctl import embedded
 from tests.conftest import gone, needs_embedded, run_cli
 from tests.support.jobrows import insert_jobs, job, sh, statuses
-from tests.support.processes import PATIENCE, PgqctlProcess, wait_until
+from tests.support.processes import PATIENCE, PgqctlProcess, start_worker, wait_until
+
+__all__ = ["start_worker"]  # a fixture
 
 # The reclaim UPDATE of the classic SKIP LOCKED design (what `pgqctl reap` does).
 REAP = """

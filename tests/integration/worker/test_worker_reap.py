@@ -14,7 +14,9 @@ import psycopg
 
 from tests.conftest import run_cli
 from tests.support.jobrows import expired, insert_jobs, job, sh
-from tests.support.processes import wait_until
+from tests.support.processes import start_worker, wait_until
+
+__all__ = ["start_worker"]  # a fixture
 
 
 def reaped_lines(log: str) -> list[str]:
