@@ -37,9 +37,6 @@ def _scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _scans(child)
 
 
-# -- check ----------------------------------------------------------------------------
-
-
 def test_check_says_nothing_and_exits_0_on_a_healthy_queue(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:

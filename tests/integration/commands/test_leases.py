@@ -11,8 +11,6 @@ import psycopg
 from tests.conftest import cli_json, run_cli
 from tests.support.jobrows import add_jobs, ago, expired
 
-# --- leases, list, show -------------------------------------------------------------
-
 
 def test_leases_human_table_shows_holder_and_time_left(
     dsn: str, conn: psycopg.Connection[Any]

@@ -25,8 +25,6 @@ from tests.conftest import ctrl_c_at_default, run_cli
 from tests.support.jobrows import add_jobs, mixed_queues
 from tests.support.servers import closed_port_dsn
 
-# -- metrics --------------------------------------------------------------------------
-
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     found = {}

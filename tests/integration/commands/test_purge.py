@@ -10,8 +10,6 @@ import psycopg
 from tests.conftest import cli_json, run_cli
 from tests.support.jobrows import add_jobs, ago, expired
 
-# --- purge --------------------------------------------------------------------------
-
 
 def test_purge_deletes_old_done_rows_in_batches_and_nothing_else(
     dsn: str, conn: psycopg.Connection[Any]

@@ -24,9 +24,6 @@ def sql_case_attempts() -> Any:
 ISO_MS_UTC = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
 
-# --- reap ---------------------------------------------------------------------------
-
-
 def test_reap_dry_run_shows_the_outcome_and_changes_nothing(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:

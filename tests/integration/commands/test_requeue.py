@@ -34,9 +34,6 @@ def status_of(conn: psycopg.Connection[Any]) -> dict[int, str]:
     return dict(conn.execute("SELECT id, status FROM jobs").fetchall())
 
 
-# --- requeue ------------------------------------------------------------------------
-
-
 def test_requeue_narrows_by_kind_queue_and_since(dsn: str, conn: psycopg.Connection[Any]) -> None:
     recent = add_jobs(conn, 2, kind="mail", status="failed", attempts=3)
     (old,) = add_jobs(conn, kind="mail", status="failed", attempts=3, finished_at=ago("2 days"))

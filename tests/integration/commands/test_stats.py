@@ -45,9 +45,6 @@ def load(dsn: str, tmp_path: Path, queue: str, n: int) -> None:
     assert result.exit_code == 0, result.stderr
 
 
-# --- stats -----------------------------------------------------------------------
-
-
 def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[Any]) -> None:
     add_jobs(conn, 2, run_at=ago("1 minute"))
     add_jobs(conn, 1, queue="emails", run_at=ago("1 hour"))
@@ -244,9 +241,6 @@ def test_per_queue_done_estimates_are_within_a_factor_of_2_or_not_given(
     exact = cli_json(dsn, "stats", "--exact")
     assert {q["queue"]: q["done"] for q in exact["queues"]} == truth
     assert {q["estimated"] for q in exact["queues"]} == {False}
-
-
-# -- stats --------------------------------------------------------------------------
 
 
 def test_stats_metric_prints_one_integer(dsn: str, conn: psycopg.Connection[Any]) -> None:
