@@ -1,5 +1,5 @@
 """pgqctl commands running in the background, workers above all: the one helper
-every test that starts a `pgqctl worker` (or `serve`, `top`, ...) process uses.
+every test that starts a `pgqctl worker` process (or another command's) uses.
 
 - `PgqctlProcess`: `python -m pgqctl ARGS` in a process of its own, its stderr
   (the log) in a file and its stdout in another; read the log as text or as
@@ -11,7 +11,8 @@ every test that starts a `pgqctl worker` (or `serve`, `top`, ...) process uses.
   event), `start_pgqctl` (any command as a user would run it: from the
   repository root, no connection settings inherited; stopped with SIGTERM,
   then killed).
-- `wait_until`, patient on a loaded machine; `wait_all`, `trouble`.
+- `wait_until`, patient on a loaded machine; `wait_for_listener`, `wait_all`,
+  `trouble`.
 
 Test modules import the fixtures they use by name from here.
 """
