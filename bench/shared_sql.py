@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.integration.seed import SEED_CLAIM
+from tests.support.seed import SEED_CLAIM
 
 __all__ = ["HISTORY", "LIVE_SET", "REEXPIRE", "SEED_CLAIM", "SEED_DONE"]
 

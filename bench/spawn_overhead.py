@@ -11,7 +11,7 @@ other tenants of the machine disturb less:
 - subprocess_run: each thread calls subprocess.run(["true"]).
 - runner_run: each thread does what the worker does per job: parse the payload
   with command_for_job, build child_environment (from a snapshot of the
-  worker's environment), make a Stop, and run() (tests/unit/runner_helpers.py:
+  worker's environment), make a Stop, and run() (tests/support/runner_helpers.py:
   the engine's one-child path, on the calling thread).
 - runner_run_bare: run() alone, no Stop and the environment reused.
 - supervisor: what the worker does: one runner.Supervisor thread keeps N
@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pgqctl import payload, runner
-from tests.unit.runner_helpers import child_environment, run
+from tests.support.runner_helpers import child_environment, run
 
 
 def subprocess_run() -> None:

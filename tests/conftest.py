@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import random
 import shutil
@@ -64,6 +65,13 @@ def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = N
         sys.stderr.flush()
         stdout, stderr = streams[0], streams[1]
         return Result(code, stdout.getvalue().decode(), stderr.getvalue().decode())
+
+
+def cli_json(dsn: str, *args: str) -> Any:
+    """Run `pgqctl ARGS --json` on `dsn`, which must succeed; what it printed, parsed."""
+    result = run_cli(*args, "--json", "--dsn", dsn)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def random_name(length: int = 3000) -> str:

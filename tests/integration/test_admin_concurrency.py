@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from tests.conftest import run_cli
-from tests.integration.jobrows import add_jobs, ago, expired
+from tests.support.jobrows import add_jobs, ago, expired
 
 # A worker's batch claim and fenced report, as plain SQL.
 CLAIM = """

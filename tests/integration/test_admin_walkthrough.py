@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from tests.conftest import run_cli
-from tests.integration.seed import SEED_CLAIM, SEED_ROWS
+from tests.support.seed import SEED_CLAIM, SEED_ROWS
 
 
 def cli_json(dsn: str, *args: str) -> Any:

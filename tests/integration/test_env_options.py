@@ -13,7 +13,7 @@ import click
 import psycopg
 
 from tests.conftest import run_cli
-from tests.integration.jobrows import add_jobs, expired
+from tests.support.jobrows import add_jobs, expired
 
 
 def test_format_and_schema_come_from_the_environment(dsn: str) -> None:

@@ -11,10 +11,11 @@ import pytest
 from psycopg import sql
 
 from tests.conftest import run_cli
-from tests.integration.jobrows import add_jobs
-from tests.integration.servers import Roles, roles
+from tests.support.jobrows import add_jobs
+from tests.support.processes import start_json_worker
+from tests.support.servers import Roles, roles
 
-__all__ = ["roles"]
+__all__ = ["roles", "start_json_worker"]
 
 # --- schema names ------------------------------------------------------------------
 
@@ -183,7 +184,7 @@ def test_check_names_a_paused_queue_and_leaves_its_backlog_alone(
 ) -> None:
     """Was: exit 3, `CRITICAL images: oldest pending job waited 1h`, with
     nothing said of the pause."""
-    from tests.integration.jobrows import ago
+    from tests.support.jobrows import ago
 
     add_jobs(conn, 5, queue="images", run_at=ago("1 hour"))
     assert run_cli("pause", "images", "--reason", "disk", "--dsn", dsn).exit_code == 0
@@ -216,24 +217,18 @@ CREATE TRIGGER disk_full BEFORE UPDATE ON jobs
 
 
 def test_a_worker_told_the_disk_is_full_says_so_and_backs_off(
-    conn: psycopg.Connection[Any], dsn: str, tmp_path: Any
+    conn: psycopg.Connection[Any], dsn: str, start_json_worker: Any
 ) -> None:
     """The server refuses each report of a finished job with SQLSTATE 53100,
     as a full disk makes it. Was: "database unavailable" and "database
     connection restored" at every retry, with no backoff (329 pairs in 3
     minutes)."""
-    import subprocess
-    import sys
     import time
 
     [job] = add_jobs(conn, 1)
     conn.execute(DISK_FULL_TRIGGER)
-    log_path = tmp_path / "worker.log"
-    with log_path.open("w") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "pgqctl", "worker", "--log-format", "json", "--dsn", dsn],
-            stderr=log,
-        )
+    worker = start_json_worker(dsn)
+    log_path = worker.log_path
     try:
         # The report refused again and again meanwhile: three refusals show
         # the retries and their growing waits (no need to sit out a fixed 5 s).
@@ -247,9 +242,8 @@ def test_a_worker_told_the_disk_is_full_says_so_and_backs_off(
             assert time.monotonic() < deadline, "the job to be reported done"
             time.sleep(0.1)
     finally:
-        worker.terminate()
-        worker.wait(30)
-    events = [json.loads(line) for line in log_path.read_text().splitlines()]
+        worker.stop(30)
+    events = worker.events()
     names = [e["event"] for e in events]
     assert "db_lost" not in names and "db_restored" not in names, names
     refused = [e for e in events if e["event"] == "server_refused"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cogapp import Cog
 
-from tests.docs_help import commands, help_text
+from tests.support.docs_help import commands, help_text
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -11,7 +11,7 @@ import pytest
 import pgqctl.payload
 from pgqctl.payload import PayloadRejected, command_for_job, command_for_payload
 from pgqctl.runner import Command
-from tests.unit.runner_helpers import child_environment, run
+from tests.support.runner_helpers import child_environment, run
 
 ENV = dict(os.environ)
 

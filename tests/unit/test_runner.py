@@ -16,7 +16,7 @@ import pytest
 from pgqctl import runner
 from pgqctl.runner import MAX_LINE_BYTES, TAIL_BYTES, Command, Outcome, OutputCap, Stop
 from tests.conftest import alive, gone
-from tests.unit.runner_helpers import run
+from tests.support.runner_helpers import run
 
 ENV = dict(os.environ)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Any one database test: it needs the suite's server, which is what is checked.
-DATABASE_TEST = "tests/integration/test_db.py::test_a_migrated_database_passes_the_check"
+DATABASE_TEST = "tests/integration/server/test_db.py::test_a_migrated_database_passes_the_check"
 
 
 def pytest_run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,201 @@
+"""`pgqctl top` in a real terminal (a tmux pane), and refused without one."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import PATIENCE, start_pgqctl
+from tests.support.servers import (
+    REPO_ROOT,
+    clean_env,
+    insert_jobs,
+    missing,
+    pgqctl,
+    unique,
+    wait_until,
+)
+
+__all__ = ["start_pgqctl"]
+
+
+class Pane:
+    """A shell in a tmux pane of a fixed size, on a tmux server of its own."""
+
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+
+    def tmux(self, *args: str) -> str:
+        result = subprocess.run(
+            ["tmux", "-L", self.socket, *args],
+            capture_output=True,
+            text=True,
+            timeout=PATIENCE,
+            check=True,
+        )
+        return result.stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "top")
+
+    def state(self, variable: str) -> str:
+        return self.tmux("display-message", "-p", "-t", "top", f"#{{{variable}}}").strip()
+
+
+@contextmanager
+def pane_of(columns: int, lines: int) -> Iterator[Pane]:
+    if shutil.which("tmux") is None:
+        missing("tmux is not installed: `apt-get install tmux`")
+    made = Pane(unique("pgqctl-top"))
+    # Not COLUMNS or LINES (a parallel test worker has them, at 80 by 24): top
+    # must size itself by the pane's terminal, as in a real one.
+    env = " ".join(
+        f"{k}={shlex.quote(v)}"
+        for k, v in clean_env().items()
+        if k.isidentifier() and k not in ("COLUMNS", "LINES")
+    )
+    made.tmux(
+        *("new-session", "-d", "-s", "top", "-x", str(columns), "-y", str(lines)),
+        f"env -i {env} TERM=screen sh",
+    )
+    try:
+        yield made
+    finally:
+        made.tmux("kill-server")
+
+
+@pytest.fixture
+def pane() -> Iterator[Pane]:
+    with pane_of(110, 40) as made:
+        yield made
+
+
+def queue_row(screen: str) -> list[str] | None:
+    """The cells of the `default` queue's row: queue, pending, running, done/s, ..."""
+    for line in screen.splitlines():
+        cells = line.split()  # the columns are apart by spaces; no value here has one
+        if len(cells) > 2 and cells[0] == "default":
+            return cells
+    return None
+
+
+def run_top(pane: Pane, dsn: str, tmp_path: Path) -> None:
+    script = tmp_path / "top.sh"
+    script.write_text(
+        f"cd {shlex.quote(str(REPO_ROOT))}\n"
+        f"{shlex.quote(sys.executable)} -m pgqctl top --dsn {shlex.quote(dsn)} --interval 300ms\n"
+        'echo "top exited $?"\n'
+        # What top left the terminal's modes at: canonical input and echo again.
+        "stty -a | tr ' ;' '\\n\\n' | grep -x -e icanon -e -icanon -e echo -e -echo\n"
+        # The script's end: its every line is on the screen (a busy machine
+        # may show "top exited" well before the modes).
+        "echo modes shown\n"
+    )
+    # bash waits for top to handle Ctrl-C itself (sh would die of it at once).
+    pane.tmux("send-keys", "-t", "top", f"bash {shlex.quote(str(script))}", "Enter")
+    wait_until(lambda: "pgqctl top" in pane.screen(), PATIENCE, "top to draw")
+
+
+@pytest.mark.slow
+def test_top_shows_the_queue_move_and_q_restores_the_terminal(
+    dsn: str, pane: Pane, tmp_path: Path, start_pgqctl: object
+) -> None:
+    insert_jobs(dsn, [["sleep", "0.2"]] * 60)  # about 3 s of work for 4 slots
+    run_top(pane, dsn, tmp_path)
+    wait_until(lambda: queue_row(pane.screen()) is not None, PATIENCE, "the queue's row")
+    first = queue_row(pane.screen())
+    assert first is not None and first[1] == "60" and first[2] == "0"  # pending, running
+    assert pane.state("alternate_on") == "1"  # on the alternate screen
+
+    worker = start_pgqctl("worker", "--burst", "--concurrency", "4", "--dsn", dsn)  # type: ignore[operator]
+    seen: list[list[str]] = []
+
+    def moved() -> bool:
+        row = queue_row(pane.screen())
+        if row:
+            seen.append(row)
+        return bool(row) and int(row[1]) < 60 and float(row[3]) > 0  # done/s
+
+    wait_until(moved, PATIENCE, "top to show jobs being done")
+    # The worker's registry row, while it runs: its host:pid, active.
+    pid = worker.proc.pid  # type: ignore[attr-defined]
+    wait_until(
+        lambda: any(f":{pid}" in line and "active" in line for line in pane.screen().splitlines()),
+        PATIENCE,
+        "the worker in top's workers",
+    )
+    assert worker.wait(60) == 0  # type: ignore[attr-defined]
+    try:
+        wait_until(
+            lambda: (queue_row(pane.screen()) or ["", "?"])[1] == "0",
+            PATIENCE,
+            "pending to reach 0",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the screen:\n{pane.screen()}") from None
+
+    pane.tmux("send-keys", "-t", "top", "q")
+    wait_until(lambda: "modes shown" in pane.screen(), PATIENCE, "top to exit")
+    screen = pane.screen()
+    assert "top exited 0" in screen
+    assert "pgqctl top" not in screen  # the alternate screen left, the shell's shown again
+    assert pane.state("alternate_on") == "0" and pane.state("cursor_flag") == "1"
+    modes = screen.split("top exited 0", 1)[1].split()
+    assert "icanon" in modes and "echo" in modes
+
+
+def test_ctrl_c_leaves_top_cleanly_too(dsn: str, pane: Pane, tmp_path: Path) -> None:
+    run_top(pane, dsn, tmp_path)
+    pane.tmux("send-keys", "-t", "top", "C-c")
+    wait_until(lambda: "modes shown" in pane.screen(), PATIENCE, "top to exit")
+    screen = pane.screen()
+    assert "top exited 0" in screen and "Traceback" not in screen
+    assert pane.state("alternate_on") == "0" and pane.state("cursor_flag") == "1"
+    modes = screen.split("top exited 0", 1)[1].split()
+    assert "icanon" in modes and "echo" in modes
+
+
+def test_top_not_on_a_terminal_points_to_stats_watch(dsn: str) -> None:
+    result = pgqctl("top", "--dsn", dsn, input="")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "top needs a terminal" in result.stderr and "pgqctl stats --watch 1" in result.stderr
+
+
+def test_top_at_80_by_30_keeps_its_header_on_one_line_and_every_active_worker(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Was: the header on 2 lines (3 with a longer DSN), and the leases
+    pushing the second worker off the bottom of the screen."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for n, queue in enumerate(["emails-transactional", "images", "reports"]):
+            conn.execute("INSERT INTO jobs (queue, kind, payload) VALUES (%s, 'k', '{}')", [queue])
+            conn.execute(
+                "INSERT INTO workers (id, host, pid, version, concurrency, heartbeat_seconds,"
+                " lease_seconds) VALUES (%s, 'vm', %s, '', 6, 3600, 300)",
+                [f"vm:{100 + n}", 100 + n],
+            )
+        conn.execute(
+            "INSERT INTO jobs (queue, kind, payload, status, attempts, locked_by, locked_until)"
+            " SELECT 'images', 'k', '{}', 'running', 1, 'vm:100:' || i, now() + '5 minutes'"
+            " FROM generate_series(1, 12) AS i"
+        )
+    with pane_of(80, 30) as pane:
+        run_top(pane, dsn, tmp_path)
+        try:
+            wait_until(lambda: "vm:102" in pane.screen(), PATIENCE, "every worker on the screen")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the screen:\n{pane.screen()}") from None
+        lines = pane.screen().splitlines()
+        pane.tmux("send-keys", "-t", "top", "q")
+    assert lines[0].startswith("pgqctl top ") and lines[1] == "queues"
+    assert all(any(line.startswith(f" vm:{pid} ") for line in lines) for pid in (100, 101, 102))
+    assert any(line.lstrip().startswith("+") and "more" in line for line in lines)
