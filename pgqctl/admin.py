@@ -319,6 +319,7 @@ class JobFilter:
     kinds: tuple[str, ...] = ()
     ids: tuple[int, ...] = ()
     since: float | None = None  # seconds: created within this long
+    error: str | None = None  # last_error holds this text, in any case
 
     def params(self) -> dict[str, Any]:
         return {
@@ -327,6 +328,7 @@ class JobFilter:
             "kinds": list(self.kinds) or None,
             "ids": list(self.ids) or None,
             "since": None if self.since is None else dt.timedelta(seconds=self.since),
+            "error": self.error,
         }
 
 
@@ -352,13 +354,14 @@ def list_jobs(
     kind: str | Sequence[str] | None = None,
     ids: Sequence[int] = (),
     since: float | None = None,
+    error: str | None = None,
     order: str = "newest",
     limit: int | None = 50,
 ) -> list[Job]:
     """Jobs matching every filter given (each one value or several), newest
     first or, with order "next", pending jobs in claim order; at most
     `limit` (None: all)."""
-    found = JobFilter(_values(status), _values(queue), _values(kind), tuple(ids), since)
+    found = JobFilter(_values(status), _values(queue), _values(kind), tuple(ids), since, error)
     return select_jobs(conn, found, order=order, limit=limit)
 
 
@@ -428,6 +431,7 @@ class Selection:
     kinds: tuple[str, ...] = ()  # any of these
     queues: tuple[str, ...] = ()  # any of these
     since: float | None = None  # seconds: finished (pending: created) within this long
+    error: str | None = None  # last_error holds this text, in any case
 
     def params(self) -> dict[str, Any]:
         return {
@@ -436,6 +440,7 @@ class Selection:
             "kinds": list(self.kinds) or None,
             "queues": list(self.queues) or None,
             "since": None if self.since is None else dt.timedelta(seconds=self.since),
+            "error": self.error,
         }
 
 

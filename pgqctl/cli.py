@@ -62,6 +62,10 @@ COMMANDS = {
         "One job, whole: every column, the payload pretty-printed, the full last error, and a "
         "timeline of its attempts.",
     ),
+    "failures": Lazy(
+        "pgqctl.commands.failures:failures_command",
+        "Failed jobs grouped by kind and cause, the most frequent first.",
+    ),
     "logs": Lazy(
         "pgqctl.commands.attempts:logs_command",
         "The output an attempt of a job wrote, as the worker kept it.",

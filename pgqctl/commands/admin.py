@@ -21,6 +21,7 @@ from pgqctl.commands.options import (
     command,
     database_options,
     dead_after_option,
+    error_filter,
     format_options,
     id_filter,
     kind_filter,
@@ -212,6 +213,7 @@ def leases_command(database: Database, expired: bool, fmt: str) -> None:
     metavar="DURATION",
     help="Only jobs created within this long, with a unit (ms, s, m, h, d, w), e.g. 1h.",
 )
+@error_filter
 @click.option(
     "--order",
     type=click.Choice(admin.ORDERS),
@@ -235,6 +237,7 @@ def list_command(
     kinds: tuple[str, ...],
     ids: tuple[int, ...],
     since: float | None,
+    error: str | None,
     order: str,
     limit: int,
     fmt: str,
@@ -257,9 +260,10 @@ def list_command(
         pgqctl list --status failed --status running
         pgqctl list --queue emails --kind send_receipt --since 1h --limit 10
         pgqctl list --order next --limit 5
+        pgqctl list --status failed --error 'connection refused'
         pgqctl list --status pending --limit 0 --json | jq length
     """
-    found = admin.JobFilter(statuses, queues, kinds, ids, since)
+    found = admin.JobFilter(statuses, queues, kinds, ids, since, error)
     matched: admin.Matched | None = None
     with database.connect() as conn:
         if limit == 0 and not is_human(fmt):
@@ -416,6 +420,7 @@ def reap_causes(reaped: Sequence[leases.Reaped]) -> str:
     help="Only jobs finished (pending ones: created) within this long, with a unit "
     "(ms, s, m, h, d, w), e.g. 1h.",
 )
+@error_filter
 @selection_option(
     "--attempts",
     "more",
@@ -447,6 +452,7 @@ def requeue_command(
     kinds: tuple[str, ...],
     queues: tuple[str, ...],
     since: float | None,
+    error: str | None,
     more: int,
     limit: int | None,
     spread: float | None,
@@ -457,8 +463,8 @@ def requeue_command(
     now, all in one statement.
 
     Select by status with --failed, --cancelled and --pending (any of them),
-    and narrow with --id, --kind, --queue and --since (each given narrows
-    further; one given several times matches any of its values). Without a
+    and narrow with --id, --kind, --queue, --since and --error (each given
+    narrows further; one given several times matches any of its values). Without a
     status: failed jobs, or, with --id, the job in whichever of these
     statuses it is.
 
@@ -482,6 +488,7 @@ def requeue_command(
     Example:
         pgqctl requeue --id 5
         pgqctl requeue --failed --kind send_receipt --since 1h --dry-run
+        pgqctl requeue --failed --error "connection refused" --spread 5m
         pgqctl requeue --queue emails --queue sms --attempts 3
         pgqctl requeue --pending --kind report
         pgqctl requeue --failed --kind webhook --limit 50000 --spread 10m
@@ -497,10 +504,10 @@ def requeue_command(
     ]
     if spread is not None and spread <= 0:
         raise BadInput("--spread needs a window longer than 0, such as --spread 10m")
-    if not chosen and not (ids or kinds or queues or since is not None):
+    if not chosen and not (ids or kinds or queues or since is not None or error):
         raise BadInput(
             "nothing selected: give --failed, --cancelled or --pending to requeue every "
-            "job in that status, or narrow with --id, --kind, --queue or --since"
+            "job in that status, or narrow with --id, --kind, --queue, --since or --error"
         )
     if limit == 0:
         limit = None  # every match, as `list --limit 0`
@@ -508,7 +515,7 @@ def requeue_command(
         # An --id names its job whatever it is; a filter alone, failed jobs.
         chosen = list(REQUEUED) if ids else ["failed"]
     selection = admin.Selection(
-        statuses=tuple(chosen), ids=ids, kinds=kinds, queues=queues, since=since
+        statuses=tuple(chosen), ids=ids, kinds=kinds, queues=queues, since=since, error=error
     )
     with database.connect(writes=not dry_run) as conn:
         unknown = control.unknown_queues(conn, queues)

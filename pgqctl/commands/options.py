@@ -265,6 +265,22 @@ def kind_filter(f: F) -> F:
     )(f)
 
 
+def error_filter(f: F) -> F:
+    return selection_option(
+        "--error",
+        metavar="TEXT",
+        callback=_not_empty,
+        help="Only jobs whose last_error holds TEXT (any case; not a pattern: % and _ are "
+        "themselves).",
+    )(f)
+
+
+def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value == "":
+        raise click.BadParameter("empty: give the text to look for in last_error", ctx, param)
+    return value
+
+
 def no_empty_names(ctx: click.Context, param: click.Parameter, values: Any) -> Any:
     """A callback refusing an empty name in a repeatable --queue or --kind:
     `worker --queue ''` would claim from no queue at all while looking

@@ -86,6 +86,7 @@ WHERE (%(statuses)s::text[] IS NULL
   AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
   AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
 -- Newest first. The CASE folds to a constant (and drops out) when done jobs
 -- may match: the primary key is walked backwards. When only pending,
 -- running or failed jobs may, it forces a sort of the matching rows, which
@@ -107,6 +108,7 @@ WHERE status = 'pending'
   AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
   AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
 ORDER BY priority DESC, run_at, id
 LIMIT %(limit)s;
 
@@ -127,6 +129,7 @@ FROM (
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
       AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+      AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
     LIMIT %(bound)s
 ) AS matched;
 
@@ -159,6 +162,7 @@ matched AS (
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND (%(since)s::interval IS NULL
            OR coalesce(finished_at, created_at) >= now() - %(since)s::interval)
+      AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
 ),
 held AS (
     SELECT m.*,
