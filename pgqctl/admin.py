@@ -19,6 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgqctl.control import Pause, paused
+from pgqctl.db import in_batches
 from pgqctl.errors import BadInput, PgqctlError
 from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, STATUS_NAMES, Job
 from pgqctl.rows import READ_PARAMS, job_rows, named_rows, with_job_columns
@@ -682,15 +683,7 @@ def purge(
     on_batch: Callable[[int], None] | None = None,
 ) -> int:
     """Delete every row the plan matches, batch by batch; the number deleted."""
-    deleted = 0
-    while True:
-        n = purge_batch(conn, plan, batch_size)
-        deleted += n
-        if on_batch and n:
-            on_batch(n)
-        # Fewer than a full batch: nothing unlocked is left to delete.
-        if n < batch_size:
-            return deleted
+    return in_batches(lambda size: purge_batch(conn, plan, size), batch_size, on_batch)
 
 
 def purge_statuses(choices: Sequence[str]) -> list[str]:

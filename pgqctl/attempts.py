@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from pgqctl.db import in_batches
 from pgqctl.rows import named_rows
 from pgqctl.sql import query
 
@@ -133,3 +134,31 @@ def get_attempt(conn: Any, job_id: int, attempt: int | None = None) -> dict[str,
     latest claim), or the latest; None if there is none."""
     rows = named_rows(conn, "attempt_get", {"id": job_id, "attempt": attempt})
     return rows[0] if rows else None
+
+
+def purge_count(conn: Any, cutoff: dt.datetime) -> int:
+    """How many attempts finished before `cutoff`."""
+    (row,) = named_rows(conn, "attempt_purge_count", {"cutoff": cutoff})
+    return int(row["count"])
+
+
+def purge_batch(conn: Any, cutoff: dt.datetime, batch_size: int) -> int:
+    """Delete up to `batch_size` attempts finished before `cutoff`, in one
+    short transaction; how many went."""
+    with conn.transaction():
+        row = conn.execute(
+            query("attempt_purge_batch"), {"cutoff": cutoff, "batch_size": batch_size}
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def purge(
+    conn: Any,
+    cutoff: dt.datetime,
+    *,
+    batch_size: int = 10_000,
+    on_batch: Callable[[int], None] | None = None,
+) -> int:
+    """Delete the attempts that finished before `cutoff`, whatever their job
+    (their own retention), batch by batch; how many went."""
+    return in_batches(lambda size: purge_batch(conn, cutoff, size), batch_size, on_batch)

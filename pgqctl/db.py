@@ -26,7 +26,7 @@ import functools
 import os
 import re
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -202,6 +202,22 @@ def reason(exc: BaseException) -> str:
         if text.startswith(prefix):
             text = text[len(prefix) :]
     return text
+
+
+def in_batches(
+    batch: Callable[[int], int], batch_size: int, on_batch: Callable[[int], None] | None = None
+) -> int:
+    """Run `batch(batch_size)` (one short transaction, returning how many rows
+    it took) until a batch takes fewer than a full one: nothing unlocked is
+    left. The rows taken in all."""
+    done = 0
+    while True:
+        n = batch(batch_size)
+        done += n
+        if on_batch and n:
+            on_batch(n)
+        if n < batch_size:
+            return done
 
 
 def atomic(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:

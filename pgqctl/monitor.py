@@ -201,10 +201,9 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "max_running_age",
         "oldest_running_age_seconds",
         duration=True,
-        help="A running job due longer ago than this, e.g. 1h (the claim keeps no "
-        "start time: this is its run time plus any wait for a worker).",
+        help="A job running longer than this since its claim, e.g. 1h.",
         read=lambda q: q.oldest_running_age_seconds,
-        breach=lambda v, m: f"oldest running job has run up to {_d(v)} (max {_d(m)})",
+        breach=lambda v, m: f"oldest running job has run {_d(v)} (max {_d(m)})",
     ),
     Threshold(
         "stalled",

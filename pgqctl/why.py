@@ -96,6 +96,8 @@ def _running(job: Job, row: dict[str, Any]) -> list[Reason]:
         "slot": slot,
         "locked_until": job.locked_until,
         "lease_left": lease_left,
+        "claimed_at": job.claimed_at,
+        "claimed_ago": row["claimed_ago"],
     }
     reasons: list[Reason] = []
     if holder is None or row["holder_state"] != "active":

@@ -7,11 +7,11 @@ import datetime as dt
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import click
 
-from pgqctl import admin, control, leases
-from pgqctl.attempts import list_attempts
+from pgqctl import admin, attempts, control, leases
 from pgqctl.commands.options import (
     AGE,
     COUNT,
@@ -305,7 +305,7 @@ def show_command(database: Database, job_id: int, fmt: str) -> None:
     """
     with database.connect() as conn:
         job = admin.get_job(conn, job_id)
-        tries = list_attempts(conn, job_id) if job is not None else []
+        tries = attempts.list_attempts(conn, job_id) if job is not None else []
     if job is None:
         raise NotFound(
             f"job {job_id} not found in schema {database.schema}: "
@@ -690,6 +690,13 @@ def _statuses(names: Sequence[str], last: str = "and") -> str:
     metavar="DURATION",
     help="Only jobs finished longer ago than this, with a unit (ms, s, m, h, d, w), e.g. 7d.",
 )
+@selection_option(
+    "--attempts-older-than",
+    type=AGE,
+    metavar="DURATION",
+    help="Delete the attempt history (what `show` and `logs` read) of attempts that "
+    "ended longer ago than this, whatever their job, e.g. 7d. Alone, it deletes no job.",
+)
 @click.option(
     "--batch-size",
     type=COUNT,
@@ -699,10 +706,13 @@ def _statuses(names: Sequence[str], last: str = "and") -> str:
 )
 @selection_option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @format_options
+@click.pass_context
 def purge_command(
+    ctx: click.Context,
     database: Database,
     statuses: tuple[str, ...],
     older_than: float,
+    attempts_older_than: float | None,
     batch_size: int,
     dry_run: bool,
     fmt: str,
@@ -711,27 +721,62 @@ def purge_command(
     so workers never wait on more than one batch.
 
     Only jobs that finished before the purge started are deleted; pending and
-    running jobs are never touched.
+    running jobs are never touched. A job's attempts go with it.
+    --attempts-older-than gives the attempt history a retention of its own
+    (a job retried 25 times keeps 25 attempts, each with its output): given
+    alone, it deletes old attempts and no job; with --status or --older-than,
+    both.
 
     \b
     Example:
         pgqctl purge --older-than 7d
         pgqctl purge --status failed --older-than 30d --dry-run
+        pgqctl purge --attempts-older-than 3d
         pgqctl purge --status all --json
     """
+    given = {
+        name
+        for name in ("statuses", "older_than")
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    }
+    purge_jobs = attempts_older_than is None or bool(given)
     chosen = admin.purge_statuses(statuses)
     what = f"{' and '.join(chosen)} jobs" + (
         f" finished more than {format_seconds(older_than)} ago" if older_than else ""
     )
+    old_attempts = (
+        f"attempts ended more than {format_seconds(attempts_older_than)} ago"
+        if attempts_older_than is not None
+        else ""
+    )
+    result: dict[str, Any] = {}
     with database.connect(writes=not dry_run) as conn:
         plan = admin.purge_plan(conn, chosen, older_than)
+        cutoff = None
+        if attempts_older_than is not None:
+            cutoff = admin.purge_plan(conn, (), attempts_older_than).cutoff
         if dry_run:
-            matched = admin.purge_count(conn, plan)
-            emit_result({"deleted": 0, "dry_run": True, "matched": matched}, fmt)
-            say(f"would delete {matched} {what}")
+            result = {"deleted": 0, "dry_run": True}
+            if purge_jobs:
+                result["matched"] = admin.purge_count(conn, plan)
+                say(f"would delete {result['matched']} {what}")
+            if cutoff is not None:
+                result["attempts_matched"] = attempts.purge_count(conn, cutoff)
+                say(f"would delete {result['attempts_matched']} {old_attempts}")
+            emit_result(result, fmt)
             return
-        total = admin.purge_count(conn, plan) if sys.stderr.isatty() else None
-        with progress(total, f"deleting {what}") as advance:
-            deleted = admin.purge(conn, plan, batch_size=batch_size, on_batch=advance)
-    emit_result({"deleted": deleted}, fmt)
-    say(f"deleted {deleted} {what}")
+        if purge_jobs:
+            total = admin.purge_count(conn, plan) if sys.stderr.isatty() else None
+            with progress(total, f"deleting {what}") as advance:
+                result["deleted"] = admin.purge(conn, plan, batch_size=batch_size, on_batch=advance)
+        if cutoff is not None:
+            total = attempts.purge_count(conn, cutoff) if sys.stderr.isatty() else None
+            with progress(total, f"deleting {old_attempts}") as advance:
+                result["attempts_deleted"] = attempts.purge(
+                    conn, cutoff, batch_size=batch_size, on_batch=advance
+                )
+    emit_result(result, fmt)
+    if purge_jobs:
+        say(f"deleted {result['deleted']} {what}")
+    if cutoff is not None:
+        say(f"deleted {result['attempts_deleted']} {old_attempts}")

@@ -264,6 +264,13 @@ class SqlSpec(KindSpec):
     show_default=True,
     help="Log at most this many bytes of each job's output, e.g. --log-output-bytes 1048576.",
 )
+@click.option(
+    "--history/--no-history",
+    default=True,
+    show_default=True,
+    help="Record every attempt (how it ended, its output, what it cost) for `pgqctl show` "
+    "and `pgqctl logs`; --no-history records none: a job keeps only its last_error.",
+)
 def worker_command(
     database: Database,
     queues: tuple[str, ...],
@@ -295,6 +302,7 @@ def worker_command(
     log_format: str,
     log_output_lines: int,
     log_output_bytes: int,
+    history: bool,
 ) -> int:
     """Run jobs: claim them, run each as a child process, record how it ended.
 
@@ -383,6 +391,7 @@ def worker_command(
         policy=rules,
         log_output_lines=log_output_lines,
         log_output_bytes=log_output_bytes,
+        history=history,
         max_payload_bytes=max_payload_bytes,
         timeouts=database.timeouts,
     )

@@ -44,8 +44,14 @@ def _lease(f: dict[str, Any]) -> str:
     return f"its lease ends at {_when(f['locked_until'])} (in {format_seconds(left)})"
 
 
+def _since(f: dict[str, Any]) -> str:
+    ago = f["claimed_ago"]
+    return "" if ago is None else f" since {_when(f['claimed_at'])} ({format_seconds(ago)})"
+
+
 def _running(f: dict[str, Any]) -> str:
-    return f"it runs on worker {one_line(f['worker'])}, slot {one_line(f['slot'])}; {_lease(f)}"
+    where = f"worker {one_line(f['worker'])}, slot {one_line(f['slot'])}"
+    return f"it runs on {where}{_since(f)}; {_lease(f)}"
 
 
 def _prefetched(f: dict[str, Any]) -> str:

@@ -117,6 +117,8 @@ class WorkerConfig:
     # this many bytes in all; a line at the job's end says what was left out.
     log_output_lines: int = LOG_OUTPUT_LINES
     log_output_bytes: int = LOG_OUTPUT_BYTES
+    # Record each attempt in `attempts` (what `show` and `logs` read).
+    history: bool = True
     # A claimed job with a longer payload (JSON text, UTF-8) fails for good.
     max_payload_bytes: int = limits.MAX_PAYLOAD_BYTES
     # How long a statement may wait for a lock, and run (--lock-timeout...).

@@ -147,7 +147,7 @@ class Worker:
         self.retry = Retry(now)
         self.stop = Shutdown()
         self.slots = Slots(config.concurrency, config.prefetch)
-        self.outbox = Outbox(config.backoff, self.worker_id)
+        self.outbox = Outbox(config.backoff, self.worker_id if config.history else None)
         self.ended = EndedElsewhere(self.slots, self.say)
         self.executor = Executor(
             config,

@@ -78,9 +78,10 @@ class Settled:
 
 
 class Outbox:
-    def __init__(self, backoff: float, worker: str = "") -> None:
+    def __init__(self, backoff: float, worker: str | None = None) -> None:
         self.backoff = backoff
-        self.worker = worker  # host:pid, for the attempts' records
+        # host:pid, for the records of the attempts; None: record none (--no-history).
+        self.worker = worker
         self.pending = Report()
         # Jobs whose "done" report was sent on an exchange that failed: if
         # their rows say done, that may be our report's doing, not the job's.
@@ -96,7 +97,8 @@ class Outbox:
         lost), "by_job" (the job's own transaction did it), "committed" (a SQL
         job done with its statement), "fenced_out" (a SQL job whose attempt no
         longer ran)."""
-        self.pending.records.append(attempt_record(finished, self.worker))
+        if self.worker is not None:
+            self.pending.records.append(attempt_record(finished, self.worker))
         running = finished.running
         if running.lost:
             return "lost"
@@ -131,7 +133,8 @@ class Outbox:
         """Jobs to hand back unstarted (prefetched ones, when stopping)."""
         handed_back = [Finished(r, runner.Outcome()) for r in unstarted]
         self.pending.handed_back.extend(handed_back)
-        self.pending.records.extend(attempt_record(f, self.worker) for f in handed_back)
+        if self.worker is not None:
+            self.pending.records.extend(attempt_record(f, self.worker) for f in handed_back)
 
     def report(self) -> Report:
         """What the next exchange reports (kept here until `settle`)."""

@@ -74,3 +74,24 @@ FROM attempts
 WHERE job_id = %(id)s AND (%(attempt)s::int IS NULL OR attempt = %(attempt)s::int)
 ORDER BY claim DESC
 LIMIT 1;
+
+-- name: attempt_purge_count
+-- How many attempts finished before `cutoff` (attempts_finished_idx).
+SELECT count(*) FROM attempts WHERE finished_at < %(cutoff)s;
+
+-- name: attempt_purge_batch
+-- Up to `batch_size` attempts finished before `cutoff`, whatever their job,
+-- in one short transaction; SKIP LOCKED never waits on a row a worker is
+-- writing. One row: how many went.
+WITH gone AS (
+    DELETE FROM attempts
+    WHERE (job_id, claim) IN (
+        SELECT job_id, claim
+        FROM attempts
+        WHERE finished_at < %(cutoff)s
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*) FROM gone;

@@ -4,10 +4,12 @@
 -- schema first (settings_set_local, sql/queries/db.sql).
 
 -- name: monitor_running_since
--- Per queue with running jobs: seconds since the running job due longest ago
--- became due (its run_at; a claim records no start time of its own), from
--- jobs_lease_idx's rows. One row per queue.
-SELECT queue, extract(epoch FROM now() - min(run_at))::float8 AS oldest_running_age_seconds
+-- Per queue with running jobs: seconds since the running job claimed first
+-- was claimed (claimed_at; its run_at for a job a worker older than the
+-- attempt history claimed), from jobs_lease_idx's rows. One row per queue.
+SELECT queue,
+       extract(epoch FROM now() - min(coalesce(claimed_at, run_at)))::float8
+           AS oldest_running_age_seconds
 FROM jobs
 WHERE status = 'running'
 GROUP BY queue;

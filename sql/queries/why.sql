@@ -15,6 +15,7 @@
 SELECT {job},
        extract(epoch FROM jobs.run_at - now())::float8 AS due_in,
        extract(epoch FROM jobs.locked_until - now())::float8 AS lease_left,
+       extract(epoch FROM now() - jobs.claimed_at)::float8 AS claimed_ago,
        p.reason AS pause_reason, p.paused_at, p.until AS paused_until,
        p.queue IS NOT NULL AS paused,
        h.id AS holder, h.state AS holder_state, h.seen_seconds_ago AS holder_seen_ago,

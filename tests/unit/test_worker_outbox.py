@@ -81,7 +81,7 @@ def test_jobs_whose_end_was_said_otherwise_are_not_reported_but_recorded(
 
 
 def test_a_sql_job_reports_nothing_and_one_fenced_out_loses_its_lease() -> None:
-    outbox = Outbox(backoff=2.0)
+    outbox = Outbox(backoff=2.0, worker="h:1")
     committed = Finished(finished(1).running, runner.Outcome(exit_code=0), committed=True)
     fenced = Finished(finished(2).running, runner.Outcome(), fenced_out=True)
     assert outbox.add(committed) == "committed"
@@ -206,3 +206,11 @@ def test_records_stay_until_an_exchange_goes_through() -> None:
     assert len(outbox.report().records) == 1
     outbox.settle(report, claims.Exchanged(done={1}))
     assert outbox.report().records == [] and not outbox
+
+
+def test_without_history_nothing_is_recorded() -> None:
+    outbox = Outbox(backoff=2.0, worker=None)
+    outbox.add(finished(1, exit_code=0))
+    outbox.hand_back([finished(2).running])
+    assert outbox.report().records == []
+    assert [f.running.job.id for f in outbox.report().finished()] == [1, 2]

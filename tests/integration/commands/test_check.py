@@ -61,6 +61,7 @@ def test_check_prints_one_line_per_breach_and_exits_3(
         status="running",
         attempts=1,
         run_at=ago("3 hours"),
+        claimed_at=ago("2 hours"),  # it waited an hour for a worker: that is not run time
         locked_until=ago("-5 minutes"),
     )
     add_jobs(conn, 1, queue="quiet")  # due now: holds everything
@@ -75,7 +76,7 @@ def test_check_prints_one_line_per_breach_and_exits_3(
         "CRITICAL emails: 3 pending jobs (max 2)",
         "CRITICAL sms: 2 failed jobs (max 0)",
         "CRITICAL sms: 1 expired lease (max 0)",
-        "CRITICAL sms: oldest running job has run up to 3h (max 1h)",
+        "CRITICAL sms: oldest running job has run 2h (max 1h)",
     ]
     # Each threshold alone: its own lines only.
     assert check(dsn, "--max-pending", "2") == (3, ["CRITICAL emails: 3 pending jobs (max 2)"])

@@ -33,3 +33,45 @@ def test_purge_deletes_old_done_rows_in_batches_and_nothing_else(
     assert cli_json(dsn, "purge", "--status", "all") == {"deleted": 2}
     remaining = [r[0] for r in conn.execute("SELECT id FROM jobs ORDER BY id")]
     assert remaining == sorted(live)
+
+
+def attempt_rows(conn: psycopg.Connection[Any]) -> list[tuple[int, int]]:
+    return conn.execute("SELECT job_id, claim FROM attempts ORDER BY 1, 2").fetchall()
+
+
+def add_attempts(conn: psycopg.Connection[Any], job_id: int, *ended_ago: str) -> None:
+    """Attempts of `job_id`, claim 1, 2, ..., each ended so long ago."""
+    for claim, ago_text in enumerate(ended_ago, start=1):
+        conn.execute(
+            "INSERT INTO attempts (job_id, claim, attempt, outcome, finished_at, recorded_by, "
+            "stdout_tail) VALUES (%s, %s, %s, 'failed', now() - %s::interval, 'worker', "
+            "repeat('x', 65536))",
+            (job_id, claim, claim, ago_text),
+        )
+
+
+def test_a_jobs_attempts_go_with_it_and_have_a_retention_of_their_own(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    (old,) = add_jobs(conn, status="done", attempts=2, finished_at=ago("8 days"))
+    (retried,) = add_jobs(conn, status="done", attempts=3, finished_at=ago("1 hour"))
+    (live,) = add_jobs(conn, attempts=2)
+    add_attempts(conn, old, "8 days", "8 days")
+    add_attempts(conn, retried, "5 days", "4 days", "1 hour")
+    add_attempts(conn, live, "6 days", "1 minute")
+
+    # Alone, --attempts-older-than deletes attempts, never a job.
+    dry = cli_json(dsn, "purge", "--attempts-older-than", "3d", "--dry-run")
+    assert dry == {"deleted": 0, "dry_run": True, "attempts_matched": 5}
+    result = run_cli("purge", "--attempts-older-than", "3d", "--batch-size", "2", "--dsn", dsn)
+    assert result.exit_code == 0, result.stderr
+    assert "deleted 5 attempts ended more than 3d00h ago" in result.stderr
+    assert attempt_rows(conn) == [(retried, 3), (live, 2)]
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (3,)
+
+    # A job purged takes its attempts with it; both at once when both are asked.
+    add_attempts(conn, old, "8 days")
+    both = cli_json(dsn, "purge", "--older-than", "7d", "--attempts-older-than", "30m")
+    assert both == {"deleted": 1, "attempts_deleted": 1}
+    assert attempt_rows(conn) == [(live, 2)]
+    assert [r[0] for r in conn.execute("SELECT id FROM jobs ORDER BY id")] == [retried, live]

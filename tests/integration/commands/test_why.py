@@ -182,6 +182,7 @@ def test_a_running_job_names_its_worker_and_once_that_worker_is_killed_the_reap_
     assert [r["code"] for r in running] == ["running"]
     assert running[0]["worker"].endswith(f":{worker.pid}")
     assert running[0]["slot"] == "0" and 250 < running[0]["lease_left"] <= 300
+    assert 0 <= running[0]["claimed_ago"] < 60 and " since " in running[0]["message"]
 
     worker.kill()  # kill -9: no clean stop, the lease stays
     wait_until(lambda: codes(dsn, sleeper) == ["holder_gone"], 15, "the worker to go stale")

@@ -154,3 +154,12 @@ def test_purge_deletes_a_jobs_attempts_with_it(
     assert result.exit_code == 0, result.stderr
     rows = conn.execute("SELECT job_id FROM attempts ORDER BY job_id").fetchall()
     assert rows == [(kept,)]
+
+
+def test_a_worker_without_history_records_no_attempt(
+    dsn: str, conn: psycopg.Connection[Any], start_worker: Any
+) -> None:
+    (job_id,) = insert_jobs(conn, [sh("exit 0")])
+    assert start_worker(dsn, "--burst", "--no-history").finish() == 0
+    assert job(conn, job_id)["status"] == "done"
+    assert history(dsn, job_id) == []
