@@ -150,6 +150,14 @@ def run_worker(
     prepare(dsn, jobs, kind)
     command = [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn]
     command += ["--burst", "--concurrency", str(concurrency), *options]
+    drain = timed_worker(command, log, postmaster, side)
+    check_drained(dsn, side, jobs if kind else 0)
+    return drain
+
+
+def timed_worker(command: list[str], log: Path, postmaster: int | None, side: str) -> Drain:
+    """Run one worker `command` from start to exit (its log in `log`): how long
+    it took, and the CPU it and the server used; a worker that fails raises."""
     settled = set(server_processes(postmaster)) if postmaster is not None else None
     server = server_cpu(postmaster)
     cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
@@ -163,7 +171,6 @@ def run_worker(
     server_after = server_cpu(postmaster, settled)
     if code != 0:
         raise RuntimeError(f"{side}: worker exit {code}: {log.read_text()[-1500:]}")
-    check_drained(dsn, side, jobs if kind else 0)
     return Drain(
         seconds,
         cpu,

@@ -20,7 +20,9 @@ Threads, and who owns what:
   connection: it claims jobs for the free slots, reports finished jobs,
   renews leases, and handles signals and reconnects. Everything that ended
   since the last time, the lease renewal when due and the next claim go out
-  as one statement (`claims.exchange`): one round trip, one commit.
+  as one statement (`claims.exchange`): one round trip, one commit. The
+  records of the attempts that ended (`attempts.record_attempts`) go in the
+  same pipeline and transaction, just before it.
 - The children of the claimed jobs (`runner.Supervisor`) are started and
   watched by the main thread too, where it waits: their output, timeouts,
   stop requests and exits, in the same poll() as everything else. No

@@ -1,0 +1,188 @@
+"""What the attempt history costs: one burst worker draining jobs with it
+on, and the same worker with --no-history, side by side.
+
+One `pgqctl worker --burst --concurrency C` process drains N jobs, timed
+from its start to its exit, on each side:
+
+- `history`: as shipped, every attempt recorded in the exchange's pipeline;
+- `no_history`: `--no-history`, nothing recorded: the worker as it was
+  before the history existed;
+
+each with `true` jobs (no output), and with `output` jobs that write about
+4 kB to stdout and as much to stderr (what the history keeps of a chatty
+job; the default keeps 8 kB of each stream, so all of it). Each round runs
+every side once, in an order that rotates; each ratio is taken within a
+round. Per side, also the worker's CPU per job (process and children) and
+the server's, and the transactions per job the database counted
+(pg_stat_database.xact_commit): equal on both sides means the history adds
+no transaction, its insert goes in the exchange's. After the history
+sides, the size of the attempts table (heap, indexes and TOAST) per
+million attempts.
+
+    python bench/attempts_bench.py [--dsn DSN] [--jobs 5000] [--concurrency 4] [--rounds 5]
+
+Without --dsn it uses PGQCTL_TEST_DSN, else an embedded PostgreSQL in a temp
+data directory of its own, stopped at the end; either way a database of its
+own, dropped at the end. Not a test: nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import throwaway_db
+from report import say, summary
+from sql_job_bench import Drain, find_postmaster, timed_worker
+from worker_bench import load
+
+# A job writing about 4 kB to each stream (64 lines of 63 characters and a newline).
+CHATTY = (
+    'i=0; while [ $i -lt 64 ]; do echo "line $i of stdout, padded to be sixty-three characters'
+    ' long."; echo "line $i of stderr, padded to be sixty-three characters long." >&2;'
+    " i=$((i+1)); done"
+)
+PAYLOADS = {"true": '{"argv": ["true"]}', "output": None}
+# Each side: its payload and the worker's extra options.
+SIDES: dict[str, tuple[str, list[str]]] = {
+    "true.history": ("true", []),
+    "true.no_history": ("true", ["--no-history"]),
+    "output.history": ("output", []),
+    "output.no_history": ("output", ["--no-history"]),
+}
+
+
+@dataclass
+class Run:
+    drain: Drain  # how long, and the CPU the worker and the server used
+    commits: int  # transactions the database committed during the drain
+    attempts_bytes: int  # the attempts table's size after it
+    attempts: int  # its rows
+
+
+def prepare(dsn: str, jobs: int, payload: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE jobs, attempts")
+        if payload == "output":
+            conn.execute(
+                "INSERT INTO jobs (kind, payload) SELECT 'output', "
+                "jsonb_build_object('argv', jsonb_build_array('sh', '-c', %(script)s::text)) "
+                "FROM generate_series(1, %(n)s)",
+                {"script": CHATTY, "n": jobs},
+            )
+        else:
+            conn.execute(
+                "INSERT INTO jobs (kind, payload) SELECT 'true', %(p)s::jsonb "
+                "FROM generate_series(1, %(n)s)",
+                {"p": PAYLOADS["true"], "n": jobs},
+            )
+        conn.execute("VACUUM ANALYZE jobs")
+        conn.execute("VACUUM ANALYZE attempts")
+
+
+def commits(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def run_worker(
+    dsn: str, side: str, jobs: int, concurrency: int, log: Path, postmaster: int | None
+) -> Run:
+    payload, options = SIDES[side]
+    prepare(dsn, jobs, payload)
+    command = [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn]
+    command += ["--burst", "--concurrency", str(concurrency), "--no-schedules", *options]
+    before = commits(dsn)
+    drain = timed_worker(command, log, postmaster, side)
+    time.sleep(0.5)  # the worker's backends flush their counts as they end
+    # The reads themselves count one or two: nothing beside thousands of jobs.
+    committed = commits(dsn) - before
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'done'), count(*) FROM jobs"
+        ).fetchone()
+        size = conn.execute(
+            "SELECT pg_total_relation_size('attempts'), (SELECT count(*) FROM attempts)"
+        ).fetchone()
+    if row != (jobs, jobs):
+        raise RuntimeError(f"{side}: {row} of {jobs} jobs done")
+    assert size is not None
+    return Run(drain, committed, int(size[0]), int(size[1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", help="server to create the bench database in")
+    parser.add_argument("--jobs", type=int, default=5_000, help="jobs per drain")
+    parser.add_argument("--concurrency", type=int, default=4, help="the worker's --concurrency")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    runs: dict[str, list[Run]] = {side: [] for side in SIDES}
+    names = list(SIDES)
+    with (
+        throwaway_db.server(args.dsn) as server_dsn,
+        throwaway_db.database(server_dsn) as dsn,
+        tempfile.TemporaryDirectory(prefix="pgqctl-attempts-bench-") as tmp,
+    ):
+        log = Path(tmp) / "worker.log"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+        postmaster = find_postmaster(dsn)
+        for side in names:  # warm up
+            run_worker(dsn, side, min(200, args.jobs), args.concurrency, log, postmaster)
+        load_before = load()
+        for round_no in range(args.rounds):
+            shift = round_no % len(names)
+            for side in names[shift:] + names[:shift]:
+                runs[side].append(
+                    run_worker(dsn, side, args.jobs, args.concurrency, log, postmaster)
+                )
+            say(f"round {round_no + 1} of {args.rounds} done, load {load()}")
+        load_after = load()
+    print(
+        f"# {args.rounds} rounds; one `pgqctl worker --burst --concurrency {args.concurrency}` "
+        f"draining {args.jobs:,} jobs per side, timed from start to exit"
+    )
+    print(
+        f"# PostgreSQL {version[0] if version else '?'}; {os.cpu_count()} CPUs; "
+        f"load {load_before} before, {load_after} after (1, 5, 15 min)"
+    )
+    for side in names:
+        drains = [r.drain for r in runs[side]]
+        print(f"drain.{side}: {summary([args.jobs / d.seconds for d in drains], 'jobs/s')}")
+        cpu = [d.worker_cpu / args.jobs * 1e6 for d in drains]
+        print(f"cpu_worker.{side}: {summary(cpu, 'us/job')}")
+        server = [d.server_cpu / args.jobs * 1e6 for d in drains if d.server_cpu is not None]
+        if len(server) == len(drains):
+            print(f"cpu_server.{side}: {summary(server, 'us/job')}")
+        commits_per_job = [r.commits / args.jobs for r in runs[side]]
+        print(f"commits_per_job.{side}: {summary(commits_per_job, '')}")
+    for jobs in ("true", "output"):
+        on = [r.drain for r in runs[f"{jobs}.history"]]
+        off = [r.drain for r in runs[f"{jobs}.no_history"]]
+        rate = [b.seconds / a.seconds for a, b in zip(on, off, strict=True)]
+        print(f"ratio drain {jobs} history/no_history (rate): {summary(rate, 'x')}")
+        both = [
+            (a.worker_cpu + a.server_cpu) / (b.worker_cpu + b.server_cpu)
+            for a, b in zip(on, off, strict=True)
+            if a.server_cpu is not None and b.server_cpu is not None
+        ]
+        if len(both) == len(on):
+            print(f"ratio cpu worker+server {jobs} history/no_history: {summary(both, 'x')}")
+        kept = [r for r in runs[f"{jobs}.history"] if r.attempts]
+        per_million = [r.attempts_bytes / r.attempts * 1e6 / 2**20 for r in kept]
+        print(f"attempts_table.{jobs}: {summary(per_million, 'MB per million attempts')}")
+
+
+if __name__ == "__main__":
+    main()
