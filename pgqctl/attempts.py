@@ -97,6 +97,7 @@ class Attempt:
     attempt: int
     worker: str | None
     outcome: str
+    due_at: dt.datetime | None  # the job's run_at when it was claimed
     claimed_at: dt.datetime | None
     started_at: dt.datetime | None
     finished_at: dt.datetime

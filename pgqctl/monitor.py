@@ -32,6 +32,23 @@ Connection = psycopg.Connection[Any]
 
 # `metrics` counts the jobs finished within this long: its throughput figure.
 THROUGHPUT_WINDOW_SECONDS = 60.0
+# Bucket bounds (seconds) of the run and wait times `metrics` gives.
+ATTEMPT_BUCKETS = (
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+)
 
 
 # --- the figures ------------------------------------------------------------------
@@ -404,6 +421,48 @@ def check(
 # --- metrics ----------------------------------------------------------------------
 
 
+@dataclass
+class Spread:
+    """How many attempts fell below each of ATTEMPT_BUCKETS (cumulative: the
+    n-th holds those under the n-th bound), how many in all, and their sum."""
+
+    below: list[int] = field(default_factory=lambda: [0] * len(ATTEMPT_BUCKETS))
+    count: int = 0
+    seconds: float = 0.0
+
+    def add(self, bucket: int, attempts: int, seconds: float) -> None:
+        """`attempts` in width_bucket's `bucket` (0: under the first bound)."""
+        for i in range(bucket, len(ATTEMPT_BUCKETS)):
+            self.below[i] += attempts
+        self.count += attempts
+        self.seconds += seconds
+
+
+@dataclass
+class AttemptFigures:
+    """One queue and kind's attempts of the last window: how long they ran,
+    how long they waited to start, and how each ended."""
+
+    ran: Spread = field(default_factory=Spread)
+    waited: Spread = field(default_factory=Spread)
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+def attempt_figures(conn: Connection, window: float) -> dict[tuple[str, str], AttemptFigures]:
+    """The attempts that finished within the last `window` seconds, per (queue, kind)."""
+    params = {"window": dt.timedelta(seconds=window), "bounds": list(ATTEMPT_BUCKETS)}
+    found: dict[tuple[str, str], AttemptFigures] = {}
+    with atomic(conn):
+        for row in named_rows(conn, "monitor_attempt_times", params):
+            figures = found.setdefault((row["queue"], row["kind"]), AttemptFigures())
+            spread = figures.ran if row["measure"] == "ran" else figures.waited
+            spread.add(int(row["bucket"]), int(row["attempts"]), float(row["seconds"] or 0.0))
+        for row in named_rows(conn, "monitor_attempt_outcomes", params):
+            figures = found.setdefault((row["queue"], row["kind"]), AttemptFigures())
+            figures.outcomes[row["outcome"]] = int(row["attempts"])
+    return found
+
+
 @dataclass(frozen=True)
 class MetricsSnapshot:
     """What `metrics` exposes: stats' counts per queue, and the jobs finished
@@ -413,6 +472,8 @@ class MetricsSnapshot:
     finished: dict[str, dict[str, int]]  # queue -> finished status -> jobs
     paused: frozenset[str] = frozenset()  # queues paused now
     fleet: registry.Fleet = field(default_factory=lambda: registry.Fleet(0, 0, ()))
+    # (queue, kind) -> the attempts that finished in the last minute
+    attempts: dict[tuple[str, str], AttemptFigures] = field(default_factory=dict)
 
     def queues(self) -> list[str]:
         return sorted(set(self.counts) | set(self.finished) | self.paused)
@@ -431,12 +492,13 @@ def metrics_snapshot(conn: Connection, *, exact: bool = False) -> MetricsSnapsho
         finished = finished_since(conn, THROUGHPUT_WINDOW_SECONDS)
         pauses = frozenset(p.queue for p in control.paused(conn))
         fleet = registry.fleet(conn)
+        attempts = attempt_figures(conn, THROUGHPUT_WINDOW_SECONDS)
     for name in finished:
         counts.setdefault(name, admin.Counts())  # a queue with no live jobs
     if not exact:
         for c in counts.values():
             c.done_figure = "unknown"  # not counted: by_status holds 0
-    return MetricsSnapshot(counts, finished, pauses, fleet)
+    return MetricsSnapshot(counts, finished, pauses, fleet, attempts)
 
 
 def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
@@ -495,7 +557,41 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
             finished.add_metric([name, status], done.get(status, 0))
         paused.add_metric([name], 1.0 if name in snapshot.paused else 0.0)
         serving.add_metric([name], snapshot.fleet.serving(name))
-    return (jobs, age, expired, finished, paused, fleet, serving)
+    return (jobs, age, expired, finished, paused, fleet, serving, *attempt_families(snapshot))
+
+
+def attempt_families(snapshot: MetricsSnapshot) -> tuple[Any, ...]:
+    """The last minute's attempts: run and wait times as gauge histograms (a
+    histogram of a window, not a running total: histogram_quantile applies
+    to it without rate()), and the attempts by outcome."""
+    from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
+
+    ran = GaugeHistogramMetricFamily(
+        "pgqctl_attempt_run_seconds",
+        "Attempts that finished in the last 60 seconds, by how long they ran (started to "
+        "finished; le: under that many seconds).",
+        labels=["queue", "kind"],
+    )
+    waited = GaugeHistogramMetricFamily(
+        "pgqctl_attempt_wait_seconds",
+        "Attempts that finished in the last 60 seconds, by how long they waited to start "
+        "(due to started; le: under that many seconds).",
+        labels=["queue", "kind"],
+    )
+    outcomes = GaugeMetricFamily(
+        "pgqctl_attempts_last_minute",
+        "Attempts that finished in the last 60 seconds, by how they ended (done, failed, "
+        "timed_out, cancelled, lease_lost, handed_back, refused).",
+        labels=["queue", "kind", "outcome"],
+    )
+    for (queue, kind), figures in sorted(snapshot.attempts.items()):
+        for family, spread in ((ran, figures.ran), (waited, figures.waited)):
+            if spread.count:
+                buckets = [(repr(b), n) for b, n in zip(ATTEMPT_BUCKETS, spread.below, strict=True)]
+                family.add_metric([queue, kind], [*buckets, ("+Inf", spread.count)], spread.seconds)
+        for outcome, count in sorted(figures.outcomes.items()):
+            outcomes.add_metric([queue, kind, outcome], count)
+    return (ran, waited, outcomes)
 
 
 class _Families:

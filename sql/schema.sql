@@ -232,6 +232,7 @@ CREATE TABLE attempts (
     worker        text,
     outcome       text NOT NULL CHECK (outcome IN ('done', 'failed', 'timed_out', 'cancelled',
                                                    'lease_lost', 'handed_back', 'refused')),
+    due_at        timestamptz,
     claimed_at    timestamptz,
     started_at    timestamptz,
     finished_at   timestamptz NOT NULL DEFAULT now(),

@@ -13,7 +13,8 @@
 -- repeats after a hand-back. When a worker's record comes after a reap's or
 -- a cancel's row for the same claim, it adds what the process did and
 -- keeps the outcome; `late` marks a record that came after its claim was
--- taken (reaped, claimed again, or the job deleted).
+-- taken (reaped, claimed again, or the job deleted). due_at: the job's
+-- run_at when it was claimed; started_at - due_at is how long it waited.
 --
 -- No foreign key to jobs: purge deletes a job's attempts with it, in the
 -- same statement, and history may live apart from jobs later.
@@ -33,6 +34,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     worker        text,
     outcome       text NOT NULL CHECK (outcome IN ('done', 'failed', 'timed_out', 'cancelled',
                                                    'lease_lost', 'handed_back', 'refused')),
+    due_at        timestamptz,
     claimed_at    timestamptz,
     started_at    timestamptz,
     finished_at   timestamptz NOT NULL DEFAULT now(),

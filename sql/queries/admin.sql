@@ -295,10 +295,10 @@ WITH cancelled AS (
                    THEN picked.locked_until < now() OR picked.locked_until IS NULL
               END AS lease_expired
 ), recorded AS (
-    INSERT INTO attempts (job_id, claim, attempt, worker, outcome, claimed_at, error,
+    INSERT INTO attempts (job_id, claim, attempt, worker, outcome, due_at, claimed_at, error,
                           recorded_by)
-    SELECT id, attempts, attempts - handbacks, locked_by, 'cancelled', claimed_at, last_error,
-           'cancel'
+    SELECT id, attempts, attempts - handbacks, locked_by, 'cancelled', run_at, claimed_at,
+           last_error, 'cancel'
     FROM cancelled
     WHERE cancelled_from = 'running'
     ON CONFLICT (job_id, claim) DO NOTHING

@@ -12,12 +12,15 @@
 -- what the process did and keeps their outcome; one sent again (its
 -- exchange's answer was lost) replaces itself. `late`: the claim had been
 -- taken (reaped, claimed again, or the job deleted) when the record came.
+-- due_at is the job's run_at as its claim found it: this goes before the
+-- exchange's report, which may set a retry's run_at.
 INSERT INTO attempts AS a (
-    job_id, claim, attempt, worker, outcome, claimed_at, started_at, finished_at,
+    job_id, claim, attempt, worker, outcome, due_at, claimed_at, started_at, finished_at,
     exit_status, signal, error, user_cpu, system_cpu, max_rss_bytes,
     stdout_head, stdout_tail, stdout_bytes, stderr_head, stderr_tail, stderr_bytes,
     late, recorded_by)
 SELECT r.job_id, r.claim, r.attempt, r.worker, r.outcome,
+       CASE WHEN j.attempts = r.claim THEN j.run_at END,
        now() - r.claimed_ago * interval '1 second',
        now() - r.started_ago * interval '1 second',
        now() - r.ended_ago * interval '1 second',
@@ -37,6 +40,7 @@ SET outcome = CASE WHEN a.recorded_by = 'worker' THEN EXCLUDED.outcome ELSE a.ou
     finished_at = CASE WHEN a.recorded_by = 'worker' THEN EXCLUDED.finished_at
                        ELSE a.finished_at END,
     worker = EXCLUDED.worker,
+    due_at = coalesce(a.due_at, EXCLUDED.due_at),
     claimed_at = EXCLUDED.claimed_at,
     started_at = EXCLUDED.started_at,
     exit_status = EXCLUDED.exit_status,
@@ -56,7 +60,7 @@ SET outcome = CASE WHEN a.recorded_by = 'worker' THEN EXCLUDED.outcome ELSE a.ou
 -- A job's attempts, in claim order, without their output: how each ended,
 -- where, when, what it cost, and the last line it wrote (the end of its
 -- stderr, else of its stdout: a failing program's last words).
-SELECT job_id, claim, attempt, worker, outcome, claimed_at, started_at, finished_at,
+SELECT job_id, claim, attempt, worker, outcome, due_at, claimed_at, started_at, finished_at,
        exit_status, signal, left(error, %(error_chars)s) AS error,
        user_cpu, system_cpu, max_rss_bytes, stdout_bytes, stderr_bytes, late, recorded_by,
        right(CASE WHEN coalesce(stderr_tail, stderr_head, '') ~ '\S'

@@ -137,8 +137,10 @@ WITH dead AS (
 ), lost AS (
     -- Each attempt a reap ends, recorded as lease_lost; a late record of its
     -- worker adds what the process did (attempt_record).
-    INSERT INTO attempts (job_id, claim, attempt, worker, outcome, claimed_at, error, recorded_by)
-    SELECT id, attempts, attempts - handbacks, held_by, 'lease_lost', claimed_at, last_error, 'reap'
+    INSERT INTO attempts (job_id, claim, attempt, worker, outcome, due_at, claimed_at, error,
+                          recorded_by)
+    SELECT id, attempts, attempts - handbacks, held_by, 'lease_lost', run_at, claimed_at,
+           last_error, 'reap'
     FROM reaped
     ON CONFLICT (job_id, claim) DO NOTHING
 ), marked AS (

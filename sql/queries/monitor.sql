@@ -45,3 +45,40 @@ LIMIT %(limit)s;
 -- doctor_pgstattuple and doctor_pgstatindex, which read a table or an index
 -- whole (run only when the extension is there and this role may use it).
 -- Nothing here changes anything: doctor prints the SQL to act, never runs it.
+
+-- name: monitor_attempt_times
+-- The attempts that finished within `window` (attempts_finished_idx's range)
+-- and started, with their job's queue and kind (a purged job's are left
+-- out): per queue and kind, for how long each ran (started to finished) and
+-- how long it waited (due to started; not known for a job claimed before
+-- the attempt history), how many fall in each bucket of `bounds`
+-- (width_bucket: bucket 0 below the first bound, bucket i from bound i to
+-- the next) and their sum.
+WITH recent AS MATERIALIZED (
+    SELECT j.queue, j.kind,
+           extract(epoch FROM a.finished_at - a.started_at)::float8 AS ran,
+           extract(epoch FROM a.started_at - a.due_at)::float8 AS waited
+    FROM attempts AS a
+    JOIN jobs AS j ON j.id = a.job_id
+    WHERE a.finished_at > now() - %(window)s::interval
+      AND a.started_at IS NOT NULL
+)
+SELECT 'ran' AS measure, queue, kind, width_bucket(ran, %(bounds)s::float8[]) AS bucket,
+       count(*) AS attempts, sum(ran) AS seconds
+FROM recent
+GROUP BY queue, kind, bucket
+UNION ALL
+SELECT 'waited', queue, kind, width_bucket(greatest(waited, 0), %(bounds)s::float8[]),
+       count(*), sum(greatest(waited, 0))
+FROM recent
+WHERE waited IS NOT NULL
+GROUP BY queue, kind, 4;
+
+-- name: monitor_attempt_outcomes
+-- The attempts that finished within `window`, per queue, kind and outcome
+-- (started or not; a purged job's are left out).
+SELECT j.queue, j.kind, a.outcome, count(*) AS attempts
+FROM attempts AS a
+JOIN jobs AS j ON j.id = a.job_id
+WHERE a.finished_at > now() - %(window)s::interval
+GROUP BY 1, 2, 3;

@@ -22,8 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pgqctl.jobs import FINISHED, STATUS_NAMES
 from tests.conftest import ctrl_c_at_default, run_cli
-from tests.support.jobrows import add_jobs, mixed_queues
+from tests.support.jobrows import add_jobs, insert_jobs, mixed_queues, sh
+from tests.support.processes import start_worker
 from tests.support.servers import closed_port_dsn
+
+__all__ = ["start_worker"]  # a fixture
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -64,7 +67,13 @@ def test_metrics_parse_and_equal_stats_exact(dsn: str, conn: psycopg.Connection[
     result = run_cli("metrics", "--exact", "--dsn", dsn)
     assert result.exit_code == 0, result.stderr
     families = {f.name: f for f in text_string_to_metric_families(result.stdout)}
-    assert {f.type for f in families.values()} == {"gauge"}
+    # Gauges, and the last minute's run and wait times as gauge histograms
+    # (written as histograms in the classic text format).
+    assert {f.type for f in families.values()} == {"gauge", "histogram"}
+    assert {n for n, f in families.items() if f.type == "histogram"} == {
+        "pgqctl_attempt_run_seconds",
+        "pgqctl_attempt_wait_seconds",
+    }
     assert all(f.documentation for f in families.values())
     assert "# TYPE pgqctl_jobs gauge" in result.stdout
     got = samples(result.stdout)
@@ -198,3 +207,36 @@ def test_metrics_listen_answers_503_when_the_database_is_down_and_keeps_serving(
     assert proc.stderr is not None
     rest = proc.stderr.read()
     assert "Traceback" not in rest and "scrape failed: cannot connect" in rest
+
+
+def test_metrics_give_the_last_minutes_run_and_wait_times_and_outcomes(
+    dsn: str, conn: psycopg.Connection[Any], start_worker: Any
+) -> None:
+    sleepers = insert_jobs(conn, [{"argv": ["sleep", "0.3"]}] * 2)
+    insert_jobs(conn, [sh("exit 3")], kind="broken", max_attempts=1)
+    conn.execute(
+        "UPDATE jobs SET run_at = now() - interval '2 seconds' WHERE id = %s", sleepers[:1]
+    )
+    assert start_worker(dsn, "--burst", "--concurrency", "3").finish() == 0
+
+    result = run_cli("metrics", "--dsn", dsn)
+    assert result.exit_code == 0, result.stderr
+    found = samples(result.stdout)
+
+    def bucket(name: str, kind: str, le: str) -> float:
+        labels = (("kind", kind), ("le", le), ("queue", "default"))
+        return found[(f"pgqctl_attempt_{name}_seconds_bucket", labels)]
+
+    # Two ran 0.3 s: none under 0.25 s, both under 0.5 s.
+    assert bucket("run", "test", "0.25") == 0 and bucket("run", "test", "0.5") == 2
+    assert bucket("run", "test", "+Inf") == 2
+    gsum = found[("pgqctl_attempt_run_seconds_gsum", (("kind", "test"), ("queue", "default")))]
+    assert 0.6 <= gsum < 2.0
+    # One of them was due two seconds before the worker started.
+    assert bucket("wait", "test", "1.0") == 1 and bucket("wait", "test", "5.0") == 2
+    outcomes = {
+        (dict(labels)["kind"], dict(labels)["outcome"]): value
+        for (name, labels), value in found.items()
+        if name == "pgqctl_attempts_last_minute"
+    }
+    assert outcomes == {("test", "done"): 2, ("broken", "failed"): 1}

@@ -41,7 +41,7 @@ def test_a_job_failing_twice_then_succeeding_shows_three_attempts(
     host_pid = f":{worker.pid}:"
     for t in tries:
         assert host_pid in t["worker"] and t["recorded_by"] == "worker" and not t["late"]
-        assert t["claimed_at"] <= t["started_at"] <= t["finished_at"]
+        assert t["due_at"] <= t["claimed_at"] <= t["started_at"] <= t["finished_at"]
         assert 0 <= t["seconds"] < 10
     assert [t["error"] for t in tries] == ["exit status 4", "exit status 4", None]
     # Each try after the one before it ended.
