@@ -119,8 +119,9 @@ COMMANDS = {
         "A live view of the queue on the whole terminal, refreshed in place: per queue the "
         "pending and running jobs, the jobs done and failed per second since the last "
         "refresh, the oldest due job's wait and when any pause ends; the running jobs whose "
-        "leases end soonest; the registered workers, active or stale. Each row stays on one "
-        "line: on a narrow terminal, names are cut with ….",
+        "leases end soonest; the registered workers, active or stale; per kind, the run time "
+        "percentiles of the last minute's attempts. Each row stays on one line: on a narrow "
+        "terminal, names are cut with ….",
     ),
     "pause": Lazy(
         "pgqctl.commands.control:pause_command",

@@ -675,6 +675,8 @@ class TopView:
     paused: dict[str, control.Pause]
     leases: list[Lease]
     workers: list[registry.Worker]  # the registry: active and stale ones
+    # Per kind, the last minute's attempts: (kind, attempts, (p50, p95, p99) run seconds)
+    run_times: list[tuple[str, int, tuple[float, float, float]]] = field(default_factory=list)
 
     def queues(self) -> list[str]:
         return sorted(set(self.counts) | set(self.finished) | set(self.paused))
@@ -702,6 +704,23 @@ def top_view(conn: Connection, *, window: float, leases: int = 10) -> TopView:
             for r in named_rows(conn, "monitor_leases_soonest", {"limit": leases})
         ]
         fleet = registry.list_workers(conn)
+        params = {"window": dt.timedelta(seconds=THROUGHPUT_WINDOW_SECONDS)}
+        run_times = [
+            (r["kind"], int(r["attempts"]), _three(r["percentiles"]))
+            for r in named_rows(conn, "monitor_kind_run_times", params)
+        ]
     return TopView(
-        dt.datetime.now(dt.timezone.utc), window, counts, finished, pauses, soonest, fleet
+        dt.datetime.now(dt.timezone.utc),
+        window,
+        counts,
+        finished,
+        pauses,
+        soonest,
+        fleet,
+        run_times,
     )
+
+
+def _three(values: list[float]) -> tuple[float, float, float]:
+    p50, p95, p99 = (float(v) for v in values)
+    return p50, p95, p99

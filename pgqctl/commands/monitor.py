@@ -338,7 +338,8 @@ def top_command(database: Database, interval: float, lease_count: int) -> None:
     per queue the pending and running jobs, the jobs done and failed per
     second since the last refresh, the oldest due job's wait and when any
     pause ends; the running jobs whose leases end soonest; the registered
-    workers, active or stale. Each row stays on one line: on a narrow
+    workers, active or stale; per kind, the run time percentiles of the
+    last minute's attempts. Each row stays on one line: on a narrow
     terminal, names are cut with ….
 
     q or Ctrl-C leaves it, the terminal as it was. Every refresh reads what

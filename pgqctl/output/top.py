@@ -52,8 +52,8 @@ def share_rows(wanted: Sequence[int], available: int) -> list[int]:
 
 
 class _TopFrame:
-    """One frame of `top`: a one-line header, then queues, leases and
-    workers, each section given rows of the terminal's height so that none
+    """One frame of `top`: a one-line header, then queues, leases, workers
+    and the run times per kind, each section given rows of the terminal's height so that none
     is pushed off the bottom (a section with more rows than it is given
     says how many more)."""
 
@@ -81,10 +81,12 @@ class _TopFrame:
             self._worker_row(w)
             for w in sorted(view.workers, key=lambda w: (w.state != "active", w.id))
         ]
+        kinds = [self._kind_row(*times) for times in view.run_times]
+        # The run times only when the last minute had attempts: an empty
+        # section would take rows the others need.
+        wanted = [len(queues), len(leases), len(workers)] + ([len(kinds)] if kinds else [])
         height = options.height or console.size.height
-        rows = share_rows(
-            [len(queues), len(leases), len(workers)], height - 1 - 3 * _TOP_SECTION_LINES
-        )
+        rows = share_rows(wanted, height - 1 - len(wanted) * _TOP_SECTION_LINES)
         yield header
         yield self._table(
             "queues",
@@ -106,6 +108,15 @@ class _TopFrame:
             ("worker", "state", "queues"),
             workers,
             rows[2],
+        )
+        if not kinds:
+            return
+        yield self._table(
+            "run times, last minute",
+            ("kind", "attempts", "p50", "p95", "p99"),
+            ("kind",),
+            kinds,
+            rows[3],
         )
 
     @staticmethod
@@ -180,6 +191,16 @@ class _TopFrame:
             f"{job.tries}/{job.max_attempts}",
             Text(printable(job.locked_by or "", ONE_LINE_ESCAPES)),
             left + (" (expired)" if lease.expired else ""),
+        )
+
+    @staticmethod
+    def _kind_row(kind: str, attempts: int, percentiles: Sequence[float]) -> tuple[Any, ...]:
+        from rich.text import Text
+
+        return (
+            Text(printable(kind, ONE_LINE_ESCAPES)),
+            f"{attempts:,}",
+            *(format_seconds(p) for p in percentiles),
         )
 
     @staticmethod

@@ -74,6 +74,20 @@ FROM recent
 WHERE waited IS NOT NULL
 GROUP BY queue, kind, 4;
 
+-- name: monitor_kind_run_times
+-- `top`: per kind, the attempts that started and finished within `window`
+-- (attempts_finished_idx's range; a purged job's are left out), and the
+-- 50th, 95th and 99th percentiles of how long they ran; the busiest first.
+SELECT j.kind, count(*) AS attempts,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
+           ORDER BY extract(epoch FROM a.finished_at - a.started_at)) AS percentiles
+FROM attempts AS a
+JOIN jobs AS j ON j.id = a.job_id
+WHERE a.finished_at > now() - %(window)s::interval
+  AND a.started_at IS NOT NULL
+GROUP BY j.kind
+ORDER BY count(*) DESC, j.kind;
+
 -- name: monitor_attempt_outcomes
 -- The attempts that finished within `window`, per queue, kind and outcome
 -- (started or not; a purged job's are left out).

@@ -103,6 +103,18 @@ def run_top(pane: Pane, dsn: str, tmp_path: Path) -> None:
     wait_until(lambda: "pgqctl top" in pane.screen(), PATIENCE, "top to draw")
 
 
+def kind_row(screen: str) -> list[str] | None:
+    """The row of kind `test` in top's run times section, split, if shown."""
+    if "run times, last minute" not in screen:
+        return None
+    section = screen.split("run times, last minute", 1)[1]
+    for line in section.splitlines():
+        words = line.split()
+        if words[:1] == ["test"] and len(words) == 5:
+            return words
+    return None
+
+
 @pytest.mark.slow
 def test_top_shows_the_queue_move_and_q_restores_the_terminal(
     dsn: str, pane: Pane, tmp_path: Path, start_pgqctl: object
@@ -140,6 +152,11 @@ def test_top_shows_the_queue_move_and_q_restores_the_terminal(
         )
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the screen:\n{pane.screen()}") from None
+    # The last minute's run times of the kind: 60 attempts, each about 0.2 s.
+    wait_until(lambda: kind_row(pane.screen()) is not None, PATIENCE, "the run times of the kind")
+    row = kind_row(pane.screen())
+    assert row is not None and row[1] == "60", row
+    assert all(0.15 <= float(p.rstrip("s")) < 5 for p in row[2:]), row
 
     pane.tmux("send-keys", "-t", "top", "q")
     wait_until(lambda: "modes shown" in pane.screen(), PATIENCE, "top to exit")
