@@ -103,9 +103,11 @@ _READ_SIZE = 65536
 # `on_line` (a log line each, in the worker): every line of it is handed
 # over before the loop turns again, so a child printing as fast as it can
 # gets no more than this much attention before the others are looked at.
-# Output nobody takes line by line (past the `OutputCap`) is only counted:
-# its pipe grows to `_BULK_PIPE_SIZE` (where the system allows) and is read
-# `_BULK_READ_SIZE` at a time, so that a child writing a lot is not held up.
+# Output nobody takes line by line (past the `OutputCap`) is only counted and
+# kept: once a stream of it fills a read, its pipe grows to `_BULK_PIPE_SIZE`
+# (where the system allows) and is read `_BULK_READ_SIZE` at a time, so that
+# a child writing a lot is not held up, while one writing little (most jobs)
+# costs no more than a small read.
 _OUTPUT_READ_SIZE = 4096
 _BULK_READ_SIZE = 256 * 1024
 _BULK_PIPE_SIZE = 1 << 20
@@ -777,7 +779,6 @@ class _Child:
         self.forwarded_lines = 0  # whole lines, their newline included
         self.forwarded_bytes = 0
         self.capped = on_line is None
-        self.bulk = False  # output read in large pieces (`_go_bulk`)
         self.fds: set[int] = set()  # every fd we own; closed at the end
         self.in_fd = -1
         self.pending = memoryview(b"")
@@ -1023,10 +1024,9 @@ class _Child:
     # -- output and input -------------------------------------------------------
 
     def _read(self, stream: _Stream) -> None:
-        if self.capped and not self.bulk:
-            self._go_bulk()
+        bulk = self.capped and stream.bulk
         try:
-            chunk = os.read(stream.fd, _BULK_READ_SIZE if self.bulk else _OUTPUT_READ_SIZE)
+            chunk = os.read(stream.fd, _BULK_READ_SIZE if bulk else _OUTPUT_READ_SIZE)
         except BlockingIOError:
             return
         if not chunk:
@@ -1034,16 +1034,8 @@ class _Child:
             stream.fd = -1
             return
         self._keep(stream, chunk)
-
-    def _go_bulk(self) -> None:
-        """Output is only counted from now on: take it in large reads, from
-        larger pipes (Linux), so that the child's writes seldom wait."""
-        self.bulk = True
-        if _F_SETPIPE_SZ is not None:
-            for fd in (self.stdout.fd, self.stderr.fd):
-                if fd >= 0:
-                    with contextlib.suppress(OSError):  # over the user's pipe quota: as it is
-                        fcntl.fcntl(fd, _F_SETPIPE_SZ, _BULK_PIPE_SIZE)
+        if self.capped and not bulk and len(chunk) == _OUTPUT_READ_SIZE:
+            stream.go_bulk()
 
     def _drain(self, stream: _Stream) -> None:
         """Read what is already in one output pipe, then stop reading it."""
@@ -1145,6 +1137,19 @@ class _Stream:
     """One output pipe of a child (its stdout or its stderr): its fd while
     open, what is kept of it, and its line in progress for `on_line`."""
 
+    __slots__ = (
+        "bulk",
+        "ends_open",
+        "fd",
+        "head",
+        "head_bytes",
+        "newlines",
+        "partial",
+        "tail",
+        "tail_bytes",
+        "total",
+    )
+
     def __init__(self, keep: OutputKeep) -> None:
         self.fd = -1
         self.head_bytes = max(keep.head_bytes, 0)
@@ -1155,6 +1160,16 @@ class _Stream:
         self.newlines = 0
         self.ends_open = False  # what it wrote so far ends in an unterminated line
         self.partial = b""
+        self.bulk = False  # read in large pieces, from a larger pipe
+
+    def go_bulk(self) -> None:
+        """Only counted and kept from now on, and more is coming: take it
+        in large reads, from a larger pipe (Linux), so that the child's
+        writes seldom wait."""
+        self.bulk = True
+        if _F_SETPIPE_SZ is not None:
+            with contextlib.suppress(OSError):  # over the user's pipe quota: as it is
+                fcntl.fcntl(self.fd, _F_SETPIPE_SZ, _BULK_PIPE_SIZE)
 
     def keep(self, chunk: bytes) -> None:
         self.total += len(chunk)
