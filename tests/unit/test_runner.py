@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import resource
 import signal
@@ -11,7 +10,6 @@ import sys
 import threading
 import time
 import tracemalloc
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -984,14 +982,26 @@ def test_peak_memory_of_a_child() -> None:
 def test_a_child_with_a_working_directory_reports_its_usage_too(tmp_path: Path) -> None:
     # A job with a cwd starts through Popen: it is reaped with wait4 all the same.
     script = BUSY + "import os, sys\nprint(os.getcwd()); print('err', file=sys.stderr)\nexit(3)\n"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ResourceWarning)  # Popen must not think it still runs
-        outcome = run_keeping(py(script, cwd=str(tmp_path)), OutputKeep(100, 100))
-        gc.collect()
+    with runner._Reactor(5.0) as reactor:
+        child = reactor.start(
+            py(script, cwd=str(tmp_path)),
+            ENV,
+            stop=None,
+            on_line=None,
+            started=time.monotonic(),
+            keep=OutputKeep(100, 100),
+        )
+        while not child.complete:
+            reactor.step()
+        outcome = reactor.finish(child)
     assert outcome.exit_code == 3
     assert (outcome.stdout.head, outcome.stderr.head) == (f"{tmp_path}\n", "err\n")
     assert outcome.cpu_user is not None and outcome.cpu_user > 0.1
     assert outcome.max_rss_bytes is not None and outcome.max_rss_bytes > 1_000_000
+    # Popen knows the child was reaped: it never waits on that pid (maybe
+    # another process's by now) again, and has nothing to warn about.
+    assert child.popen is not None and child.popen.returncode == 3
+    assert child.popen.poll() == 3 and child.popen.wait() == 3
 
     killed = run(Command(("/bin/sh", "-c", "kill -9 $$"), cwd=str(tmp_path)), ENV)
     assert killed.signal == signal.SIGKILL and killed.cpu_system is not None
