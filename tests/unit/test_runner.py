@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -1012,3 +1013,31 @@ def test_a_child_that_never_started_used_nothing_known() -> None:
     assert outcome.start_error is not None
     assert (outcome.cpu_user, outcome.cpu_system, outcome.max_rss_bytes) == (None, None, None)
     assert outcome.stdout == outcome.stderr == runner.StreamOutput()
+
+
+def open_fds() -> set[int]:
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # listdir's own, closed since
+            os.readlink(f"/proc/self/fd/{name}")
+            fds.add(int(name))
+    return fds
+
+
+def test_open_files_needed_counts_every_descriptor_a_running_child_holds() -> None:
+    # stdin larger than its pipe and read late: each child holds its stdout,
+    # stderr and stdin pipes and its pidfd at once.
+    command = Command(("/bin/sh", "-c", "sleep 0.5; cat > /dev/null"), stdin=b"x" * 200_000)
+    children = 5
+    runner._devnull()  # opened once per process, not per child
+    with runner._Reactor(5.0) as reactor:
+        before = open_fds()
+        for _ in range(children):
+            reactor.start(command, ENV, stop=None, on_line=None, started=time.monotonic())
+        held = len(open_fds() - before)
+        outcomes = []
+        while reactor.children:
+            outcomes += [reactor.finish(child) for child in reactor.step()]
+    assert len(outcomes) == children and all(outcome.succeeded for outcome in outcomes)
+    assert held == children * 4
+    assert runner.open_files_needed(children) - runner.open_files_needed(0) >= held
