@@ -43,11 +43,11 @@ for each stream, the head and tail its `OutputKeep` asks for: a child
 writing gigabytes costs reads, not memory. A child is reaped with
 ``wait4``, which gives its CPU time and peak memory for free. POSIX only.
 
-Two pipes cannot say in which order a child wrote to stdout and stderr:
-what both hold when poll() returns is read stdout first. A child's writes
-usually reach the worker one poll() at a time, so `Outcome.output_tail`
-keeps their order unless the child writes to both faster than the worker
-reads.
+Two pipes cannot say in which order a child wrote to stdout and stderr.
+`Outcome.output_tail` (both streams together) appends what is read in the
+order it is read: writes seen in different turns of the loop keep their
+order; what both pipes hold at once (a child writing to both faster than
+the worker reads, or just before it exits) comes stdout first.
 """
 
 from __future__ import annotations
