@@ -5,12 +5,13 @@ is ``payload.py``, which turns a job into a `Command`): the worker
 (``pgqctl/worker/``) hands each job's `Command` to a `Supervisor` and decides
 what each `Outcome` means.
 
-- `Supervisor` starts each child, feeds its stdin, reads its merged stdout
-  and stderr, enforces the timeout, honours a `Stop` request from another
-  thread, and reports each child's `Outcome` to a callback, for any number
-  of children at once, watched from one thread (its own, or its caller's
-  while it calls `drive`). It never raises for anything a child does,
-  including failing to start.
+- `Supervisor` starts each child, feeds its stdin, reads its stdout and
+  its stderr (each from a pipe of its own), enforces the timeout, honours a
+  `Stop` request from another thread, and reports each child's `Outcome`
+  (how it ended, what it wrote, the CPU and memory it used) to a callback,
+  for any number of children at once, watched from one thread (its own, or
+  its caller's while it calls `drive`). It never raises for anything a child
+  does, including failing to start.
 - `open_files_needed` says how many open files that many children take.
 
 Processes and signals. Each child leads a session and process group of its
@@ -33,11 +34,20 @@ the job may run again: PGQCTL_JOB_ID is the idempotency key.
 Costs. Children start with ``posix_spawn`` (with ``Popen`` for a job with a
 ``cwd``, which posix_spawn cannot set). The supervisor uses one thread for
 all its children (or its caller's, see `Supervisor.drive`) and never
-sleeps to poll: it blocks in one ``poll()`` on the output pipes, the stdin
-pipes, a pidfd for each child's exit (Linux 5.3+; elsewhere it checks
-every 50 ms) and an eventfd for `Stop` requests and new children, with the
-nearest deadline as timeout. Output is not kept beyond a tail of
-`TAIL_BYTES` bytes. POSIX only.
+sleeps to poll: it blocks in one ``poll()`` on the output pipes (two per
+child: stdout and stderr), the stdin pipes, a pidfd for each child's exit
+(Linux 5.3+; elsewhere it checks every 50 ms) and an eventfd for `Stop`
+requests and new children, with the nearest deadline as timeout. Output is
+not kept beyond a tail of `TAIL_BYTES` bytes of both streams together and,
+for each stream, the head and tail its `OutputKeep` asks for: a child
+writing gigabytes costs reads, not memory. A child is reaped with
+``wait4``, which gives its CPU time and peak memory for free. POSIX only.
+
+Two pipes cannot say in which order a child wrote to stdout and stderr.
+`Outcome.output_tail` (both streams together) appends what is read in the
+order it is read: writes seen in different turns of the loop keep their
+order; what both pipes hold at once (a child writing to both faster than
+the worker reads, or just before it exits) comes stdout first.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ import errno
 import fcntl
 import math
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -70,9 +81,10 @@ DRAIN_AFTER_EXIT = 0.1
 # child that closed its output has exited.
 _EXIT_POLL_SECONDS = 0.05
 
-# Descriptors a running child holds open in its parent, at most: its output
-# pipe, its pidfd, and its stdin pipe until all of its stdin is written.
-_FDS_PER_CHILD = 3
+# Descriptors a running child holds open in its parent, at most: its stdout
+# and stderr pipes, its pidfd, and its stdin pipe until all of its stdin is
+# written.
+_FDS_PER_CHILD = 4
 # What a process running children needs besides: standard streams, wake-up
 # pipes, database connections, a child's pipe ends while it starts, Python's
 # own; with room to spare.
@@ -91,13 +103,17 @@ _READ_SIZE = 65536
 # `on_line` (a log line each, in the worker): every line of it is handed
 # over before the loop turns again, so a child printing as fast as it can
 # gets no more than this much attention before the others are looked at.
-# Output nobody takes line by line (past the `OutputCap`) is only counted:
-# its pipe grows to `_BULK_PIPE_SIZE` (where the system allows) and is read
-# `_BULK_READ_SIZE` at a time, so that a child writing a lot is not held up.
+# Output nobody takes line by line (past the `OutputCap`) is only counted and
+# kept: once a stream of it fills a read, its pipe grows to `_BULK_PIPE_SIZE`
+# (where the system allows) and is read `_BULK_READ_SIZE` at a time, so that
+# a child writing a lot is not held up, while one writing little (most jobs)
+# costs no more than a small read.
 _OUTPUT_READ_SIZE = 4096
 _BULK_READ_SIZE = 256 * 1024
 _BULK_PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ: int | None = getattr(fcntl, "F_SETPIPE_SZ", None)
+# ru_maxrss is in KiB on Linux and the BSDs, in bytes on macOS.
+_MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
 
 _pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
 # Linux: one eventfd is cheaper than a pipe as a wake-up for `Stop`.
@@ -144,6 +160,43 @@ NO_CAP = OutputCap(sys.maxsize, sys.maxsize)
 
 
 @dataclass(frozen=True)
+class OutputKeep:
+    """How much of each of a child's streams (stdout and stderr, each on its
+    own) its `Outcome` keeps: the first `head_bytes` and the last
+    `tail_bytes`. 0 keeps nothing of that end; every byte is counted all the
+    same. A child holds at most head_bytes + tail_bytes of each stream in
+    memory, however much it writes."""
+
+    head_bytes: int
+    tail_bytes: int
+
+
+NO_KEEP = OutputKeep(0, 0)
+
+
+@dataclass(frozen=True)
+class StreamOutput:
+    """What a child wrote to one stream, as far as its `OutputKeep` kept it.
+
+    `total_bytes`: all it wrote. If that is no more than head_bytes +
+    tail_bytes, `head` holds all of it and `tail` is empty (a short output
+    is stored once, and decoded in one piece), and `omitted_bytes` is 0.
+    Otherwise `head` is its first head_bytes, `tail` its last tail_bytes,
+    and `omitted_bytes` the bytes between them, left out. Decoded as UTF-8
+    with replacement characters: a character cut by the gap is one U+FFFD at
+    the end of `head` or the start of `tail`.
+    """
+
+    head: str = ""
+    tail: str = ""
+    total_bytes: int = 0
+    omitted_bytes: int = 0
+
+
+_NO_OUTPUT = StreamOutput()
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How a child ended.
 
@@ -151,11 +204,22 @@ class Outcome:
     `timed_out`, `stopped` (a `Stop` was requested), `signal` (died of a
     signal on its own) or `exit_code`. `exit_code` and `signal` also say how
     a timed-out or stopped child finally ended. `output_tail` is the end of
-    stdout and stderr together; `output_bytes` counts all of it.
+    stdout and stderr together, as read (see the module's notes on order);
+    `output_bytes` counts all of it. `stdout` and `stderr`: each stream on
+    its own, its head and tail as the submission's `OutputKeep` asked.
     `never_starts`: the start error comes from the command itself (no such
     program, arguments over the system's limit), so trying again cannot help.
     `left_out_bytes` and `left_out_lines`: the output `on_line` did not get
     (past its `OutputCap`); a line counts when any of it was left out.
+
+    `cpu_user` and `cpu_system` (seconds) and `max_rss_bytes` (peak resident
+    memory), as the kernel reports them when the child is reaped: they
+    cover the child and those of its descendants it waited for itself, not
+    the ones it left running or that died with its group after it; the peak
+    is the largest of any one of them, not their sum. Linux starts a child's
+    peak at the peak of the process it was started from (the worker, or
+    whatever runs the supervisor), so only a peak above that one is the
+    job's own. None when no child ran.
     """
 
     exit_code: int | None = None
@@ -167,12 +231,17 @@ class Outcome:
     never_starts: bool = False
     output_tail: str = ""
     output_bytes: int = 0
+    stdout: StreamOutput = _NO_OUTPUT
+    stderr: StreamOutput = _NO_OUTPUT
     left_out_bytes: int = 0
     left_out_lines: int = 0
     duration: float = 0.0
     timeout: float | None = None
     # The job's own error when it ran no child (a SQL handler's statement).
     error: str | None = None
+    cpu_user: float | None = None
+    cpu_system: float | None = None
+    max_rss_bytes: int | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -356,6 +425,7 @@ class Supervisor:
         stop: Stop | None = None,
         on_line: Callable[[str], None] | None = None,
         cap: OutputCap = NO_CAP,
+        keep: OutputKeep = NO_KEEP,
     ) -> None:
         """Start `command` soon; `on_done(key, ...)` says how it ended.
 
@@ -365,11 +435,14 @@ class Supervisor:
         with replacement characters and without its newline (a final
         unterminated line too; a line over `MAX_LINE_BYTES` in pieces), on
         the thread watching the children; if it raises, the child's group is
-        killed and `on_done` gets the exception. `cap`: how much of the
-        output `on_line` gets; the rest is read as fast as it comes, and
-        counted.
+        killed and `on_done` gets the exception. Lines are cut per stream
+        (a line on stderr never splits one on stdout). `cap`: how much of
+        the output `on_line` gets, both streams together; the rest is read as
+        fast as it comes, and counted. `keep`: how much of each stream the
+        outcome's `stdout` and `stderr` hold (by default nothing, only
+        counts).
         """
-        submission = _Submission(key, command, env, stop, on_line, cap, time.monotonic())
+        submission = _Submission(key, command, env, stop, on_line, cap, time.monotonic(), keep)
         if threading.get_ident() == self._guest and self._baton.acquire(blocking=False):
             # The driving thread, between two turns: start it now.
             try:
@@ -516,6 +589,7 @@ class Supervisor:
                 stop=s.stop,
                 on_line=s.on_line,
                 cap=s.cap,
+                keep=s.keep,
                 started=s.started,
                 key=s.key,
             )
@@ -538,6 +612,7 @@ class _Submission:
     on_line: Callable[[str], None] | None
     cap: OutputCap
     started: float
+    keep: OutputKeep = NO_KEEP
 
 
 def _ended_before_start(command: Command, stop: Stop | None) -> Outcome | None:
@@ -600,8 +675,9 @@ class _Reactor:
         started: float,
         key: object = None,
         cap: OutputCap = NO_CAP,
+        keep: OutputKeep = NO_KEEP,
     ) -> _Child:
-        child = _Child(self, command, stop, on_line, started, key, cap)
+        child = _Child(self, command, stop, on_line, started, key, cap, keep)
         try:
             child.start(env)
         except BaseException:
@@ -682,6 +758,7 @@ class _Child:
         started: float,
         key: object,
         cap: OutputCap = NO_CAP,
+        keep: OutputKeep = NO_KEEP,
     ) -> None:
         self.reactor = reactor
         self.command = command
@@ -691,11 +768,10 @@ class _Child:
         self.key = key
         self.term_grace = reactor.term_grace
         self.deadline = None if command.timeout is None else started + command.timeout
-        self.tail = bytearray()
+        self.stdout = _Stream(keep)
+        self.stderr = _Stream(keep)
+        self.tail = bytearray()  # of both streams, in the order read
         self.output_bytes = 0
-        self.newlines = 0
-        self.ends_open = False  # the output so far ends in an unterminated line
-        self.partial = b""
         # What `on_line` may still get, and what it got; once the cap is
         # reached (or with no `on_line`), output is only counted.
         self.lines_allowed = cap.lines if on_line is not None else 0
@@ -703,15 +779,14 @@ class _Child:
         self.forwarded_lines = 0  # whole lines, their newline included
         self.forwarded_bytes = 0
         self.capped = on_line is None
-        self.bulk = False  # output read in large pieces (`_go_bulk`)
         self.fds: set[int] = set()  # every fd we own; closed at the end
-        self.out_fd = -1
         self.in_fd = -1
         self.pending = memoryview(b"")
         self.pidfd = -1
         self.pid = 0
         self.popen: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None  # set once reaped
+        self.usage: resource.struct_rusage | None = None  # set once reaped
         self.exited = False
         self.ending: str | None = None  # "timeout" or "stop" once we end it
         self.kill_at: float | None = None
@@ -741,29 +816,31 @@ class _Child:
     def _spawn(self, env: Mapping[str, str]) -> None:
         # Every fd is made before the child starts, so running out of them is
         # a start error rather than an exception with a child running.
-        self.out_fd, out_w = self._pipe()
+        self.stdout.fd, out_w = self._pipe()
+        self.stderr.fd, err_w = self._pipe()
         stdin = _devnull()
         if self.command.stdin is not None:
             stdin, self.in_fd = self._pipe()
         try:
-            self.pid = self._launch(env, stdin, out_w)
+            self.pid = self._launch(env, stdin, out_w, err_w)
         finally:
             # The child has its copies; ours would keep the pipes open forever.
             self._close(out_w)
+            self._close(err_w)
             if self.in_fd >= 0:
                 self._close(stdin)
 
-    def _launch(self, env: Mapping[str, str], stdin: int, out_w: int) -> int:
+    def _launch(self, env: Mapping[str, str], stdin: int, out_w: int, err_w: int) -> int:
         if self.command.cwd is None and _posix_spawn is not None:
             # posix_spawn costs the worker about half of what Popen does per
             # child; it cannot change directory, so a job with a `cwd` goes
             # through Popen.
-            return _spawn(self.command.argv, env, stdin, out_w)
+            return _spawn(self.command.argv, env, stdin, out_w, err_w)
         self.popen = subprocess.Popen(
             list(self.command.argv),
             stdin=stdin,
             stdout=out_w,
-            stderr=out_w,
+            stderr=err_w,
             cwd=self.command.cwd,
             env=env,
             start_new_session=True,
@@ -771,9 +848,11 @@ class _Child:
         return self.popen.pid
 
     def _watch(self) -> None:
-        # out_fd stays blocking: it is read only after poll() says it is
-        # readable (one fcntl pair fewer per job); `_drain` unblocks it.
-        self.reactor.watch(self.out_fd, select.POLLIN, self)
+        # The output pipes stay blocking: each is read only after poll() says
+        # it is readable (one fcntl pair fewer per job); `_drain` unblocks
+        # them. stdout first: what both hold at once is read in that order.
+        self.reactor.watch(self.stdout.fd, select.POLLIN, self)
+        self.reactor.watch(self.stderr.fd, select.POLLIN, self)
         if self.in_fd >= 0:
             os.set_blocking(self.in_fd, False)
             self.pending = memoryview(self.command.stdin or b"")
@@ -800,8 +879,10 @@ class _Child:
         self.complete = True
 
     def on_ready(self, fd: int) -> None:
-        if fd == self.out_fd:
-            self._read()
+        if fd == self.stdout.fd:
+            self._read(self.stdout)
+        elif fd == self.stderr.fd:
+            self._read(self.stderr)
         elif fd == self.in_fd:
             self._write()
         elif fd == self.pidfd:
@@ -830,7 +911,7 @@ class _Child:
             self._kill(signal.SIGKILL)
             self.killed = True
         if self.exited:
-            if self.out_fd < 0 or self.killed:
+            if (self.stdout.fd < 0 and self.stderr.fd < 0) or self.killed:
                 self.complete = True
                 return None
             if self.ending is None:
@@ -880,15 +961,20 @@ class _Child:
                 self._kill(signal.SIGKILL)
             if self.error is None:
                 try:
-                    self._drain()
-                    # The last line, unterminated: whole if the cap allows.
-                    if self.partial and not self.capped and self._emit(self.partial, whole=False):
-                        self.forwarded_lines += 1
+                    self._drain(self.stdout)
+                    self._drain(self.stderr)
+                    # Each stream's last line, unterminated: whole if the cap allows.
+                    for stream in (self.stdout, self.stderr):
+                        partial = stream.partial
+                        if partial and not self.capped and self._emit(partial, whole=False):
+                            self.forwarded_lines += 1
                 except Exception as exc:  # on_line raised
                     self.fail(exc)
             returncode = self._reap()
         finally:
             self._close_all()
+        usage = self.usage
+        lines = self.stdout.lines_seen() + self.stderr.lines_seen()
         return Outcome(
             exit_code=returncode if returncode >= 0 else None,
             signal=-returncode if returncode < 0 else None,
@@ -897,10 +983,15 @@ class _Child:
             stop_reason=self.stop.reason if self.ending == "stop" and self.stop else None,
             output_tail=_decode_tail(self.tail, self.output_bytes),
             output_bytes=self.output_bytes,
+            stdout=self.stdout.output(),
+            stderr=self.stderr.output(),
             left_out_bytes=self.output_bytes - self.forwarded_bytes,
-            left_out_lines=self._lines_seen() - self.forwarded_lines,
+            left_out_lines=lines - self.forwarded_lines,
             duration=time.monotonic() - self.started,
             timeout=self.command.timeout,
+            cpu_user=usage.ru_utime if usage is not None else None,
+            cpu_system=usage.ru_stime if usage is not None else None,
+            max_rss_bytes=usage.ru_maxrss * _MAXRSS_UNIT if usage is not None else None,
         )
 
     def abandon(self) -> None:
@@ -917,69 +1008,59 @@ class _Child:
                 # Before the group id can be reused: the guard must never
                 # signal a group that is not this job's.
                 self.reactor.guard.ended(self.pid)
+            try:
+                _, status, self.usage = os.wait4(self.pid, 0)
+            except ChildProcessError:
+                if self.popen is None:
+                    raise
+                status = 0  # as Popen.wait says of a child reaped elsewhere
+            self.returncode = os.waitstatus_to_exitcode(status)
             if self.popen is not None:
-                self.returncode = self.popen.wait()
-            else:
-                _, status = os.waitpid(self.pid, 0)
-                self.returncode = os.waitstatus_to_exitcode(status)
+                # Reaped here, for its rusage: Popen must never wait on this
+                # pid again (it may belong to another process by then).
+                self.popen.returncode = self.returncode
         return self.returncode
 
     # -- output and input -------------------------------------------------------
 
-    def _read(self) -> None:
-        if self.capped and not self.bulk:
-            self._go_bulk()
+    def _read(self, stream: _Stream) -> None:
+        bulk = self.capped and stream.bulk
         try:
-            chunk = os.read(self.out_fd, _BULK_READ_SIZE if self.bulk else _OUTPUT_READ_SIZE)
+            chunk = os.read(stream.fd, _BULK_READ_SIZE if bulk else _OUTPUT_READ_SIZE)
         except BlockingIOError:
             return
         if not chunk:
-            self._forget(self.out_fd)
-            self.out_fd = -1
+            self._forget(stream.fd)
+            stream.fd = -1
             return
-        self._keep(chunk)
+        self._keep(stream, chunk)
+        if self.capped and not bulk and len(chunk) == _OUTPUT_READ_SIZE:
+            stream.go_bulk()
 
-    def _go_bulk(self) -> None:
-        """Output is only counted from now on: take it in large reads, from a
-        larger pipe (Linux), so that the child's writes seldom wait."""
-        self.bulk = True
-        if _F_SETPIPE_SZ is not None:
-            with contextlib.suppress(OSError):  # over the user's pipe quota: as it is
-                fcntl.fcntl(self.out_fd, _F_SETPIPE_SZ, _BULK_PIPE_SIZE)
-
-    def _drain(self) -> None:
-        """Read what is already in the output pipe, then stop reading."""
-        if self.out_fd < 0:
+    def _drain(self, stream: _Stream) -> None:
+        """Read what is already in one output pipe, then stop reading it."""
+        if stream.fd < 0:
             return
-        os.set_blocking(self.out_fd, False)
+        os.set_blocking(stream.fd, False)
         for _ in range(64):  # bounded: a runaway writer may never stop
             try:
-                chunk = os.read(self.out_fd, _READ_SIZE)
+                chunk = os.read(stream.fd, _READ_SIZE)
             except BlockingIOError:
                 return
             if not chunk:
                 return
-            self._keep(chunk)
+            self._keep(stream, chunk)
 
-    def _keep(self, chunk: bytes) -> None:
+    def _keep(self, stream: _Stream, chunk: bytes) -> None:
         self.output_bytes += len(chunk)
-        self.newlines += chunk.count(b"\n")
-        self.ends_open = chunk[-1:] != b"\n"
-        if len(chunk) >= TAIL_BYTES:
-            self.tail[:] = chunk[-TAIL_BYTES:]
-        else:
-            self.tail += chunk
-            if len(self.tail) > TAIL_BYTES:
-                del self.tail[:-TAIL_BYTES]
+        _keep_last(self.tail, chunk, 0, TAIL_BYTES)
+        stream.keep(chunk)
         if not self.capped:
-            self._lines(chunk)
+            self._lines(stream, chunk)
 
-    def _lines_seen(self) -> int:
-        return self.newlines + (1 if self.output_bytes and self.ends_open else 0)
-
-    def _lines(self, chunk: bytes) -> None:
-        data = self.partial + chunk if self.partial else chunk
-        self.partial = b""
+    def _lines(self, stream: _Stream, chunk: bytes) -> None:
+        data = stream.partial + chunk if stream.partial else chunk
+        stream.partial = b""
         start = 0
         while (end := data.find(b"\n", start)) >= 0:
             if not self._emit(data[start:end], whole=True):
@@ -990,7 +1071,7 @@ class _Child:
             if not self._emit(rest[:MAX_LINE_BYTES], whole=False):
                 return
             rest = rest[MAX_LINE_BYTES:]
-        self.partial = rest
+        stream.partial = rest
 
     def _emit(self, line: bytes, *, whole: bool) -> bool:
         """Hand `line` to `on_line`, in pieces of MAX_LINE_BYTES, as far as
@@ -1052,14 +1133,101 @@ class _Child:
             self._close(fd)
 
 
-def _spawn(argv: Sequence[str], env: Mapping[str, str], stdin: int, out_w: int) -> int:
+class _Stream:
+    """One output pipe of a child (its stdout or its stderr): its fd while
+    open, what is kept of it, and its line in progress for `on_line`."""
+
+    __slots__ = (
+        "bulk",
+        "ends_open",
+        "fd",
+        "head",
+        "head_bytes",
+        "newlines",
+        "partial",
+        "tail",
+        "tail_bytes",
+        "total",
+    )
+
+    def __init__(self, keep: OutputKeep) -> None:
+        self.fd = -1
+        self.head_bytes = max(keep.head_bytes, 0)
+        self.tail_bytes = max(keep.tail_bytes, 0)
+        self.head = bytearray()
+        self.tail = bytearray()  # the last tail_bytes of what came after the head
+        self.total = 0
+        self.newlines = 0
+        self.ends_open = False  # what it wrote so far ends in an unterminated line
+        self.partial = b""
+        self.bulk = False  # read in large pieces, from a larger pipe
+
+    def go_bulk(self) -> None:
+        """Only counted and kept from now on, and more is coming: take it
+        in large reads, from a larger pipe (Linux), so that the child's
+        writes seldom wait."""
+        self.bulk = True
+        if _F_SETPIPE_SZ is not None:
+            with contextlib.suppress(OSError):  # over the user's pipe quota: as it is
+                fcntl.fcntl(self.fd, _F_SETPIPE_SZ, _BULK_PIPE_SIZE)
+
+    def keep(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self.newlines += chunk.count(b"\n")
+        self.ends_open = chunk[-1:] != b"\n"
+        start = 0
+        room = self.head_bytes - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            start = room
+        if self.tail_bytes and start < len(chunk):
+            _keep_last(self.tail, chunk, start, self.tail_bytes)
+
+    def lines_seen(self) -> int:
+        return self.newlines + (1 if self.ends_open else 0)
+
+    def output(self) -> StreamOutput:
+        if not self.total:
+            return _NO_OUTPUT
+        omitted = self.total - len(self.head) - len(self.tail)
+        if not omitted:  # all of it was kept: one piece, nothing twice
+            whole = bytes(self.head + self.tail)
+            return StreamOutput(head=whole.decode("utf-8", "replace"), total_bytes=self.total)
+        return StreamOutput(
+            head=self.head.decode("utf-8", "replace"),
+            tail=_decode_cut(self.tail),
+            total_bytes=self.total,
+            omitted_bytes=omitted,
+        )
+
+
+def _keep_last(kept: bytearray, chunk: bytes, start: int, limit: int) -> None:
+    """Append `chunk[start:]` to `kept`, keeping only its last `limit` bytes."""
+    if len(chunk) - start >= limit:
+        kept[:] = chunk[len(chunk) - limit :]
+        return
+    kept += chunk[start:] if start else chunk
+    if len(kept) > limit:
+        del kept[:-limit]  # cheap: a bytearray drops its front without copying
+
+
+def _decode_cut(data: bytearray) -> str:
+    """Bytes that follow a cut: a character the cut split is one U+FFFD."""
+    skip = 0
+    while skip < min(3, len(data)) and 0x80 <= data[skip] < 0xC0:
+        skip += 1
+    text = data[skip:].decode("utf-8", "replace")
+    return "\ufffd" + text if skip else text
+
+
+def _spawn(argv: Sequence[str], env: Mapping[str, str], stdin: int, out_w: int, err_w: int) -> int:
     """posix_spawn `argv` in a session of its own, stdin from `stdin`, stdout
-    and stderr to `out_w`; its pid. Raises OSError as Popen would."""
+    to `out_w` and stderr to `err_w`; its pid. Raises OSError as Popen would."""
     _close_on_exec_inherited_fds()
     actions = [
         (os.POSIX_SPAWN_DUP2, stdin, 0),
         (os.POSIX_SPAWN_DUP2, out_w, 1),
-        (os.POSIX_SPAWN_DUP2, out_w, 2),
+        (os.POSIX_SPAWN_DUP2, err_w, 2),
     ]
 
     def spawn(program: str) -> int:

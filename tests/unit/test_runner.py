@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -10,11 +12,20 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pgqctl import runner
-from pgqctl.runner import MAX_LINE_BYTES, TAIL_BYTES, Command, Outcome, OutputCap, Stop
+from pgqctl.runner import (
+    MAX_LINE_BYTES,
+    TAIL_BYTES,
+    Command,
+    Outcome,
+    OutputCap,
+    OutputKeep,
+    Stop,
+)
 from tests.conftest import alive, gone
 from tests.support.runner_helpers import run
 
@@ -791,3 +802,242 @@ def test_a_child_that_exited_before_a_stop_or_timeout_keeps_its_own_status() -> 
         outcome = got.outcomes[key]
         assert outcome.succeeded, (key, outcome.describe())
         assert not outcome.stopped and not outcome.timed_out
+
+
+# -- each stream on its own, and what the child used ----------------------------------
+
+
+def run_keeping(command: Command, keep: OutputKeep = runner.NO_KEEP, **kwargs: Any) -> Outcome:
+    """One child through `Supervisor.submit`, with `keep`; its outcome."""
+    got = Collected()
+    supervisor = runner.Supervisor(got)
+    try:
+        supervisor.submit("job", command, ENV, keep=keep, **kwargs)
+        got.wait_for(1, 60)
+    finally:
+        supervisor.close(5)
+    assert not got.errors
+    return got.outcomes["job"]
+
+
+def py(script: str, **kwargs: Any) -> Command:
+    return Command((sys.executable, "-c", script), **kwargs)
+
+
+WRITE_BOTH = (
+    "import sys, time\n"
+    "out, err = sys.stdout.buffer, sys.stderr.buffer\n"
+    "out.write(b'head-out' + b'.' * 1000); out.flush(); time.sleep(0.05)\n"
+    "err.write(b'head-err' + b',' * 500); err.flush(); time.sleep(0.05)\n"
+    "out.write(b'tail-out'); out.flush(); time.sleep(0.05)\n"
+    "err.write(b'tail-err'); err.flush()\n"
+)
+
+
+def test_each_stream_keeps_its_own_head_and_tail_and_counts_all_of_it() -> None:
+    outcome = run_keeping(py(WRITE_BOTH), OutputKeep(head_bytes=8, tail_bytes=8))
+    assert outcome.succeeded
+    assert outcome.stdout == runner.StreamOutput(
+        head="head-out", tail="tail-out", total_bytes=1016, omitted_bytes=1000
+    )
+    assert outcome.stderr == runner.StreamOutput(
+        head="head-err", tail="tail-err", total_bytes=516, omitted_bytes=500
+    )
+    # Both together, in the order written, as before.
+    assert outcome.output_bytes == 1016 + 516
+    assert outcome.output_tail == (
+        "head-out" + "." * 1000 + "head-err" + "," * 500 + "tail-out" + "tail-err"
+    )
+
+
+def test_a_stream_that_fits_in_head_and_tail_is_all_in_the_head_once() -> None:
+    keep = OutputKeep(head_bytes=8, tail_bytes=8)
+    # Written in pieces, so that the cut between head and tail falls inside one.
+    script = "printf 'abcde'; sleep 0.05; printf 'fghijk'; sleep 0.05; printf '%s' \"$1\""
+    for rest, expected in (
+        ("", runner.StreamOutput(head="abcdefghijk", total_bytes=11)),
+        ("lmnop", runner.StreamOutput(head="abcdefghijklmnop", total_bytes=16)),
+        ("lmnopq", runner.StreamOutput("abcdefgh", "jklmnopq", 17, omitted_bytes=1)),
+    ):
+        outcome = run_keeping(Command(("/bin/sh", "-c", script, "sh", rest)), keep)
+        assert outcome.stdout == expected, rest
+        assert outcome.stderr == runner.StreamOutput()
+
+
+def test_a_head_larger_than_a_read_and_a_tail_of_its_own() -> None:
+    script = "head -c 100000 /dev/zero | tr '\\0' a; printf END"
+    outcome = run_keeping(sh(script), OutputKeep(head_bytes=70_000, tail_bytes=3))
+    assert outcome.stdout == runner.StreamOutput(
+        head="a" * 70_000, tail="END", total_bytes=100_003, omitted_bytes=30_000
+    )
+    outcome = run_keeping(sh(script), OutputKeep(head_bytes=0, tail_bytes=5))
+    assert outcome.stdout == runner.StreamOutput("", "aaEND", 100_003, omitted_bytes=99_998)
+
+
+def test_huge_stdout_keeps_only_head_and_tail_in_memory() -> None:
+    script = "head -c 100000000 /dev/zero | tr '\\0' a; echo; echo END"
+    keep = OutputKeep(head_bytes=65536, tail_bytes=65536)
+    tracemalloc.start()
+    try:
+        outcome = run_keeping(sh(script, timeout=60), keep)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.succeeded
+    total = 100_000_000 + len("\nEND\n")
+    assert outcome.stdout.total_bytes == outcome.output_bytes == total
+    assert outcome.stdout.head == "a" * 65536
+    assert outcome.stdout.tail == "a" * (65536 - 5) + "\nEND\n"
+    assert outcome.stdout.omitted_bytes == total - 2 * 65536
+    assert outcome.stderr == runner.StreamOutput()
+    assert peak < 1_000_000
+
+
+def test_a_character_cut_at_either_end_of_the_gap_decodes() -> None:
+    # "é" is two bytes: 5 bytes of head end in half of one, 5 of tail begin so.
+    outcome = run_keeping(sh("printf 'éééééééééé' >&2"), OutputKeep(5, 5))
+    assert outcome.stderr == runner.StreamOutput("éé\ufffd", "\ufffdéé", 20, omitted_bytes=10)
+    # "€" is three bytes: cut after its first, and before its last.
+    outcome = run_keeping(sh("printf 'x€€€€y'"), OutputKeep(2, 2))
+    assert outcome.stdout == runner.StreamOutput("x\ufffd", "\ufffdy", 14, omitted_bytes=10)
+    # When all of it is kept, no character is cut.
+    outcome = run_keeping(sh("printf 'ééééé'"), OutputKeep(5, 5))
+    assert outcome.stdout == runner.StreamOutput("ééééé", "", 10)
+
+
+def test_keeping_nothing_still_counts_each_stream() -> None:
+    for keep in (runner.NO_KEEP, OutputKeep(0, 0)):
+        outcome = run_keeping(py(WRITE_BOTH), keep)
+        assert outcome.stdout == runner.StreamOutput("", "", 1016, omitted_bytes=1016)
+        assert outcome.stderr == runner.StreamOutput("", "", 516, omitted_bytes=516)
+        assert outcome.output_bytes == 1532 and outcome.output_tail.endswith("tail-outtail-err")
+    assert run(sh("echo hi; echo there >&2"), ENV).stdout.total_bytes == 3  # the default
+
+
+def test_a_child_timed_out_or_stopped_still_reports_its_streams(pidfile: Path) -> None:
+    script = f"echo out; echo err >&2; sleep 100 & echo $! > {pidfile}; wait"
+    outcome = run_keeping(sh(script, timeout=0.5), OutputKeep(100, 100))
+    assert outcome.timed_out and outcome.signal == signal.SIGTERM
+    assert (outcome.stdout.head, outcome.stderr.head) == ("out\n", "err\n")
+    assert outcome.cpu_user is not None and outcome.max_rss_bytes is not None
+    assert gone(grandchild(pidfile))
+
+    stop = Stop()
+    threading.Timer(0.3, stop.request, ("lease lost",)).start()
+    outcome = run_keeping(sh("echo out; echo err >&2; exec sleep 100"), OutputKeep(9, 9), stop=stop)
+    assert outcome.stopped and outcome.signal == signal.SIGTERM
+    assert (outcome.stdout.head, outcome.stderr.head) == ("out\n", "err\n")
+
+    outcome = run_keeping(sh("echo out; echo err >&2; kill -9 $$"), OutputKeep(9, 9))
+    assert outcome.signal == signal.SIGKILL
+    assert (outcome.stdout.head, outcome.stderr.head) == ("out\n", "err\n")
+
+
+def test_lines_are_cut_per_stream_and_the_cap_counts_both() -> None:
+    lines: list[str] = []
+    # stdout's line is still open when stderr's comes: neither cuts the other.
+    script = "printf 'hel'; sleep 0.1; echo 'oops' >&2; sleep 0.1; echo lo; printf 'bye' >&2"
+    outcome = run(sh(script), ENV, on_line=lines.append)
+    assert lines == ["oops", "hello", "bye"]
+    assert (outcome.left_out_lines, outcome.left_out_bytes) == (0, 0)
+
+    lines.clear()
+    outcome = run(sh(script), ENV, on_line=lines.append, cap=OutputCap(lines=2, bytes=100))
+    assert lines == ["oops", "hello"]
+    assert (outcome.left_out_lines, outcome.left_out_bytes) == (1, len("bye"))
+
+
+# Spins in user space for 0.3 s of CPU (time.process_time is a system call:
+# it is asked only now and then).
+BUSY = (
+    "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: sum(range(10000))\n"
+)
+
+
+def test_cpu_time_of_a_busy_child() -> None:
+    outcome = run_keeping(py(BUSY))
+    assert outcome.succeeded
+    assert outcome.cpu_user is not None and outcome.cpu_user > 0.1
+    assert outcome.cpu_system is not None and outcome.cpu_system >= 0
+
+
+def test_cpu_time_counts_the_descendants_the_child_waited_for() -> None:
+    outcome = run(sh(f"{sys.executable} -c '{BUSY}'; true"), ENV)
+    assert outcome.cpu_user is not None and outcome.cpu_user > 0.1
+
+
+def test_peak_memory_of_a_child() -> None:
+    # Linux starts a child's peak at its parent's (this process's): allocate
+    # 50 MB beyond that, so that what is measured is the child's own.
+    floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    size = floor + (50 << 20)
+    script = f"import time\ndata = b'x' * {size}\ntime.sleep(0.05)\n"
+    outcome = run_keeping(py(script))
+    assert outcome.succeeded
+    assert outcome.max_rss_bytes is not None and outcome.max_rss_bytes >= size
+    # In bytes, not KiB.
+    small = run(Command(("true",)), ENV).max_rss_bytes
+    assert small is not None and 1_000_000 < small < size
+
+
+def test_a_child_with_a_working_directory_reports_its_usage_too(tmp_path: Path) -> None:
+    # A job with a cwd starts through Popen: it is reaped with wait4 all the same.
+    script = BUSY + "import os, sys\nprint(os.getcwd()); print('err', file=sys.stderr)\nexit(3)\n"
+    with runner._Reactor(5.0) as reactor:
+        child = reactor.start(
+            py(script, cwd=str(tmp_path)),
+            ENV,
+            stop=None,
+            on_line=None,
+            started=time.monotonic(),
+            keep=OutputKeep(100, 100),
+        )
+        while not child.complete:
+            reactor.step()
+        outcome = reactor.finish(child)
+    assert outcome.exit_code == 3
+    assert (outcome.stdout.head, outcome.stderr.head) == (f"{tmp_path}\n", "err\n")
+    assert outcome.cpu_user is not None and outcome.cpu_user > 0.1
+    assert outcome.max_rss_bytes is not None and outcome.max_rss_bytes > 1_000_000
+    # Popen knows the child was reaped: it never waits on that pid (maybe
+    # another process's by now) again, and has nothing to warn about.
+    assert child.popen is not None and child.popen.returncode == 3
+    assert child.popen.poll() == 3 and child.popen.wait() == 3
+
+    killed = run(Command(("/bin/sh", "-c", "kill -9 $$"), cwd=str(tmp_path)), ENV)
+    assert killed.signal == signal.SIGKILL and killed.cpu_system is not None
+
+
+def test_a_child_that_never_started_used_nothing_known() -> None:
+    outcome = run_keeping(Command(("no-such-program-here",)), OutputKeep(10, 10))
+    assert outcome.start_error is not None
+    assert (outcome.cpu_user, outcome.cpu_system, outcome.max_rss_bytes) == (None, None, None)
+    assert outcome.stdout == outcome.stderr == runner.StreamOutput()
+
+
+def open_fds() -> set[int]:
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # listdir's own, closed since
+            os.readlink(f"/proc/self/fd/{name}")
+            fds.add(int(name))
+    return fds
+
+
+def test_open_files_needed_counts_every_descriptor_a_running_child_holds() -> None:
+    # stdin larger than its pipe and read late: each child holds its stdout,
+    # stderr and stdin pipes and its pidfd at once.
+    command = Command(("/bin/sh", "-c", "sleep 0.5; cat > /dev/null"), stdin=b"x" * 200_000)
+    children = 5
+    runner._devnull()  # opened once per process, not per child
+    with runner._Reactor(5.0) as reactor:
+        before = open_fds()
+        for _ in range(children):
+            reactor.start(command, ENV, stop=None, on_line=None, started=time.monotonic())
+        held = len(open_fds() - before)
+        outcomes = []
+        while reactor.children:
+            outcomes += [reactor.finish(child) for child in reactor.step()]
+    assert len(outcomes) == children and all(outcome.succeeded for outcome in outcomes)
+    assert held == children * 4
+    assert runner.open_files_needed(children) - runner.open_files_needed(0) >= held
