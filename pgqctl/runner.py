@@ -115,6 +115,13 @@ _F_SETPIPE_SZ: int | None = getattr(fcntl, "F_SETPIPE_SZ", None)
 # ru_maxrss is in KiB on Linux and the BSDs, in bytes on macOS.
 _MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
 
+
+def own_peak_memory() -> int:
+    """This process's peak resident memory, in bytes: where the kernel starts
+    counting a child's (see Outcome)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _MAXRSS_UNIT
+
+
 _pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
 # Linux: one eventfd is cheaper than a pipe as a wake-up for `Stop`.
 _eventfd: Callable[[int, int], int] | None = getattr(os, "eventfd", None)

@@ -24,6 +24,10 @@ LOG_FORMATS = ("text", "json")
 # usual messages and a traceback; a job that writes more cannot fill the log.
 LOG_OUTPUT_LINES = 500
 LOG_OUTPUT_BYTES = 64 * 1024
+# And what the attempt history keeps of each stream (stdout, stderr) of each
+# attempt: its first half and its last half, so a traceback at the end is
+# kept however much came before it; 32 kB an attempt at the most.
+KEEP_OUTPUT_BYTES = 16 * 1024
 # One encoder for every line: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
 

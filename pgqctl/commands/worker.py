@@ -23,6 +23,7 @@ from pgqctl.commands.options import (
 )
 from pgqctl.schedules import CATCH_UP, CATCH_UP_MAX, MISSED_GRACE
 from pgqctl.worklog import (  # small; the options need it
+    KEEP_OUTPUT_BYTES,
     LOG_FORMATS,
     LOG_OUTPUT_BYTES,
     LOG_OUTPUT_LINES,
@@ -265,6 +266,15 @@ class SqlSpec(KindSpec):
     help="Log at most this many bytes of each job's output, e.g. --log-output-bytes 1048576.",
 )
 @click.option(
+    "--keep-output",
+    type=click.IntRange(min=0),
+    metavar="BYTES",
+    default=KEEP_OUTPUT_BYTES,
+    show_default=True,
+    help="Keep at most this many bytes of each stream (stdout, stderr) of each attempt in its "
+    "history (`pgqctl logs`): half from its start, half from its end; 0 keeps none.",
+)
+@click.option(
     "--history/--no-history",
     default=True,
     show_default=True,
@@ -302,6 +312,7 @@ def worker_command(
     log_format: str,
     log_output_lines: int,
     log_output_bytes: int,
+    keep_output: int,
     history: bool,
 ) -> int:
     """Run jobs: claim them, run each as a child process, record how it ended.
@@ -392,6 +403,7 @@ def worker_command(
         log_output_lines=log_output_lines,
         log_output_bytes=log_output_bytes,
         history=history,
+        keep_output=keep_output,
         max_payload_bytes=max_payload_bytes,
         timeouts=database.timeouts,
     )

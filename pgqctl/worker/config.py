@@ -17,7 +17,7 @@ from pgqctl.blockers import Timeouts
 from pgqctl.errors import BadInput
 from pgqctl.policy import Policy
 from pgqctl.schedules import CATCH_UP
-from pgqctl.worklog import LOG_OUTPUT_BYTES, LOG_OUTPUT_LINES
+from pgqctl.worklog import KEEP_OUTPUT_BYTES, LOG_OUTPUT_BYTES, LOG_OUTPUT_LINES
 
 CHANNEL = "pgqctl_jobs"
 CANCEL_CHANNEL = "pgqctl_cancel"
@@ -117,8 +117,10 @@ class WorkerConfig:
     # this many bytes in all; a line at the job's end says what was left out.
     log_output_lines: int = LOG_OUTPUT_LINES
     log_output_bytes: int = LOG_OUTPUT_BYTES
-    # Record each attempt in `attempts` (what `show` and `logs` read).
+    # Record each attempt in `attempts` (what `show` and `logs` read), with
+    # up to this many bytes of each of its streams (half its first, half its last).
     history: bool = True
+    keep_output: int = KEEP_OUTPUT_BYTES
     # A claimed job with a longer payload (JSON text, UTF-8) fails for good.
     max_payload_bytes: int = limits.MAX_PAYLOAD_BYTES
     # How long a statement may wait for a lock, and run (--lock-timeout...).
@@ -211,3 +213,11 @@ def application_name(worker: str) -> str:
             labels.pop()
         host = ".".join(labels).encode()[: max(room, 0)].decode("utf-8", "ignore")
     return f"{APPLICATION_NAME} {host}:{pid}"
+
+
+def output_keep(config: WorkerConfig) -> runner.OutputKeep:
+    """What of each stream of a job's output the attempt history keeps."""
+    if not config.history:
+        return runner.NO_KEEP
+    head = config.keep_output // 2
+    return runner.OutputKeep(head, config.keep_output - head)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pgqctl import db, payload, runner, sql_jobs
 from pgqctl.guard import Guard
 from pgqctl.rows import Unreadable
-from pgqctl.worker.config import TERM_GRACE, WorkerConfig
+from pgqctl.worker.config import TERM_GRACE, WorkerConfig, output_keep
 from pgqctl.worker.narration import Narration
 from pgqctl.worker.outbox import Finished
 from pgqctl.worker.slots import Running
@@ -42,6 +42,7 @@ class Executor:
         self._put = put
         self._post = post
         self.output_cap = runner.OutputCap(config.log_output_lines, config.log_output_bytes)
+        self.output_keep = output_keep(config)
         self.guard: Guard | None = None
         self.children: runner.Supervisor | None = None
         self.sql = (
@@ -154,6 +155,7 @@ class Executor:
                 stop=running.stop,
                 on_line=self.say.forwarder(job.id),
                 cap=self.output_cap,
+                keep=self.output_keep,
             )
         except payload.PayloadRejected as exc:
             self._put(Finished(running, runner.Outcome(start_error=exc.reason), exc.reason))

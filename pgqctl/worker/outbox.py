@@ -219,4 +219,23 @@ def attempt_record(finished: Finished, worker: str) -> attempts.Record:
         exit_status=outcome.exit_code,
         signal=outcome.signal,
         error=error,
+        user_cpu=outcome.cpu_user,
+        system_cpu=outcome.cpu_system,
+        max_rss_bytes=job_peak_memory(outcome),
+        stdout_head=outcome.stdout.head if ran else None,
+        stdout_tail=outcome.stdout.tail if ran else None,
+        stdout_bytes=outcome.stdout.total_bytes if ran else None,
+        stderr_head=outcome.stderr.head if ran else None,
+        stderr_tail=outcome.stderr.tail if ran else None,
+        stderr_bytes=outcome.stderr.total_bytes if ran else None,
     )
+
+
+def job_peak_memory(outcome: runner.Outcome) -> int | None:
+    """The peak memory of a job's process, when it is known to be the job's:
+    Linux starts a child's count at the peak of the process it came from, so
+    a peak no higher than this worker's own says only "at most that much"."""
+    peak = outcome.max_rss_bytes
+    if peak is None or peak <= runner.own_peak_memory():
+        return None
+    return peak

@@ -63,7 +63,7 @@ SET outcome = CASE WHEN a.recorded_by = 'worker' THEN EXCLUDED.outcome ELSE a.ou
 SELECT job_id, claim, attempt, worker, outcome, due_at, claimed_at, started_at, finished_at,
        exit_status, signal, left(error, %(error_chars)s) AS error,
        user_cpu, system_cpu, max_rss_bytes, stdout_bytes, stderr_bytes, late, recorded_by,
-       right(CASE WHEN coalesce(stderr_tail, stderr_head, '') ~ '\S'
+       right(CASE WHEN coalesce(nullif(stderr_tail, ''), stderr_head, '') ~ '\S'
                   THEN coalesce(nullif(stderr_tail, ''), stderr_head)
                   ELSE coalesce(nullif(stdout_tail, ''), stdout_head) END, 2000) AS output_end
 FROM attempts

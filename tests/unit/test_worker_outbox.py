@@ -11,7 +11,7 @@ import pytest
 from pgqctl import claims, runner
 from pgqctl.jobs import Job
 from pgqctl.worker import BACKOFF_CAP
-from pgqctl.worker.outbox import Finished, Outbox
+from pgqctl.worker.outbox import Finished, Outbox, job_peak_memory
 from pgqctl.worker.slots import Running
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -214,3 +214,30 @@ def test_without_history_nothing_is_recorded() -> None:
     outbox.hand_back([finished(2).running])
     assert outbox.report().records == []
     assert [f.running.job.id for f in outbox.report().finished()] == [1, 2]
+
+
+def test_a_record_keeps_each_stream_and_what_the_process_cost() -> None:
+    outbox = Outbox(backoff=2.0, worker="h:1")
+    big = runner.own_peak_memory() + 10**9
+    f = finished(
+        1,
+        exit_code=1,
+        stdout=runner.StreamOutput("head", "tail", 10_000, 9_992),
+        stderr=runner.StreamOutput("oops\n", "", 5, 0),
+        cpu_user=0.25,
+        cpu_system=0.05,
+        max_rss_bytes=big,
+    )
+    f.running.ran_in = 2
+    outbox.add(f)
+    [record] = outbox.report().records
+    assert (record.stdout_head, record.stdout_tail, record.stdout_bytes) == ("head", "tail", 10_000)
+    assert (record.stderr_head, record.stderr_tail, record.stderr_bytes) == ("oops\n", "", 5)
+    assert (record.user_cpu, record.system_cpu, record.max_rss_bytes) == (0.25, 0.05, big)
+
+
+def test_a_peak_no_higher_than_the_workers_own_is_not_the_jobs() -> None:
+    # The kernel starts a child's peak at its parent's: below that, it says nothing.
+    small = finished(1, exit_code=0, max_rss_bytes=runner.own_peak_memory())
+    assert job_peak_memory(small.outcome) is None
+    assert job_peak_memory(finished(2, exit_code=0).outcome) is None
