@@ -28,7 +28,6 @@ own, dropped at the end. Not a test: nothing here asserts a timing.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -38,8 +37,8 @@ from pathlib import Path
 
 import psycopg
 import throwaway_db
-from report import say, summary
-from sql_job_bench import Drain, find_postmaster, timed_worker
+from report import summary
+from sql_job_bench import Drain, drain_arguments, find_postmaster, in_rounds, timed_worker
 from worker_bench import load
 
 # A job writing about 4 kB to each stream (64 lines of 63 characters and a newline).
@@ -121,13 +120,7 @@ def run_worker(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", help="server to create the bench database in")
-    parser.add_argument("--jobs", type=int, default=5_000, help="jobs per drain")
-    parser.add_argument("--concurrency", type=int, default=4, help="the worker's --concurrency")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    runs: dict[str, list[Run]] = {side: [] for side in SIDES}
+    args = drain_arguments(__doc__ or "")
     names = list(SIDES)
     with (
         throwaway_db.server(args.dsn) as server_dsn,
@@ -141,13 +134,11 @@ def main() -> None:
         for side in names:  # warm up
             run_worker(dsn, side, min(200, args.jobs), args.concurrency, log, postmaster)
         load_before = load()
-        for round_no in range(args.rounds):
-            shift = round_no % len(names)
-            for side in names[shift:] + names[:shift]:
-                runs[side].append(
-                    run_worker(dsn, side, args.jobs, args.concurrency, log, postmaster)
-                )
-            say(f"round {round_no + 1} of {args.rounds} done, load {load()}")
+        runs = in_rounds(
+            names,
+            args.rounds,
+            lambda side: run_worker(dsn, side, args.jobs, args.concurrency, log, postmaster),
+        )
         load_after = load()
     print(
         f"# {args.rounds} rounds; one `pgqctl worker --burst --concurrency {args.concurrency}` "

@@ -39,13 +39,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import throwaway_db
 from report import say, summary
 from worker_bench import cpu_seconds, load, proc_cpu
+
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE orders (id bigint PRIMARY KEY, total_cents integer NOT NULL);
@@ -194,14 +198,30 @@ def check_drained(dsn: str, side: str, jobs: int) -> None:
         raise RuntimeError(f"{side}: invoices (orders, rows) {invoiced}, expected {want}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def drain_arguments(doc: str) -> argparse.Namespace:
+    """The options of a bench of burst worker drains: --dsn, --jobs, --concurrency, --rounds."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--dsn", help="server to create the bench database in")
     parser.add_argument("--jobs", type=int, default=5_000, help="jobs per drain")
     parser.add_argument("--concurrency", type=int, default=4, help="the worker's --concurrency")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    runs: dict[str, list[Drain]] = {side: [] for side in SIDES}
+    return parser.parse_args()
+
+
+def in_rounds(names: list[str], rounds: int, run: Callable[[str], T]) -> dict[str, list[T]]:
+    """`run(side)` for every side in each round, the first side rotating from
+    round to round; each side's results in round order."""
+    found: dict[str, list[T]] = {side: [] for side in names}
+    for round_no in range(rounds):
+        shift = round_no % len(names)
+        for side in names[shift:] + names[:shift]:
+            found[side].append(run(side))
+        say(f"round {round_no + 1} of {rounds} done, load {load()}")
+    return found
+
+
+def main() -> None:
+    args = drain_arguments(__doc__ or "")
     names = list(SIDES)
     with (
         throwaway_db.server(args.dsn) as server_dsn,
@@ -220,12 +240,11 @@ def main() -> None:
         for side in names:  # warm up: caches, the page cache of the programs
             run_worker(dsn, side, min(200, args.jobs), args.concurrency, log, postmaster)
         load_before = load()
-        for round_no in range(args.rounds):
-            shift = round_no % len(names)
-            for side in names[shift:] + names[:shift]:
-                drain = run_worker(dsn, side, args.jobs, args.concurrency, log, postmaster)
-                runs[side].append(drain)
-            say(f"round {round_no + 1} of {args.rounds} done, load {load()}")
+        runs = in_rounds(
+            names,
+            args.rounds,
+            lambda side: run_worker(dsn, side, args.jobs, args.concurrency, log, postmaster),
+        )
         load_after = load()
     print(
         f"# {args.rounds} rounds; one `pgqctl worker --burst --concurrency {args.concurrency}` "
