@@ -28,7 +28,8 @@ WORKERS = 3
 def run_jobs(
     dsn: str, start_pgqctl: Callable[..., PgqctlProcess], name: str
 ) -> tuple[float, list[str]]:
-    """Seconds for three burst workers to run 6,000 `true` jobs, and their trouble lines."""
+    """Seconds for three burst workers to run 6,000 `true` jobs, and their
+    trouble lines and conflicts (a statement rolled back and done again)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE jobs")
     insert_jobs(dsn, [["true"]] * JOBS)
@@ -41,7 +42,8 @@ def run_jobs(
     elapsed = time.monotonic() - began
     assert codes == [0] * WORKERS, [w.log[-2000:] for w in workers]
     assert statuses(dsn) == {"done": JOBS}
-    return elapsed, [line for w in workers for line in trouble(w)]
+    conflicts = [e["message"] for w in workers for e in w.events("db_conflict")]
+    return elapsed, [line for w in workers for line in trouble(w)] + conflicts
 
 
 @pytest.mark.slow
@@ -81,5 +83,11 @@ def test_workers_keep_their_pace_under_a_stricter_default_isolation(
     taken = min(first, second)
     timing = f"{isolation}: {first:.1f}s and {second:.1f}s, default: {before:.1f}s and {after:.1f}s"
     print(timing)  # the figure, with -s
-    assert reconnects == [], f"{len(reconnects)} reconnects or errors ({timing}): {reconnects[0]}"
-    assert taken <= 1.3 * baseline, timing
+    # What a stricter default did to workers that inherited it: serialization
+    # failures, each a statement rolled back and retried, and reconnects.
+    assert reconnects == [], (
+        f"{len(reconnects)} conflicts, reconnects or errors ({timing}): {reconnects[0]}"
+    )
+    # And so far slower runs. Loose: the suite's other parallel worker loads
+    # the machine now and then (bench/ measures the pace; a test cannot).
+    assert taken <= 2 * baseline, timing
