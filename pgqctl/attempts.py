@@ -20,17 +20,6 @@ from pgqctl.db import in_batches
 from pgqctl.rows import named_rows
 from pgqctl.sql import query
 
-# How an attempt ended (the CHECK of attempts.outcome).
-OUTCOMES = (
-    "done",
-    "failed",
-    "timed_out",
-    "cancelled",
-    "lease_lost",
-    "handed_back",
-    "refused",
-)
-
 # Characters of an attempt's error that `show` reads (`logs` reads it whole).
 SHOWN_ERROR_CHARS = 2000
 
@@ -44,7 +33,7 @@ class Record:
     claim: int  # the job's attempts as the claim left it: the fencing token
     attempt: int  # the try's number, as the job saw it
     worker: str  # host:pid:slot
-    outcome: str  # one of OUTCOMES
+    outcome: str  # as the CHECK of attempts.outcome allows (sql/migrations/0012)
     claimed: float | None  # monotonic instants
     started: float | None  # None: it never started
     ended: float

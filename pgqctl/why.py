@@ -36,24 +36,6 @@ class Reason:
     command: str | None = None
 
 
-# Every code, in the order reasons are given.
-CODES = (
-    "done",
-    "failed",
-    "cancelled",
-    "running",
-    "prefetched",
-    "holder_gone",
-    "lease_expired",
-    "not_due",
-    "paused",
-    "no_worker",
-    "behind",
-    "slots_busy",
-    "claimable",
-)
-
-
 @dataclass(frozen=True)
 class Why:
     job: Job
