@@ -76,6 +76,11 @@ COLUMNS: dict[str, Column] = {
     "last_seen": Column("whole", 35),
     "jobs": Column("text", 40, 20),
     "prefetched": Column("text", 38, 6),
+    # failures: the count (`jobs`, as for workers) and the job to look at stay;
+    # the cause is cut; when the first failure was seen gives way first.
+    "cause": Column("error", 0, 24),
+    "first_seen": Column("time", 30),
+    "example_id": Column("whole", 0),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.
