@@ -81,6 +81,15 @@ COLUMNS: dict[str, Column] = {
     "cause": Column("error", 0, 24),
     "first_seen": Column("time", 30),
     "example_id": Column("whole", 0),
+    # show's attempts: which, how it ended and its last words stay (the words
+    # cut); what it cost, then where and when it ran, give way first.
+    "started": Column("time", 30),
+    "worker": Column("whole", 20),
+    "took": Column("whole", 0),
+    "outcome": Column("whole", 0),
+    "cpu": Column("whole", 15),
+    "memory": Column("whole", 10),
+    "output": Column("error", 0, 24),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.
