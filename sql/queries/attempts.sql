@@ -33,7 +33,10 @@ FROM jsonb_to_recordset(%(attempts)s::jsonb) AS r(
     user_cpu float8, system_cpu float8, max_rss_bytes bigint,
     stdout_head text, stdout_tail text, stdout_bytes bigint,
     stderr_head text, stderr_tail text, stderr_bytes bigint)
-LEFT JOIN jobs AS j ON j.id = r.job_id
+-- One index probe per record, whatever the plan thinks of the set's size (it
+-- guesses 100 rows, and would hash the whole of jobs to join them): a LATERAL
+-- subquery with a LIMIT cannot be flattened into a join.
+LEFT JOIN LATERAL (SELECT run_at, attempts FROM jobs WHERE id = r.job_id LIMIT 1) AS j ON true
 ON CONFLICT (job_id, claim) DO UPDATE
 SET outcome = CASE WHEN a.recorded_by = 'worker' THEN EXCLUDED.outcome ELSE a.outcome END,
     error = CASE WHEN a.recorded_by = 'worker' THEN EXCLUDED.error ELSE a.error END,

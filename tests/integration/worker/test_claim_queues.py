@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgqctl import claims, db, limits
+from pgqctl import attempts, claims, db, limits
 from pgqctl.sql import query
 from tests.support.processes import start_worker
 
@@ -371,6 +371,32 @@ def test_next_due_reads_none_of_the_backlog_it_does_not_serve(
         explained = plan_of(conn, query(name), params, plan)
     # Its own 5 delayed jobs, none of queue b's 3,000 (of kind z).
     assert rows_read(explained) <= 10, json.dumps(explained, indent=1)
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_recording_attempts_reads_one_job_per_record_whatever_the_backlog(
+    dsn: str, conn: psycopg.Connection[Any], backlog: None, plan: str
+) -> None:
+    # The records come as a JSON set the planner guesses at 100 rows: joined
+    # to jobs as a plain join, it hashed all 15,000 of them on every exchange.
+    ids = [row[0] for row in conn.execute("SELECT id FROM jobs ORDER BY id DESC LIMIT 3")]
+    records = [
+        attempts.Record(
+            job_id=i,
+            claim=1,
+            attempt=1,
+            worker="h:1:0",
+            outcome="done",
+            claimed=0.2,
+            started=0.1,
+            ended=0.3,
+        )
+        for i in ids
+    ]
+    with db.connect(dsn, schema="public") as c:
+        params = attempts.record_params(records, now=0.3)
+        explained = plan_of(c, query("attempt_record"), params, plan)
+    assert rows_read(explained) == 3, json.dumps(explained, indent=1)
 
 
 # -- concurrency ---------------------------------------------------------------
