@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pgqctl.db import in_batches
@@ -51,23 +51,45 @@ class Record:
     stderr_bytes: int | None = None
 
 
-_INSTANTS = ("claimed", "started", "ended")
-_TEXTS = ("error", "stdout_head", "stdout_tail", "stderr_head", "stderr_tail")
+def _ago(at: float | None, now: float) -> float | None:
+    return None if at is None else max(now - at, 0.0)
+
+
+def _text(value: str | None) -> str | None:
+    # PostgreSQL's text holds no NUL: a program's stray NUL shows as U+FFFD.
+    if value is not None and "\0" in value:
+        return value.replace("\0", "\ufffd")
+    return value
 
 
 def record_params(records: Sequence[Record], now: float) -> dict[str, str]:
-    """The parameters of attempt_record for `records`, sent at monotonic `now`."""
-    rows = []
-    for record in records:
-        row = {f.name: getattr(record, f.name) for f in fields(record)}
-        for name in _INSTANTS:
-            at = row.pop(name)
-            row[f"{name}_ago"] = None if at is None else max(now - at, 0.0)
-        for name in _TEXTS:
-            if row[name] is not None and "\0" in row[name]:
-                # PostgreSQL's text holds no NUL: a program's stray NUL shows as U+FFFD.
-                row[name] = row[name].replace("\0", "\ufffd")
-        rows.append(row)
+    """The parameters of attempt_record for `records`, sent at monotonic `now`.
+    Written out field by field: this runs in the worker's hot path."""
+    rows = [
+        {
+            "job_id": r.job_id,
+            "claim": r.claim,
+            "attempt": r.attempt,
+            "worker": r.worker,
+            "outcome": r.outcome,
+            "claimed_ago": _ago(r.claimed, now),
+            "started_ago": _ago(r.started, now),
+            "ended_ago": _ago(r.ended, now),
+            "exit_status": r.exit_status,
+            "signal": r.signal,
+            "error": _text(r.error),
+            "user_cpu": r.user_cpu,
+            "system_cpu": r.system_cpu,
+            "max_rss_bytes": r.max_rss_bytes,
+            "stdout_head": _text(r.stdout_head),
+            "stdout_tail": _text(r.stdout_tail),
+            "stdout_bytes": r.stdout_bytes,
+            "stderr_head": _text(r.stderr_head),
+            "stderr_tail": _text(r.stderr_tail),
+            "stderr_bytes": r.stderr_bytes,
+        }
+        for r in records
+    ]
     return {"attempts": json.dumps(rows, ensure_ascii=False)}
 
 
