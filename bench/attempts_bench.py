@@ -15,7 +15,10 @@ every side once, in an order that rotates; each ratio is taken within a
 round. Per side, also the worker's CPU per job (process and children) and
 the server's, and the transactions per job the database counted
 (pg_stat_database.xact_commit): equal on both sides means the history adds
-no transaction, its insert goes in the exchange's. After the history
+no transaction, its insert goes in the exchange's. Where the server loads
+pg_stat_statements, also the statements per job and the history's inserts
+per transaction: at most one, sent in the exchange's pipeline (no round
+trip of its own). After the history
 sides, the size of the attempts table (heap, indexes and TOAST) per
 million attempts.
 
@@ -61,6 +64,8 @@ SIDES: dict[str, tuple[str, list[str]]] = {
 class Run:
     drain: Drain  # how long, and the CPU the worker and the server used
     commits: int  # transactions the database committed during the drain
+    statements: int | None  # statements the server ran for it (pg_stat_statements), if counted
+    attempt_inserts: int | None  # of which the history's inserts
     attempts_bytes: int  # the attempts table's size after it
     attempts: int  # its rows
 
@@ -94,18 +99,59 @@ def commits(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
+def count_statements(dsn: str) -> bool:
+    """Whether this server counts statements (pg_stat_statements preloaded):
+    creates the extension in the bench's database if it can."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT count(*) FROM pg_stat_statements")
+        except psycopg.Error:
+            return False
+    return True
+
+
+def reset_statements(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+
+
+def statements_run(dsn: str) -> tuple[int, int]:
+    """Statements this database ran since the reset, and the attempts
+    inserts among them (the bench's own reset and this read left out)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(calls), 0), "
+            "       coalesce(sum(calls) FILTER (WHERE query LIKE 'INSERT INTO attempts%%'), 0) "
+            "FROM pg_stat_statements "
+            "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "  AND query NOT LIKE '%%pg_stat_statements%%'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
 def run_worker(
-    dsn: str, side: str, jobs: int, concurrency: int, log: Path, postmaster: int | None
+    dsn: str,
+    side: str,
+    jobs: int,
+    concurrency: int,
+    log: Path,
+    postmaster: int | None,
+    statements: bool,
 ) -> Run:
     payload, options = SIDES[side]
     prepare(dsn, jobs, payload)
     command = [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn]
     command += ["--burst", "--concurrency", str(concurrency), "--no-schedules", *options]
     before = commits(dsn)
+    if statements:
+        reset_statements(dsn)
     drain = timed_worker(command, log, postmaster, side)
     time.sleep(0.5)  # the worker's backends flush their counts as they end
     # The reads themselves count one or two: nothing beside thousands of jobs.
     committed = commits(dsn) - before
+    ran, inserts = statements_run(dsn) if statements else (None, None)
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'done'), count(*) FROM jobs"
@@ -116,7 +162,7 @@ def run_worker(
     if row != (jobs, jobs):
         raise RuntimeError(f"{side}: {row} of {jobs} jobs done")
     assert size is not None
-    return Run(drain, committed, int(size[0]), int(size[1]))
+    return Run(drain, committed, ran, inserts, int(size[0]), int(size[1]))
 
 
 def main() -> None:
@@ -131,13 +177,24 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             version = conn.execute("SHOW server_version").fetchone()
         postmaster = find_postmaster(dsn)
+        statements = count_statements(dsn)
+        if not statements:
+            print(
+                "# statements not counted: this server does not load pg_stat_statements "
+                "(shared_preload_libraries)",
+                file=sys.stderr,
+            )
         for side in names:  # warm up
-            run_worker(dsn, side, min(200, args.jobs), args.concurrency, log, postmaster)
+            run_worker(
+                dsn, side, min(200, args.jobs), args.concurrency, log, postmaster, statements
+            )
         load_before = load()
         runs = in_rounds(
             names,
             args.rounds,
-            lambda side: run_worker(dsn, side, args.jobs, args.concurrency, log, postmaster),
+            lambda side: run_worker(
+                dsn, side, args.jobs, args.concurrency, log, postmaster, statements
+            ),
         )
         load_after = load()
     print(
@@ -158,6 +215,13 @@ def main() -> None:
             print(f"cpu_server.{side}: {summary(server, 'us/job')}")
         commits_per_job = [r.commits / args.jobs for r in runs[side]]
         print(f"commits_per_job.{side}: {summary(commits_per_job, '')}")
+        counted = [r for r in runs[side] if r.statements is not None]
+        if counted:
+            per_job = [(r.statements or 0) / args.jobs for r in counted]
+            print(f"statements_per_job.{side}: {summary(per_job, '')}")
+            # At most one per transaction: the history rides in the exchange's.
+            inserts = [(r.attempt_inserts or 0) / r.commits for r in counted]
+            print(f"attempt_inserts_per_commit.{side}: {summary(inserts, '')}")
     for jobs in ("true", "output"):
         on = [r.drain for r in runs[f"{jobs}.history"]]
         off = [r.drain for r in runs[f"{jobs}.no_history"]]
