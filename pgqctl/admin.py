@@ -378,11 +378,20 @@ def _list_query(found: JobFilter, order: str) -> str:
 
 
 def select_jobs(
-    conn: Connection, found: JobFilter, *, order: str = "newest", limit: int | None = 50
+    conn: Connection,
+    found: JobFilter,
+    *,
+    order: str = "newest",
+    limit: int | None = 50,
+    before: int | None = None,
 ) -> list[Job]:
-    """The jobs `found` matches, in `order`, at most `limit` (None: all)."""
+    """The jobs `found` matches, in `order`, at most `limit` (None: all);
+    newest first, those whose id is below `before` (the next page's)."""
     name = _list_query(found, order)
-    return [Job.from_row(row) for row in named_rows(conn, name, {**found.params(), "limit": limit})]
+    if before is not None and order != "newest":
+        raise ValueError("pages follow one another newest first only")
+    params = {**found.params(), "limit": limit, "before": before}
+    return [Job.from_row(row) for row in named_rows(conn, name, params)]
 
 
 def stream_jobs(
@@ -396,7 +405,7 @@ def stream_jobs(
         cur.itersize = batch
         cur.execute(
             with_job_columns(query(name)),
-            {**READ_PARAMS, **found.params(), "limit": None},
+            {**READ_PARAMS, **found.params(), "limit": None, "before": None},
         )
         for row in cur:
             yield Job.from_row(row)

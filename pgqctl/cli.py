@@ -135,6 +135,11 @@ COMMANDS = {
         "pgqctl.commands.schedule:schedule_group",
         "Cron and interval schedules, enqueued by the running workers: one job per tick.",
     ),
+    "web": Lazy(
+        "pgqctl.commands.web:web_command",
+        "Serve the queue in a browser: an overview updated live, jobs, a job's attempts and "
+        "why it waits, workers, schedules, doctor.",
+    ),
     "worker": Lazy(
         "pgqctl.commands.worker:worker_command",
         "Run jobs: claim them, run each as a child process, record how it ended.",

@@ -77,7 +77,7 @@ def emit_timeline(attempts: Sequence[Attempt], fmt: str) -> None:
     emit_rows(timeline_rows(attempts), TIMELINE_COLUMNS, fmt)
 
 
-def _stream_parts(attempt: Mapping[str, Any], stream: str) -> tuple[str, str, int, int]:
+def stream_parts(attempt: Mapping[str, Any], stream: str) -> tuple[str, str, int, int]:
     """A stream's kept head and tail, its size, and the bytes left out between them."""
     head = attempt.get(f"{stream}_head") or ""
     tail = attempt.get(f"{stream}_tail") or ""
@@ -99,7 +99,7 @@ def emit_logs(
         return
     terminal = out.isatty()
     for name in streams:
-        head, tail, total, left_out = _stream_parts(attempt, name)
+        head, tail, total, left_out = stream_parts(attempt, name)
         if len(streams) > 1:
             out.write(f"--- {name}: {size(total)} ---\n")
         parts = [head]

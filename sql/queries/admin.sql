@@ -73,7 +73,8 @@ SELECT pg_notify('pgqctl_jobs', current_schema());
 -- needs its arm in each (tests/unit/test_admin_sql.py checks).
 
 -- name: job_list
--- Jobs matching the filters, newest first, at most `limit` (NULL: all).
+-- Jobs matching the filters, newest first, at most `limit` (NULL: all),
+-- below the id `before` when given.
 SELECT {job}
 FROM jobs
 WHERE (%(statuses)s::text[] IS NULL
@@ -87,6 +88,8 @@ WHERE (%(statuses)s::text[] IS NULL
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
   AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
   AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
+  -- A page after the first (keyset paging): the jobs below the last id shown.
+  AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
 -- Newest first. The CASE folds to a constant (and drops out) when done jobs
 -- may match: the primary key is walked backwards. When only pending,
 -- running or failed jobs may, it forces a sort of the matching rows, which

@@ -78,7 +78,8 @@ def test_the_worker_and_its_log_import_no_view(path: Path) -> None:
 
 
 def test_only_the_commands_import_the_views() -> None:
-    allowed = {PACKAGE / "cli.py", *sources("commands", "output")}
+    # The front ends: the command line and the web page.
+    allowed = {PACKAGE / "cli.py", *sources("commands", "output", "web")}
     importers = sorted(
         str(path.relative_to(PACKAGE))
         for path in sources(".")

@@ -1,0 +1,137 @@
+"""`pgqctl web`: the queue's page in a browser (library: pgqctl/web/)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pgqctl.commands.options import Database, command, database_options, say
+from pgqctl.errors import BadInput
+
+# Requests wait on locks briefly and run for a few seconds at most: a page
+# stuck behind a lock says who holds it rather than spinning.
+WEB_LOCK_TIMEOUT = "2s"
+WEB_STATEMENT_TIMEOUT = "10s"
+_BASE_PATH = re.compile(r"(/[A-Za-z0-9._~-]+)*")
+
+
+@command("web")
+@database_options(lock_timeout=WEB_LOCK_TIMEOUT, statement_timeout=WEB_STATEMENT_TIMEOUT)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address to serve on. Any other than a loopback one needs a token.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="0: any free port.",
+)
+@click.option(
+    "--base-path",
+    default="",
+    metavar="PATH",
+    help="Serve under PATH (e.g. /pgqctl), behind a reverse proxy that forwards it.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A file whose first line is the token every request must carry "
+    "(else PGQCTL_WEB_TOKEN; never on the command line).",
+)
+def web_command(
+    database: Database, host: str, port: int, base_path: str, token_file: Path | None
+) -> None:
+    """Serve the queue in a browser: an overview updated live, jobs,
+    a job's attempts and why it waits, workers, schedules, doctor.
+
+    Read-only, over the same database and library as the other commands.
+    It binds 127.0.0.1 unless told otherwise; another address needs a token
+    (PGQCTL_WEB_TOKEN, or --token-file), which a browser gives as the
+    password of basic authentication (any user name) and a script as
+    `Authorization: Bearer TOKEN`. /healthz answers without it. Needs the
+    web extra: pip install 'pgqctl[web]'. SIGTERM or Ctrl-C stops it.
+
+    \b
+    Example:
+        pgqctl web
+        PGQCTL_WEB_TOKEN=$(cat /etc/pgqctl/web-token) pgqctl web --host 0.0.0.0 --port 8080
+    """
+    try:
+        import uvicorn
+
+        from pgqctl.web.app import Settings, make_app
+    except ImportError as exc:
+        raise BadInput(
+            f"pgqctl web needs the web extra ({exc.name} is missing): pip install 'pgqctl[web]'"
+        ) from exc
+    from pgqctl import config, db
+    from pgqctl.web import access
+
+    token = access.read_token(os.environ, token_file)
+    access.check_bind(host, token)
+    base = base_path.rstrip("/")
+    if not _BASE_PATH.fullmatch(base):
+        raise BadInput(
+            f"--base-path {base_path!r} is not a path: give one like /pgqctl "
+            "(letters, digits, . _ ~ - between slashes)"
+        )
+    with database.connect() as first:  # fails now, with the usual message, if it cannot
+        where = config.describe(first.info.dsn)
+    dsn, source, settings = database.resolved or "", database.source, database.timeouts.settings()
+
+    def connect() -> Any:
+        return db.open_queue(dsn, schema=database.schema, source=source, settings=settings)
+
+    app = make_app(Settings(where, token, base), connect)
+    listening = _listen(host, port)
+    bound_host, bound_port = listening.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    say(f"serving the queue's page on http://{shown}:{bound_port}{base}/ ; SIGTERM or Ctrl-C stops")
+    server = _server_class()(
+        uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    )
+    server.run(sockets=[listening])
+    say("stopped serving the queue's page")
+
+
+def _server_class() -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):  # type: ignore[misc]
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # A stop asked for ends the serving, and the command exits 0 as
+            # `metrics --listen` does: uvicorn would raise the signal again
+            # once stopped, and the process would die of it.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, self.handle_exit)
+            yield
+
+    return Server
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise BadInput(
+            f"cannot serve on {host}:{port}: {exc.strerror}; pick another --port"
+        ) from exc
+    sock.listen(128)
+    return sock

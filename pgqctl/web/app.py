@@ -1,0 +1,293 @@
+"""The web application: its routes, who may reach them, and how a page is
+made (pages.py reads, a template writes).
+
+Pages are plain functions run in the server's thread pool, each on a
+connection borrowed for its length (pool.py), each read one transaction
+with the command's timeouts. The overview's live part is a stream of
+server-sent events, fed by one shared read a second (live.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from pgqctl import admin
+from pgqctl.durations import parse_duration
+from pgqctl.errors import BadInput, NotFound, PgqctlError, TimedOut
+from pgqctl.jobs import STATUS_NAMES
+from pgqctl.output.attempts import stream_parts, timeline_rows
+from pgqctl.output.doctor import doctor_lines
+from pgqctl.output.why import message as why_sentence
+from pgqctl.text import format_seconds, human, size
+from pgqctl.web import access, pages
+from pgqctl.web.live import Shared
+from pgqctl.web.pool import Pool
+
+HERE = Path(__file__).parent
+# How often an open overview is sent what changed.
+LIVE_EVERY_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    where: str  # the database, as `config.describe` names it (no password)
+    token: str | None = None
+    base_path: str = ""  # "" or "/path", no trailing slash
+
+
+def templates() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        ago=_ago,
+        seconds=lambda s: "" if s is None else format_seconds(float(s)),
+        when=_when,
+        human=human,
+        size=lambda n: "" if n is None else size(int(n)),
+        why_sentence=why_sentence,
+        doctor_lines=doctor_lines,
+        zip_timeline=lambda tried: list(zip(tried, timeline_rows(tried), strict=True)),
+        streams=lambda attempt: [
+            (name, *stream_parts(attempt, name)) for name in ("stdout", "stderr")
+        ],
+    )
+    return env
+
+
+def _when(stamp: dt.datetime | None) -> str:
+    return "" if stamp is None else stamp.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ago(stamp: dt.datetime | None, now: dt.datetime | None = None) -> str:
+    if stamp is None:
+        return ""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    seconds = (now - stamp).total_seconds()
+    if seconds < 0:
+        return "in " + format_seconds(-seconds)
+    return format_seconds(seconds) + " ago"
+
+
+def make_app(settings: Settings, connect: Callable[[], Any]) -> Starlette:
+    env = templates()
+    pool = Pool(connect)
+    base = settings.base_path
+
+    def render(name: str, status: int = 200, **values: Any) -> HTMLResponse:
+        html = env.get_template(name).render(base=base, where=settings.where, **values)
+        return HTMLResponse(html, status_code=status)
+
+    def read(page: Callable[..., Any], *args: Any) -> Any:
+        with pool.borrow() as conn:
+            return page(conn, *args)
+
+    def overview_fragment() -> str:
+        try:
+            view = read(pages.overview)
+        except PgqctlError as exc:
+            return env.get_template("problem.html").render(message=str(exc))
+        return env.get_template("overview_live.html").render(base=base, view=view)
+
+    live = Shared(overview_fragment, LIVE_EVERY_SECONDS)
+
+    async def overview(request: Request) -> Response:
+        fragment = await run_in_threadpool(live.latest)
+        return render("overview.html", fragment=fragment, page="overview")
+
+    async def overview_events(request: Request) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            sent = None
+            while True:
+                fragment = await run_in_threadpool(live.latest)
+                if fragment != sent:
+                    sent = fragment
+                    yield "".join(f"data: {line}\n" for line in fragment.splitlines()) + "\n"
+                await asyncio.sleep(LIVE_EVERY_SECONDS)
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    async def jobs(request: Request) -> Response:
+        found, before, shown = _job_filter(request.query_params)
+        page = await run_in_threadpool(read, pages.jobs_page, found, before)
+        return render(
+            "jobs.html",
+            page="jobs",
+            jobs=page,
+            shown=shown,
+            statuses=STATUS_NAMES,
+            next_query=_with(shown, before=page.next_before) if page.next_before else None,
+        )
+
+    async def job(request: Request) -> Response:
+        job_id = _job_id(request.path_params["job_id"])
+        found = await run_in_threadpool(read, pages.job_page, job_id)
+        if found is None:
+            raise NotFound(f"no job {job_id}: it may have been purged")
+        return render("job.html", page="jobs", view=found)
+
+    async def attempt(request: Request) -> Response:
+        job_id = _job_id(request.path_params["job_id"])
+        number = _job_id(request.path_params["attempt"])
+        found = await run_in_threadpool(read, pages.attempt_output, job_id, number)
+        if found is None:
+            raise NotFound(f"job {job_id} has no attempt {number} on record")
+        return render("attempt.html", page="jobs", attempt=found)
+
+    async def workers(request: Request) -> Response:
+        fleet = await run_in_threadpool(read, pages.workers)
+        return render("workers.html", page="workers", workers=fleet)
+
+    async def schedule_list(request: Request) -> Response:
+        found = await run_in_threadpool(read, pages.schedule_list)
+        return render("schedules.html", page="schedules", schedules=found)
+
+    async def doctor(request: Request) -> Response:
+        report = await run_in_threadpool(read, pages.doctor_report)
+        return render("doctor.html", page="doctor", report=report)
+
+    async def healthz(request: Request) -> Response:
+        def ping(conn: Any) -> None:
+            with conn.transaction():
+                conn.execute("SELECT 1")
+
+        try:
+            await run_in_threadpool(read, ping)
+        except PgqctlError as exc:
+            return PlainTextResponse(f"database unreachable: {exc}\n", status_code=503)
+        return PlainTextResponse("ok\n")
+
+    async def refused(request: Request, exc: Exception) -> Response:
+        status = 500
+        if isinstance(exc, BadInput):
+            status = 400
+        elif isinstance(exc, NotFound):
+            status = 404
+        elif isinstance(exc, TimedOut):
+            status = 504
+        elif isinstance(exc, PgqctlError):
+            status = 503
+        return render("error.html", status=status, message=str(exc), page="")
+
+    routes = [
+        Route("/", overview),
+        Route("/events/overview", overview_events),
+        Route("/jobs", jobs),
+        Route("/jobs/{job_id}", job),
+        Route("/jobs/{job_id}/attempts/{attempt}", attempt),
+        Route("/workers", workers),
+        Route("/schedules", schedule_list),
+        Route("/doctor", doctor),
+        Route("/healthz", healthz),
+        Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(
+        routes=[Mount(base, routes=routes)] if base else routes,
+        middleware=[Middleware(Guard, token=settings.token, base_path=base)],
+        exception_handlers={PgqctlError: refused},
+        lifespan=lambda app: _closing(pool),
+    )
+    return app
+
+
+@asynccontextmanager
+async def _closing(pool: Pool) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        pool.close()
+
+
+class Guard(BaseHTTPMiddleware):
+    """Asks for the token (but on /healthz), and tells the browser to run no
+    script but ours and to show the page in no frame."""
+
+    def __init__(self, app: Any, token: str | None, base_path: str) -> None:
+        super().__init__(app)
+        self.token = token
+        self.health = f"{base_path}/healthz"
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        if request.url.path != self.health and not access.authorized(
+            self.token, request.headers.get("authorization")
+        ):
+            return PlainTextResponse(
+                "this page needs its token (as the password, any user name)\n",
+                status_code=401,
+                headers={"WWW-Authenticate": 'Basic realm="pgqctl", charset="UTF-8"'},
+            )
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = (
+            "default-src 'self'; style-src 'self'; script-src 'self'; frame-ancestors 'none'"
+        )
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+
+def _job_id(text: str) -> int:
+    if not text.isdigit() or len(text) > 19:
+        raise BadInput(f"{text!r} is not a job id: a job id is a whole number")
+    return int(text)
+
+
+def _job_filter(query: Any) -> tuple[admin.JobFilter, int | None, dict[str, Any]]:
+    """The jobs page's filter from its query string; what the form shows."""
+    statuses = tuple(s for s in query.getlist("status") if s)
+    unknown = [s for s in statuses if s not in STATUS_NAMES]
+    if unknown:
+        raise BadInput(f"unknown status {unknown[0]!r}: one of {', '.join(STATUS_NAMES)}")
+    queue = query.get("queue", "").strip()
+    kind = query.get("kind", "").strip()
+    error = query.get("error", "").strip()
+    ids = query.get("id", "").strip()
+    since = query.get("since", "").strip()
+    before = query.get("before", "").strip()
+    found = admin.JobFilter(
+        statuses=statuses,
+        queues=(queue,) if queue else (),
+        kinds=(kind,) if kind else (),
+        ids=(_job_id(ids),) if ids else (),
+        since=parse_duration(since, what="since", age=True) if since else None,
+        error=error or None,
+    )
+    shown = {
+        "status": list(statuses),
+        "queue": queue,
+        "kind": kind,
+        "error": error,
+        "id": ids,
+        "since": since,
+    }
+    return found, _job_id(before) if before else None, shown
+
+
+def _with(shown: dict[str, Any], **more: Any) -> str:
+    """The query string of the jobs page for `shown` and `more`."""
+    pairs: list[tuple[str, Any]] = []
+    for name, value in {**shown, **more}.items():
+        for one in value if isinstance(value, list) else [value]:
+            if one not in (None, ""):
+                pairs.append((name, one))
+    return urlencode(pairs)

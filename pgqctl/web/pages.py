@@ -1,0 +1,174 @@
+"""What each page shows, read through pgqctl's library in one transaction
+per page: plain values for the templates, never HTML (the templates escape
+every value they are given).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgqctl import admin, attempts, control, doctor, monitor, registry, schedules, why
+from pgqctl.db import atomic
+from pgqctl.jobs import Job
+from pgqctl.rows import named_rows
+
+# The overview's window: the jobs finished and the chart's minutes.
+HOUR = 3600.0
+# Jobs per page of the jobs list, and the payload characters a job page shows.
+PAGE_SIZE = 50
+PAYLOAD_SHOWN_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    name: str
+    counts: admin.Counts
+    done_hour: int
+    failed_hour: int
+    oldest_running_age: float | None
+    workers: int
+    pause: control.Pause | None
+
+
+@dataclass(frozen=True)
+class Minute:
+    at: dt.datetime
+    done: int
+    failed: int
+    wait_p50: float | None  # seconds from due to started, when attempts are kept
+
+
+@dataclass(frozen=True)
+class Overview:
+    at: dt.datetime
+    queues: list[QueueRow]
+    minutes: list[Minute]
+    active_workers: int
+    stale_workers: int
+    totals: admin.Counts = field(default_factory=admin.Counts)
+
+    @property
+    def peak(self) -> int:
+        """The most jobs finished in one minute of the chart (at least 1)."""
+        return max([1, *(m.done + m.failed for m in self.minutes)])
+
+    @property
+    def wait_peak(self) -> float:
+        return max([0.001, *(m.wait_p50 or 0.0 for m in self.minutes)])
+
+
+def overview(conn: Any) -> Overview:
+    """Per queue: its counts, the jobs finished in the last hour, its pause
+    and its workers; the last hour minute by minute; the fleet."""
+    with atomic(conn):
+        figures = monitor.measure(conn, window=HOUR)
+        pauses = {p.queue: p for p in control.paused(conn)}
+        fleet = registry.list_workers(conn)
+        minutes = [Minute(**row) for row in named_rows(conn, "web_minutes", {"window": HOUR})]
+        (now,) = named_rows(conn, "web_now", {})
+    names = sorted(set(figures) | set(pauses))
+    rows = []
+    totals = admin.Counts()
+    for name in names:
+        f = figures.get(name, monitor.QueueFigures())
+        totals.add(f.counts)
+        rows.append(
+            QueueRow(
+                name,
+                f.counts,
+                f.finished.get("done", 0),
+                f.finished.get("failed", 0),
+                f.oldest_running_age_seconds,
+                f.active_workers,
+                pauses.get(name),
+            )
+        )
+    active = sum(1 for w in fleet if w.state == "active")
+    return Overview(
+        now["now"], rows, _every_minute(minutes, now["now"]), active, len(fleet) - active, totals
+    )
+
+
+def _every_minute(found: list[Minute], now: dt.datetime) -> list[Minute]:
+    """The last hour's 60 minutes, oldest first, those without jobs as zeros."""
+    by_minute = {m.at: m for m in found}
+    this_minute = now.replace(second=0, microsecond=0)
+    every = []
+    for back in range(59, -1, -1):
+        at = this_minute - dt.timedelta(minutes=back)
+        every.append(by_minute.get(at, Minute(at, 0, 0, None)))
+    return every
+
+
+@dataclass(frozen=True)
+class JobsPage:
+    jobs: list[Job]
+    matched: admin.Matched
+    next_before: int | None  # the id the next page starts below; None: last page
+
+
+def jobs_page(conn: Any, found: admin.JobFilter, before: int | None = None) -> JobsPage:
+    """A page of the jobs `found` matches, newest first, below the id
+    `before` when given, and how many match in all (bounded where counting
+    would read the history)."""
+    with atomic(conn):
+        page = admin.select_jobs(conn, found, limit=PAGE_SIZE + 1, before=before)
+        matched = admin.count_jobs(conn, found)
+    more = len(page) > PAGE_SIZE
+    page = page[:PAGE_SIZE]
+    return JobsPage(page, matched, page[-1].id if more and page else None)
+
+
+@dataclass(frozen=True)
+class JobPage:
+    job: Job
+    payload: str  # pretty JSON, cut to PAYLOAD_SHOWN_CHARS
+    payload_cut: bool
+    attempts: list[attempts.Attempt]
+    why: why.Why | None
+
+
+def job_page(conn: Any, job_id: int) -> JobPage | None:
+    """A job, its attempts and why it is where it is; None if there is none."""
+    with atomic(conn):
+        job = admin.get_job(conn, job_id)
+        if job is None:
+            return None
+        tried = attempts.list_attempts(conn, job_id)
+        found = why.why(conn, job_id)
+    payload, cut = _shown_payload(job)
+    return JobPage(job, payload, cut, tried, found)
+
+
+def _shown_payload(job: Job) -> tuple[str, bool]:
+    """The payload as the page shows it: its JSON, indented, cut to
+    PAYLOAD_SHOWN_CHARS; and whether it was cut (here, or when read)."""
+    if job.payload_note is not None:  # its JSON text: cut when read, or too deep to parse
+        text = str(job.payload)
+    else:
+        text = json.dumps(job.payload, indent=2, ensure_ascii=False, default=str)
+    cut = job.payload_cut or len(text) > PAYLOAD_SHOWN_CHARS
+    return text[:PAYLOAD_SHOWN_CHARS], cut
+
+
+def attempt_output(conn: Any, job_id: int, attempt: int | None) -> dict[str, Any] | None:
+    """One attempt whole, its kept output included."""
+    with atomic(conn):
+        return attempts.get_attempt(conn, job_id, attempt)
+
+
+def workers(conn: Any) -> list[registry.Worker]:
+    with atomic(conn):
+        return registry.list_workers(conn)
+
+
+def schedule_list(conn: Any) -> list[schedules.Schedule]:
+    with atomic(conn):
+        return schedules.list_all(conn)
+
+
+def doctor_report(conn: Any) -> doctor.Report:
+    return doctor.diagnose(conn)

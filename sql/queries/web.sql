@@ -1,0 +1,41 @@
+-- The SQL of pgqctl/web/ (the page `pgqctl web` serves): named blocks, loaded
+-- by pgqctl/sql.py with every other file of sql/queries/ (names are unique
+-- across them). Every value is a psycopg placeholder; queries are
+-- unqualified: each transaction names the schema first.
+
+-- name: web_now
+-- The database's clock, which every age on a page is measured against.
+SELECT now() AS now;
+
+-- name: web_minutes
+-- The last `window` seconds minute by minute: the jobs done and failed in
+-- each (one range of jobs_finished_idx per status: the window's rows only,
+-- whatever the history holds), and the median wait from due to started of
+-- the attempts that finished in it (attempts_finished_idx's range; none
+-- when no worker keeps attempts). Only the minutes that have any.
+WITH finished AS (
+    SELECT date_trunc('minute', finished_at) AS at,
+           count(*) FILTER (WHERE status = 'done') AS done,
+           count(*) FILTER (WHERE status = 'failed') AS failed
+    FROM (
+        SELECT status, finished_at FROM jobs
+        WHERE status = 'done' AND finished_at > now() - %(window)s * interval '1 second'
+        UNION ALL
+        SELECT status, finished_at FROM jobs
+        WHERE status = 'failed' AND finished_at > now() - %(window)s * interval '1 second'
+    ) AS f
+    GROUP BY 1
+), waited AS (
+    SELECT date_trunc('minute', finished_at) AS at,
+           percentile_cont(0.5) WITHIN GROUP (
+               ORDER BY extract(epoch FROM started_at - due_at)) AS wait_p50
+    FROM attempts
+    WHERE finished_at > now() - %(window)s * interval '1 second'
+      AND started_at IS NOT NULL AND due_at IS NOT NULL
+    GROUP BY 1
+)
+SELECT coalesce(f.at, w.at) AS at, coalesce(f.done, 0)::int AS done,
+       coalesce(f.failed, 0)::int AS failed, greatest(w.wait_p50, 0)::float8 AS wait_p50
+FROM finished AS f
+FULL JOIN waited AS w ON w.at = f.at
+ORDER BY 1;

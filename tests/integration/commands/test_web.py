@@ -1,0 +1,237 @@
+"""`pgqctl web`: each page over a real database, through HTTP requests in
+this process (starlette's test client) and, for the command itself, as a
+process a user starts. The browser's view is test_web_browser.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import run_cli
+from tests.support.jobrows import insert_jobs, sh
+from tests.support.processes import start_pgqctl, start_worker, wait_until
+
+pytest.importorskip("starlette", reason="needs pgqctl[web]")
+pytest.importorskip("httpx2", reason="needs httpx2 (pgqctl[test])")
+
+from starlette.testclient import TestClient
+
+from pgqctl import db
+from pgqctl.text import shell_word
+from pgqctl.web.app import Settings, make_app
+from pgqctl.web.live import Shared
+
+__all__ = ["start_pgqctl", "start_worker"]  # fixtures
+
+TOKEN = "a-token-long-enough-1234"
+HOSTILE = "<script>alert('x')</script>"
+
+
+def client(dsn: str, *, token: str | None = None, base_path: str = "") -> TestClient:
+    app = make_app(
+        Settings("the test database", token, base_path),
+        lambda: db.open_queue(dsn, schema="public"),
+    )
+    return TestClient(app)
+
+
+@pytest.fixture
+def web(dsn: str) -> Iterator[TestClient]:
+    with client(dsn) as c:
+        yield c
+
+
+def test_every_page_answers_on_an_empty_queue(web: TestClient) -> None:
+    for path in ["/", "/jobs", "/workers", "/schedules", "/doctor", "/healthz"]:
+        response = web.get(path)
+        assert response.status_code == 200, (path, response.text)
+    assert "No jobs yet" in web.get("/").text
+    assert web.get("/healthz").text == "ok\n"
+
+
+def test_the_overview_counts_each_queue_and_the_jobs_finished_this_hour(
+    dsn: str, conn: psycopg.Connection[Any], web: TestClient, start_worker: Any
+) -> None:
+    insert_jobs(conn, [{"argv": ["true"]}] * 3 + [{"argv": ["false"]}], max_attempts=1)
+    conn.execute("INSERT INTO jobs (queue, kind, payload) VALUES ('later', 'k', '{}')")
+    assert start_worker(dsn, "--burst", "--queue", "default").finish() == 0
+    page = web.get("/").text
+    row = re.search(r"<tr>\s*<td><a [^>]*>default</a></td>(.*?)</tr>", page, re.S)
+    assert row is not None, page
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    numbers = [re.sub(r"<[^>]+>", "", c).strip() for c in cells]
+    # pending, running, expired leases, failed, done this hour, failed this hour
+    assert numbers[:6] == ["0", "0", "0", "1", "3", "1"], numbers
+    assert ">later</a>" in page
+
+
+def test_jobs_filter_by_status_queue_kind_error_and_id(
+    conn: psycopg.Connection[Any], web: TestClient
+) -> None:
+    conn.execute(
+        "INSERT INTO jobs (queue, kind, payload, status, last_error, finished_at) VALUES "
+        "('mail', 'send', '{}', 'failed', 'SMTP refused', now()), "
+        "('mail', 'send', '{}', 'failed', 'timeout', now()), "
+        "('img', 'resize', '{}', 'pending', NULL, NULL)"
+    )
+    ids = [r[0] for r in conn.execute("SELECT id FROM jobs ORDER BY id")]
+
+    def listed(query: str) -> list[int]:
+        response = web.get("/jobs?" + query)
+        assert response.status_code == 200, response.text
+        return [int(i) for i in re.findall(r'<a href="/jobs/(\d+)">', response.text)]
+
+    assert listed("") == ids[::-1]
+    assert listed("status=failed") == [ids[1], ids[0]]
+    assert listed("status=failed&error=smtp") == [ids[0]]
+    assert listed("queue=img") == [ids[2]]
+    assert listed("kind=send&status=pending") == []
+    assert listed(f"id={ids[1]}") == [ids[1]]
+    assert listed("since=1h") == ids[::-1]
+    bad = web.get("/jobs?status=lost")
+    assert bad.status_code == 400 and "unknown status" in bad.text
+    assert web.get("/jobs?since=yesterday").status_code == 400
+
+
+def test_ten_thousand_jobs_page_by_page_each_once_newest_first(
+    conn: psycopg.Connection[Any], web: TestClient
+) -> None:
+    conn.execute("INSERT INTO jobs (kind, payload) SELECT 'k', '{}' FROM generate_series(1, 10000)")
+    first = web.get("/jobs").text
+    assert "10000 jobs match" in first
+    seen: list[int] = []
+    query = ""
+    while True:
+        page = web.get("/jobs?" + query).text
+        seen += [int(i) for i in re.findall(r'<a href="/jobs/(\d+)">', page)]
+        found = re.search(r'<a rel="next" href="/jobs\?([^"]+)">', page)
+        if found is None:
+            break
+        query = found.group(1).replace("&amp;", "&")
+    assert len(seen) == 10_000 and seen == sorted(seen, reverse=True)
+
+
+def test_a_job_page_shows_its_attempts_output_and_why_it_waits(
+    dsn: str, conn: psycopg.Connection[Any], web: TestClient, start_worker: Any
+) -> None:
+    (job_id,) = insert_jobs(conn, [sh("echo to stdout; echo to stderr >&2; exit 3")])
+    assert start_worker(dsn, "--burst", "--backoff", "3600").finish() == 0
+    page = web.get(f"/jobs/{job_id}").text
+    assert "failed (exit 3)" in page
+    assert "to stderr" in page  # the last words
+    assert "pgqctl requeue --id" in page or "run_at" in page  # why: waiting to retry
+    output = web.get(f"/jobs/{job_id}/attempts/1").text
+    assert "to stdout" in output and "to stderr" in output
+    assert web.get(f"/jobs/{job_id}/attempts/7").status_code == 404
+    assert web.get("/jobs/999999").status_code == 404
+    assert web.get("/jobs/abc").status_code == 400
+
+
+def test_hostile_rows_are_shown_as_text(
+    dsn: str, conn: psycopg.Connection[Any], web: TestClient, start_worker: Any
+) -> None:
+    payload = sh(f"echo {shell_word(HOSTILE)} >&2; exit 1")
+    conn.execute(
+        "INSERT INTO jobs (queue, kind, payload, max_attempts) VALUES (%s, %s, %s, 1)",
+        (HOSTILE, HOSTILE, json.dumps(payload)),
+    )
+    assert start_worker(dsn, "--burst").finish() == 0
+    (job_id,) = [r[0] for r in conn.execute("SELECT id FROM jobs")]
+    assert conn.execute("SELECT count(*) FROM attempts").fetchone() == (1,)
+    for path in ["/", "/jobs", f"/jobs/{job_id}", f"/jobs/{job_id}/attempts/1", "/workers"]:
+        response = web.get(path)
+        assert response.status_code == 200, (path, response.status_code)
+        assert HOSTILE not in response.text, path
+        assert "&lt;script&gt;" in response.text or path == "/workers", path
+
+
+def test_a_token_is_asked_for_everywhere_but_the_health_check(dsn: str) -> None:
+    with client(dsn, token=TOKEN) as c:
+        refused = c.get("/")
+        assert refused.status_code == 401 and "Basic" in refused.headers["www-authenticate"]
+        assert c.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        basic = base64.b64encode(f"anyone:{TOKEN}".encode()).decode()
+        assert c.get("/jobs", headers={"Authorization": f"Basic {basic}"}).status_code == 200
+        assert c.get("/healthz").status_code == 200
+
+
+def test_pages_forbid_frames_and_foreign_scripts(web: TestClient) -> None:
+    policy = web.get("/").headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+
+
+def test_a_base_path_prefixes_every_route_and_link(dsn: str) -> None:
+    with client(dsn, base_path="/queue") as c:
+        page = c.get("/queue/")
+        assert page.status_code == 200
+        assert 'href="/queue/jobs"' in page.text and 'src="/queue/static/live.js"' in page.text
+        assert c.get("/queue/healthz").text == "ok\n"
+        assert c.get("/jobs").status_code == 404
+
+
+def test_the_live_overview_is_a_stream_of_events(dsn: str, web: TestClient) -> None:
+    with web.stream("GET", "/events/overview") as events:
+        assert events.headers["content-type"].startswith("text/event-stream")
+        first = next(events.iter_lines())
+    assert first.startswith("data: ")
+
+
+def test_fifty_open_pages_share_one_read_a_second() -> None:
+    made: list[float] = []
+
+    def make() -> int:
+        made.append(time.monotonic())
+        time.sleep(0.05)  # a read of the database
+        return len(made)
+
+    shared = Shared(make, every=1.0)
+    deadline = time.monotonic() + 2.5
+
+    def tab() -> None:
+        while time.monotonic() < deadline:
+            shared.latest()
+            time.sleep(0.01)
+
+    tabs = [threading.Thread(target=tab) for _ in range(50)]
+    for t in tabs:
+        t.start()
+    for t in tabs:
+        t.join()
+    # 2.5 s of fifty tabs asking a hundred times a second: one read a second.
+    assert 2 <= len(made) <= 3, made
+
+
+def test_the_command_serves_until_stopped(dsn: str, start_pgqctl: Any) -> None:
+    web = start_pgqctl("web", "--dsn", dsn, "--port", "0", name="web")
+    wait_until(lambda: "serving the queue's page on" in web.log, 30, "web to start")
+    url = re.search(r"on (http://\S+/) ;", web.log)
+    assert url is not None, web.log
+    with urllib.request.urlopen(url.group(1) + "healthz", timeout=10) as response:
+        assert response.read() == b"ok\n"
+    web.signal(signal.SIGTERM)
+    assert web.proc.wait(20) == 0
+    assert "stopped serving" in web.log
+
+
+def test_another_address_than_loopback_needs_a_token(dsn: str, tmp_path: Path) -> None:
+    refused = run_cli("web", "--dsn", dsn, "--host", "0.0.0.0", "--port", "0")
+    assert refused.exit_code == 2, refused.stderr
+    assert "only with a token" in refused.stderr and "PGQCTL_WEB_TOKEN" in refused.stderr
+    short = tmp_path / "token"
+    short.write_text("short\n")
+    too_short = run_cli("web", "--dsn", dsn, "--token-file", str(short))
+    assert too_short.exit_code == 2 and "shorter than 16" in too_short.stderr
+    bad_path = run_cli("web", "--dsn", dsn, "--base-path", "/a b")
+    assert bad_path.exit_code == 2 and "--base-path" in bad_path.stderr
