@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,19 +95,20 @@ def web_command(
     def connect() -> Any:
         return db.open_queue(dsn, schema=database.schema, source=source, settings=settings)
 
-    app = make_app(Settings(where, token, base), connect)
+    stopping = threading.Event()
+    app = make_app(Settings(where, token, base), connect, stopping)
     listening = _listen(host, port)
     bound_host, bound_port = listening.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     say(f"serving the queue's page on http://{shown}:{bound_port}{base}/ ; SIGTERM or Ctrl-C stops")
-    server = _server_class()(
+    server = _server_class(stopping)(
         uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     )
     server.run(sockets=[listening])
     say("stopped serving the queue's page")
 
 
-def _server_class() -> Any:
+def _server_class(stopping: threading.Event) -> Any:
     import uvicorn
 
     class Server(uvicorn.Server):  # type: ignore[misc]
@@ -118,6 +120,10 @@ def _server_class() -> Any:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, self.handle_exit)
             yield
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            stopping.set()  # the open event streams end, so the server can
+            super().handle_exit(sig, frame)
 
     return Server
 

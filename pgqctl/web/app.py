@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -89,7 +89,12 @@ def _ago(stamp: dt.datetime | None, now: dt.datetime | None = None) -> str:
     return format_seconds(seconds) + " ago"
 
 
-def make_app(settings: Settings, connect: Callable[[], Any]) -> Starlette:
+def make_app(
+    settings: Settings, connect: Callable[[], Any], stopping: threading.Event | None = None
+) -> Starlette:
+    """The application; `stopping`, once set, ends the open event streams
+    (within a second), so that a server asked to stop is not held by them."""
+    stopping = stopping or threading.Event()
     env = templates()
     pool = Pool(connect)
     base = settings.base_path
@@ -118,7 +123,7 @@ def make_app(settings: Settings, connect: Callable[[], Any]) -> Starlette:
     async def overview_events(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
             sent = None
-            while True:
+            while not stopping.is_set():
                 fragment = await run_in_threadpool(live.latest)
                 if fragment != sent:
                     sent = fragment
@@ -219,31 +224,45 @@ async def _closing(pool: Pool) -> AsyncIterator[None]:
         pool.close()
 
 
-class Guard(BaseHTTPMiddleware):
+class Guard:
     """Asks for the token (but on /healthz), and tells the browser to run no
-    script but ours and to show the page in no frame."""
+    script but ours and to show the page in no frame. Plain ASGI, so that a
+    stream of events passes through as it is sent."""
+
+    HEADERS: ClassVar[list[tuple[bytes, bytes]]] = [
+        (
+            b"content-security-policy",
+            b"default-src 'self'; style-src 'self'; script-src 'self'; frame-ancestors 'none'",
+        ),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+    ]
 
     def __init__(self, app: Any, token: str | None, base_path: str) -> None:
-        super().__init__(app)
+        self.app = app
         self.token = token
         self.health = f"{base_path}/healthz"
 
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        if request.url.path != self.health and not access.authorized(
-            self.token, request.headers.get("authorization")
-        ):
-            return PlainTextResponse(
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        if scope["path"] != self.health and not access.authorized(self.token, given):
+            refusal = PlainTextResponse(
                 "this page needs its token (as the password, any user name)\n",
                 status_code=401,
                 headers={"WWW-Authenticate": 'Basic realm="pgqctl", charset="UTF-8"'},
             )
-        response = await call_next(request)
-        response.headers["Content-Security-Policy"] = (
-            "default-src 'self'; style-src 'self'; script-src 'self'; frame-ancestors 'none'"
-        )
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        return response
+            await refusal(scope, receive, send)
+            return
+
+        async def with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *self.HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def _job_id(text: str) -> int:
