@@ -18,14 +18,12 @@ from pgqctl import claims, db
 from tests.conftest import cli_json, random_name, run_cli
 from tests.integration.worker import test_claim_queues
 from tests.integration.worker.test_claim_queues import (
-    PLANS,
     add,
     claim_params,
     exchange,
-    plan_of,
-    rows_read,
 )
 from tests.support.jobrows import add_jobs
+from tests.support.plans import PLANS, plan_of, rows_read
 from tests.support.processes import PgqctlProcess, start_worker, wait_until
 
 __all__ = ["start_worker"]  # a fixture

@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.support.jobrows import insert_jobs, sh
+from tests.support.plans import PLANS, plan_of, rows_read
 from tests.support.processes import start_pgqctl, start_worker, wait_until
 
 pytest.importorskip("starlette", reason="needs pgqctl[web]")
@@ -28,6 +29,7 @@ pytest.importorskip("httpx2", reason="needs httpx2 (pgqctl[test])")
 from starlette.testclient import TestClient
 
 from pgqctl import db
+from pgqctl.sql import query
 from pgqctl.text import shell_word
 from pgqctl.web.app import Settings, make_app
 from pgqctl.web.live import Shared
@@ -239,3 +241,30 @@ def test_another_address_than_loopback_needs_a_token(dsn: str, tmp_path: Path) -
     assert too_short.exit_code == 2 and "shorter than 16" in too_short.stderr
     bad_path = run_cli("web", "--dsn", dsn, "--base-path", "/a b")
     assert bad_path.exit_code == 2 and "--base-path" in bad_path.stderr
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_the_overview_chart_reads_the_last_hour_not_the_history(
+    dsn: str, conn: psycopg.Connection[Any], plan: str
+) -> None:
+    conn.execute(
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at) "
+        "SELECT 'k', '{}', CASE WHEN i % 10 = 0 THEN 'failed' ELSE 'done' END, 1, "
+        "       now() - CASE WHEN i <= 30000 THEN interval '2 days' ELSE interval '5 minutes' END "
+        "FROM generate_series(1, 30010) AS i"
+    )
+    conn.execute(
+        "INSERT INTO attempts (job_id, claim, attempt, outcome, due_at, claimed_at, started_at, "
+        "                      finished_at, recorded_by) "
+        "SELECT id, 1, 1, 'done', finished_at - interval '2 s', finished_at - interval '1 s', "
+        "       finished_at - interval '1 s', finished_at, 'worker' FROM jobs"
+    )
+    conn.execute("VACUUM ANALYZE jobs")
+    conn.execute("VACUUM ANALYZE attempts")
+    with db.connect(dsn, schema="public") as c:
+        explained = plan_of(c, query("web_minutes"), {"window": 3600.0}, plan)
+    assert rows_read(explained, "jobs") <= 20, json.dumps(explained, indent=1)
+    assert rows_read(explained, "attempts") <= 20, json.dumps(explained, indent=1)
+    with client(dsn) as web:
+        page = web.get("/").text
+    assert ">9<" in page and ">1<" in page  # done and failed in the last hour

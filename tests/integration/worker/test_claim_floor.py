@@ -25,13 +25,11 @@ import pytest
 from pgqctl import claims, db
 from tests.integration.worker.test_claim_queues import (
     LEASE,
-    PLANS,
     add,
     claim_order,
     claim_params,
-    plan_of,
-    rows_read,
 )
+from tests.support.plans import PLANS, plan_of, rows_read
 
 CHURNED = 10_000
 
