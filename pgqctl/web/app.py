@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlencode
 
+import psycopg
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -28,7 +29,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from pgqctl import admin
+from pgqctl import admin, db
 from pgqctl.durations import parse_duration
 from pgqctl.errors import BadInput, NotFound, PgqctlError, TimedOut
 from pgqctl.jobs import STATUS_NAMES
@@ -60,7 +61,6 @@ def templates() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        ago=_ago,
         seconds=lambda s: "" if s is None else format_seconds(float(s)),
         when=_when,
         human=human,
@@ -77,16 +77,6 @@ def templates() -> Environment:
 
 def _when(stamp: dt.datetime | None) -> str:
     return "" if stamp is None else stamp.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _ago(stamp: dt.datetime | None, now: dt.datetime | None = None) -> str:
-    if stamp is None:
-        return ""
-    now = now or dt.datetime.now(dt.timezone.utc)
-    seconds = (now - stamp).total_seconds()
-    if seconds < 0:
-        return "in " + format_seconds(-seconds)
-    return format_seconds(seconds) + " ago"
 
 
 def make_app(
@@ -110,8 +100,8 @@ def make_app(
     def overview_fragment() -> str:
         try:
             view = read(pages.overview)
-        except PgqctlError as exc:
-            return env.get_template("problem.html").render(message=str(exc))
+        except FAILURES as exc:
+            return env.get_template("problem.html").render(message=_said(exc)[1])
         return env.get_template("overview_live.html").render(base=base, view=view)
 
     live = Shared(overview_fragment, LIVE_EVERY_SECONDS)
@@ -179,21 +169,13 @@ def make_app(
 
         try:
             await run_in_threadpool(read, ping)
-        except PgqctlError as exc:
-            return PlainTextResponse(f"database unreachable: {exc}\n", status_code=503)
+        except FAILURES as exc:
+            return PlainTextResponse(f"database unreachable: {_said(exc)[1]}\n", status_code=503)
         return PlainTextResponse("ok\n")
 
     async def refused(request: Request, exc: Exception) -> Response:
-        status = 500
-        if isinstance(exc, BadInput):
-            status = 400
-        elif isinstance(exc, NotFound):
-            status = 404
-        elif isinstance(exc, TimedOut):
-            status = 504
-        elif isinstance(exc, PgqctlError):
-            status = 503
-        return render("error.html", status=status, message=str(exc), page="")
+        status, message = _said(exc)
+        return render("error.html", status=status, message=message, page="")
 
     routes = [
         Route("/", overview),
@@ -210,7 +192,7 @@ def make_app(
     app = Starlette(
         routes=[Mount(base, routes=routes)] if base else routes,
         middleware=[Middleware(Guard, token=settings.token, base_path=base)],
-        exception_handlers={PgqctlError: refused},
+        exception_handlers={PgqctlError: refused, psycopg.Error: refused},
         lifespan=lambda app: _closing(pool),
     )
     return app
@@ -263,6 +245,25 @@ class Guard:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+# What a page can fail of, shown as one line with its HTTP status.
+FAILURES = (PgqctlError, psycopg.Error)
+
+
+def _said(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status and the one line a page shows for `exc`."""
+    if isinstance(exc, BadInput):
+        return 400, str(exc)
+    if isinstance(exc, NotFound):
+        return 404, str(exc)
+    if isinstance(exc, TimedOut):
+        return 504, str(exc)
+    if isinstance(exc, (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)):
+        return 504, f"the database did not answer in time: {db.reason(exc)}"
+    if isinstance(exc, psycopg.Error):
+        return 503, f"the database failed the page: {db.reason(exc)}"
+    return 503, str(exc)
 
 
 def _job_id(text: str) -> int:

@@ -268,3 +268,17 @@ def test_the_overview_chart_reads_the_last_hour_not_the_history(
     with client(dsn) as web:
         page = web.get("/").text
     assert ">9<" in page and ">1<" in page  # done and failed in the last hour
+
+
+def test_a_page_behind_a_lock_says_so_in_one_line(dsn: str) -> None:
+    app = make_app(
+        Settings("the test database", None, ""),
+        lambda: db.open_queue(dsn, schema="public", settings={"lock_timeout": "200ms"}),
+    )
+    with psycopg.connect(dsn) as holder, TestClient(app) as web:
+        holder.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        page = web.get("/jobs")
+        assert page.status_code == 504, page.text
+        assert "did not answer in time" in page.text and "Traceback" not in page.text
+        holder.rollback()
+        assert web.get("/jobs").status_code == 200  # the connection serves again
