@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -129,15 +130,15 @@ def _server_class(stopping: threading.Event) -> Any:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    address = host.strip("[]")  # [::1] as in a URL
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        sock.bind((address, port))
     except OSError as exc:
         sock.close()
-        raise BadInput(
-            f"cannot serve on {host}:{port}: {exc.strerror}; pick another --port"
-        ) from exc
+        hint = "pick another --port" if exc.errno == errno.EADDRINUSE else "check --host"
+        raise BadInput(f"cannot serve on {host} port {port}: {exc.strerror}; {hint}") from exc
     sock.listen(128)
     return sock

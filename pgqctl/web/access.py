@@ -32,6 +32,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def loopback_host(header: str) -> bool:
+    """Whether a request's Host header names this machine (`localhost:8080`,
+    `127.0.0.1:8080`, `[::1]:8080`)."""
+    bracketed = header.startswith("[")  # an IPv6 address
+    name = header[1:].partition("]")[0] if bracketed else header.partition(":")[0]
+    return is_loopback(name.lower())
+
+
 def read_token(environ: Mapping[str, str], token_file: Path | None) -> str | None:
     """The token from `token_file` (its first line), else from the
     environment; None for none. A token too short to be safe is refused."""

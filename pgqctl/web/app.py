@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from pgqctl.jobs import STATUS_NAMES
 from pgqctl.output.attempts import stream_parts, timeline_rows
 from pgqctl.output.doctor import doctor_lines
 from pgqctl.output.why import message as why_sentence
-from pgqctl.text import format_seconds, human, size
+from pgqctl.text import CELL_ESCAPES, ONE_LINE_ESCAPES, format_seconds, human, printable, size
 from pgqctl.web import access, pages
 from pgqctl.web.live import Shared
 from pgqctl.web.pool import Pool
@@ -64,6 +65,8 @@ def templates() -> Environment:
         seconds=lambda s: "" if s is None else format_seconds(float(s)),
         when=_when,
         human=human,
+        name=lambda v: shown_text(v, ONE_LINE_ESCAPES),
+        text=lambda v: shown_text(v, CELL_ESCAPES),
         size=lambda n: "" if n is None else size(int(n)),
         why_sentence=why_sentence,
         doctor_lines=doctor_lines,
@@ -73,6 +76,19 @@ def templates() -> Environment:
         ],
     )
     return env
+
+
+def shown_text(value: Any, escapes: Mapping[int, str]) -> str:
+    """A value from the database as the page shows it: control characters
+    escaped as the command line escapes them, and the invisible ones that
+    reorder or hide text (bidi overrides, zero-width characters) too, so a
+    queue cannot pass for another. HTML escaping is the template's."""
+    text = printable("" if value is None else str(value), escapes)
+    return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+# Unicode's format characters (category Cf): bidi controls, zero-width ones.
+_INVISIBLE = re.compile("[\u00ad\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
 
 
 def _when(stamp: dt.datetime | None) -> str:
@@ -94,6 +110,16 @@ def make_app(
         return HTMLResponse(html, status_code=status)
 
     def read(page: Callable[..., Any], *args: Any) -> Any:
+        conn = None
+        try:
+            with pool.borrow() as conn:
+                return page(conn, *args)
+        except psycopg.OperationalError:
+            if conn is None or not conn.broken:
+                raise
+        # The server dropped the connection (a restart drops every one the
+        # pool keeps): read once more on a new one. Pages only read.
+        pool.clear()
         with pool.borrow() as conn:
             return page(conn, *args)
 
@@ -144,7 +170,7 @@ def make_app(
 
     async def attempt(request: Request) -> Response:
         job_id = _job_id(request.path_params["job_id"])
-        number = _job_id(request.path_params["attempt"])
+        number = _number(request.path_params["attempt"], "an attempt number", 2**31 - 1)
         found = await run_in_threadpool(read, pages.attempt_output, job_id, number)
         if found is None:
             raise NotFound(f"job {job_id} has no attempt {number} on record")
@@ -169,8 +195,9 @@ def make_app(
 
         try:
             await run_in_threadpool(read, ping)
-        except FAILURES as exc:
-            return PlainTextResponse(f"database unreachable: {_said(exc)[1]}\n", status_code=503)
+        except FAILURES:
+            # No detail: anyone who reaches the port may ask.
+            return PlainTextResponse("unavailable\n", status_code=503)
         return PlainTextResponse("ok\n")
 
     async def refused(request: Request, exc: Exception) -> Response:
@@ -187,6 +214,7 @@ def make_app(
         Route("/schedules", schedule_list),
         Route("/doctor", doctor),
         Route("/healthz", healthz),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(
@@ -229,21 +257,34 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        if scope["path"] != self.health and not access.authorized(self.token, given):
-            refusal = PlainTextResponse(
-                "this page needs its token (as the password, any user name)\n",
-                status_code=401,
-                headers={"WWW-Authenticate": 'Basic realm="pgqctl", charset="UTF-8"'},
-            )
-            await refusal(scope, receive, send)
-            return
 
         async def with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), *self.HEADERS]
             await send(message)
 
+        headers = dict(scope["headers"])
+        refusal = None
+        if self.token is None and not access.loopback_host(
+            headers.get(b"host", b"").decode("latin-1")
+        ):
+            # Without a token the page serves this machine only: a name that
+            # is not a loopback one is a site that pointed its name here (DNS
+            # rebinding) to read the page from a browser.
+            refusal = PlainTextResponse(
+                "without a token this page answers to localhost only\n", status_code=403
+            )
+        elif scope["path"] != self.health and not access.authorized(
+            self.token, headers.get(b"authorization", b"").decode("latin-1")
+        ):
+            refusal = PlainTextResponse(
+                "this page needs its token (as the password, any user name)\n",
+                status_code=401,
+                headers={"WWW-Authenticate": 'Basic realm="pgqctl", charset="UTF-8"'},
+            )
+        if refusal is not None:
+            await refusal(scope, receive, with_headers)
+            return
         await self.app(scope, receive, with_headers)
 
 
@@ -266,10 +307,14 @@ def _said(exc: BaseException) -> tuple[int, str]:
     return 503, str(exc)
 
 
-def _job_id(text: str) -> int:
-    if not text.isdigit() or len(text) > 19:
-        raise BadInput(f"{text!r} is not a job id: a job id is a whole number")
+def _number(text: str, what: str, most: int) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > most:
+        raise BadInput(f"{text!r} is not {what}: give a whole number up to {most}")
     return int(text)
+
+
+def _job_id(text: str) -> int:
+    return _number(text, "a job id", 2**63 - 1)
 
 
 def _job_filter(query: Any) -> tuple[admin.JobFilter, int | None, dict[str, Any]]:
@@ -278,9 +323,7 @@ def _job_filter(query: Any) -> tuple[admin.JobFilter, int | None, dict[str, Any]
     unknown = [s for s in statuses if s not in STATUS_NAMES]
     if unknown:
         raise BadInput(f"unknown status {unknown[0]!r}: one of {', '.join(STATUS_NAMES)}")
-    queue = query.get("queue", "").strip()
-    kind = query.get("kind", "").strip()
-    error = query.get("error", "").strip()
+    queue, kind, error = (_field(query, name) for name in ("queue", "kind", "error"))
     ids = query.get("id", "").strip()
     since = query.get("since", "").strip()
     before = query.get("before", "").strip()
@@ -301,6 +344,13 @@ def _job_filter(query: Any) -> tuple[admin.JobFilter, int | None, dict[str, Any]
         "since": since,
     }
     return found, _job_id(before) if before else None, shown
+
+
+def _field(query: Any, name: str) -> str:
+    value = str(query.get(name, "")).strip()
+    if "\x00" in value:
+        raise BadInput(f"{name} holds a NUL character, which no job's {name} can hold")
+    return value
 
 
 def _with(shown: dict[str, Any], **more: Any) -> str:

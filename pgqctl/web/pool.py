@@ -53,13 +53,17 @@ class Pool:
                     self._idle.put(conn)
             self._slots.release()
 
-    def close(self) -> None:
-        self._closed = True
+    def clear(self) -> None:
+        """Close the idle connections (the server dropped them: a restart)."""
         while True:
             try:
                 self._idle.get_nowait().close()
             except queue.Empty:
                 return
+
+    def close(self) -> None:
+        self._closed = True
+        self.clear()
 
 
 def _reusable(conn: Any) -> bool:

@@ -45,7 +45,7 @@ def client(dsn: str, *, token: str | None = None, base_path: str = "") -> TestCl
         Settings("the test database", token, base_path),
         lambda: db.open_queue(dsn, schema="public"),
     )
-    return TestClient(app)
+    return TestClient(app, base_url="http://localhost")
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_the_overview_counts_each_queue_and_the_jobs_finished_this_hour(
     conn.execute("INSERT INTO jobs (queue, kind, payload) VALUES ('later', 'k', '{}')")
     assert start_worker(dsn, "--burst", "--queue", "default").finish() == 0
     page = web.get("/").text
-    row = re.search(r"<tr>\s*<td><a [^>]*>default</a></td>(.*?)</tr>", page, re.S)
+    row = re.search(r"<tr>\s*<td[^>]*><a [^>]*>default</a></td>(.*?)</tr>", page, re.S)
     assert row is not None, page
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
     numbers = [re.sub(r"<[^>]+>", "", c).strip() for c in cells]
@@ -275,10 +275,75 @@ def test_a_page_behind_a_lock_says_so_in_one_line(dsn: str) -> None:
         Settings("the test database", None, ""),
         lambda: db.open_queue(dsn, schema="public", settings={"lock_timeout": "200ms"}),
     )
-    with psycopg.connect(dsn) as holder, TestClient(app) as web:
+    with psycopg.connect(dsn) as holder, TestClient(app, base_url="http://localhost") as web:
         holder.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
         page = web.get("/jobs")
         assert page.status_code == 504, page.text
         assert "did not answer in time" in page.text and "Traceback" not in page.text
         holder.rollback()
         assert web.get("/jobs").status_code == 200  # the connection serves again
+
+
+def test_without_a_token_only_requests_to_localhost_are_answered(web: TestClient) -> None:
+    # A site whose name was pointed at 127.0.0.1 (DNS rebinding) is refused.
+    assert web.get("/", headers={"Host": "attacker.example:8080"}).status_code == 403
+    for host in ["localhost:8080", "127.0.0.1:8080", "[::1]:8080", "localhost"]:
+        assert web.get("/jobs", headers={"Host": host}).status_code == 200, host
+
+
+def test_bad_ids_and_filters_are_bad_requests_not_failures(web: TestClient) -> None:
+    for path in [
+        "/jobs/%C2%B2",  # a superscript two: a digit to Python, not a number
+        "/jobs/%D9%A1%D9%A2",
+        "/jobs?id=%C2%B2",
+        "/jobs?before=%C2%B2",
+        "/jobs/1/attempts/99999999999",
+        "/jobs/99999999999999999999",
+        "/jobs?queue=%00",
+        "/jobs?kind=a%00b",
+        "/jobs?error=%00",
+    ]:
+        response = web.get(path)
+        assert response.status_code == 400, (path, response.status_code, response.text)
+        assert "Traceback" not in response.text
+
+
+def test_invisible_and_control_characters_show_escaped(
+    conn: psycopg.Connection[Any], web: TestClient
+) -> None:
+    spoof = "ev\u202eil\u200bq\x1b[31m"
+    conn.execute(
+        "INSERT INTO jobs (queue, kind, payload, status, last_error, finished_at) "
+        "VALUES (%s, %s, '{}', 'failed', %s, now())",
+        (spoof, spoof, "line one\r\nline two\x07"),
+    )
+    (job_id,) = [r[0] for r in conn.execute("SELECT id FROM jobs")]
+    for path in ["/", "/jobs", f"/jobs/{job_id}"]:
+        page = web.get(path).text
+        assert "\u202e" not in page and "\u200b" not in page and "\x1b" not in page, path
+        assert "ev\\u202eil\\u200bq\\x1b[31m" in page, path
+    page = web.get(f"/jobs/{job_id}").text
+    assert "line one\\x0d\nline two\\x07" in page
+
+
+def test_pages_read_on_a_new_connection_after_the_server_dropped_them(
+    dsn: str, conn: psycopg.Connection[Any], web: TestClient
+) -> None:
+    for _ in range(3):
+        assert web.get("/jobs").status_code == 200
+    conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    assert web.get("/healthz").text == "ok\n"
+    assert web.get("/jobs").status_code == 200
+
+
+def test_the_health_check_tells_nothing_when_the_database_is_gone(server_dsn: str) -> None:
+    app = make_app(
+        Settings("nowhere", None, ""),
+        lambda: db.open_queue("postgresql://nobody@127.0.0.1:1/nothing", schema="public"),
+    )
+    with TestClient(app, base_url="http://localhost") as web:
+        response = web.get("/healthz")
+    assert (response.status_code, response.text) == (503, "unavailable\n")

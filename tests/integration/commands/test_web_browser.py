@@ -88,7 +88,8 @@ def test_filter_page_through_ten_thousand_jobs_and_open_one(
     page = browser.new_page()
     page.goto(url + "/jobs")
     page.fill("input[name=queue]", "even")
-    page.click("button[type=submit]")
+    with page.expect_navigation():
+        page.click("button[type=submit]")
     assert "5000 jobs match" in page.inner_text("main")
     page.goto(url + "/jobs")
     seen: list[int] = []
@@ -99,7 +100,8 @@ def test_filter_page_through_ten_thousand_jobs_and_open_one(
         older = page.locator("a[rel=next]")
         if older.count() == 0:
             break
-        older.click()
+        with page.expect_navigation():  # the next page, not this one read again
+            older.click()
     assert len(seen) == 10_000 and seen == sorted(seen, reverse=True)
     page.click(f"table.jobs a[href$='/jobs/{seen[-1]}']")
     assert page.locator("h1").inner_text().startswith(f"Job {seen[-1]}")
