@@ -115,7 +115,9 @@ def make_app(
             with pool.borrow() as conn:
                 return page(conn, *args)
         except psycopg.OperationalError:
-            if conn is None or not conn.broken:
+            # A timeout leaves the connection open (rolled back, lent again);
+            # one the server dropped is closed by now.
+            if conn is None or not conn.closed:
                 raise
         # The server dropped the connection (a restart drops every one the
         # pool keeps): read once more on a new one. Pages only read.
