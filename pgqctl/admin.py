@@ -45,6 +45,8 @@ class Counts:
     # How the done count is known: "exact", "estimated" (to within a factor
     # of 2), or "unknown" (the statistics cannot tell; by_status holds a floor).
     done_figure: str = "exact"
+    # The pending jobs whose run_at has come (the others wait for it).
+    due: int = 0
 
     @classmethod
     def of(
@@ -79,6 +81,7 @@ class Counts:
         for status, n in other.by_status.items():
             self.by_status[status] += n
         self.expired_leases += other.expired_leases
+        self.due += other.due
         ages = [
             a
             for a in (self.oldest_pending_age_seconds, other.oldest_pending_age_seconds)
@@ -192,6 +195,7 @@ def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:
             {status: int(row[status]) for status in STATUS_NAMES},
             int(row["expired_leases"]),
             row["oldest_pending_age_seconds"],
+            due=int(row["due"]),
         )
     return found
 

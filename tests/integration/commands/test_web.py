@@ -66,16 +66,25 @@ def test_the_overview_counts_each_queue_and_the_jobs_finished_this_hour(
     dsn: str, conn: psycopg.Connection[Any], web: TestClient, start_worker: Any
 ) -> None:
     insert_jobs(conn, [{"argv": ["true"]}] * 3 + [{"argv": ["false"]}], max_attempts=1)
-    conn.execute("INSERT INTO jobs (queue, kind, payload) VALUES ('later', 'k', '{}')")
+    conn.execute(
+        "INSERT INTO jobs (queue, kind, payload, run_at) VALUES "
+        "('later', 'k', '{}', now()), ('later', 'k', '{}', now() + interval '1 hour')"
+    )
     assert start_worker(dsn, "--burst", "--queue", "default").finish() == 0
     page = web.get("/").text
     row = re.search(r"<tr>\s*<td[^>]*><a [^>]*>default</a></td>(.*?)</tr>", page, re.S)
     assert row is not None, page
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
     numbers = [re.sub(r"<[^>]+>", "", c).strip() for c in cells]
-    # pending, running, expired leases, failed, done this hour, failed this hour
-    assert numbers[:6] == ["0", "0", "0", "1", "3", "1"], numbers
-    assert ">later</a>" in page
+    # pending, due, running, expired leases, failed, done this hour, failed this hour
+    assert numbers[:7] == ["0", "0", "0", "0", "1", "3", "1"], numbers
+    later = re.search(r"<tr>\s*<td[^>]*><a [^>]*>later</a></td>(.*?)</tr>", page, re.S)
+    assert later is not None
+    later_cells = [
+        re.sub(r"<[^>]+>", "", c).strip()
+        for c in re.findall(r"<td[^>]*>(.*?)</td>", later.group(1), re.S)
+    ]
+    assert later_cells[:2] == ["2", "1"], later_cells  # two pending, one of them due
 
 
 def test_jobs_filter_by_status_queue_kind_error_and_id(

@@ -67,7 +67,7 @@ def test_the_overview_changes_as_a_worker_runs_without_reloading(
     page.evaluate("window.loadedOnce = true")
     worker = start_worker(dsn, "--burst", "--concurrency", "4")
     page.wait_for_function(
-        "() => document.querySelector('table.queues tbody tr td:nth-child(6)')"
+        "() => document.querySelector('table.queues tbody tr td:nth-child(7)')"
         "?.textContent.trim() === '40'",
         timeout=30_000,
     )  # done in the last hour, as the stream sent it
