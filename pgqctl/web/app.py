@@ -161,6 +161,7 @@ def make_app(
             shown=shown,
             statuses=STATUS_NAMES,
             next_query=_with(shown, before=page.next_before) if page.next_before else None,
+            first_query=_with(shown) if before is not None else None,
         )
 
     async def job(request: Request) -> Response:

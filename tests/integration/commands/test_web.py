@@ -131,6 +131,8 @@ def test_ten_thousand_jobs_page_by_page_each_once_newest_first(
             break
         query = found.group(1).replace("&amp;", "&")
     assert len(seen) == 10_000 and seen == sorted(seen, reverse=True)
+    assert 'rel="first" href="/jobs?"' in page  # the last page leads back to the newest
+    assert 'rel="first"' not in first
 
 
 def test_a_job_page_shows_its_attempts_output_and_why_it_waits(
