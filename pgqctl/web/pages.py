@@ -106,7 +106,7 @@ def _every_minute(found: list[Minute], now: dt.datetime) -> list[Minute]:
 @dataclass(frozen=True)
 class JobsPage:
     jobs: list[Job]
-    matched: admin.Matched
+    matched: admin.Matched | None  # None: not counted (it would read the history)
     next_before: int | None  # the id the next page starts below; None: last page
 
 
@@ -116,10 +116,19 @@ def jobs_page(conn: Any, found: admin.JobFilter, before: int | None = None) -> J
     would read the history)."""
     with atomic(conn):
         page = admin.select_jobs(conn, found, limit=PAGE_SIZE + 1, before=before)
-        matched = admin.count_jobs(conn, found)
+        matched = admin.count_jobs(conn, found) if counted_cheaply(found) else None
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
     return JobsPage(page, matched, page[-1].id if more and page else None)
+
+
+def counted_cheaply(found: admin.JobFilter) -> bool:
+    """Whether counting what `found` matches reads no more than its indexes
+    bound: not when done jobs may match a test on the creation time or the
+    error, which no index answers (the count would read every done job
+    when fewer than its bound match)."""
+    done_may_match = not found.statuses or "done" in found.statuses
+    return not (done_may_match and (found.since is not None or found.error) and not found.ids)
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,9 @@ def test_jobs_filter_by_status_queue_kind_error_and_id(
     assert listed("kind=send&status=pending") == []
     assert listed(f"id={ids[1]}") == [ids[1]]
     assert listed("since=1h") == ids[::-1]
+    assert "Not counted" in web.get("/jobs?since=1h").text  # it would read every done job
+    assert "Not counted" in web.get("/jobs?error=smtp").text
+    assert "1 job matches" in web.get("/jobs?error=smtp&status=failed").text
     bad = web.get("/jobs?status=lost")
     assert bad.status_code == 400 and "unknown status" in bad.text
     assert web.get("/jobs?since=yesterday").status_code == 400
