@@ -29,6 +29,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,7 +44,10 @@ from pgqctl.durations import parse_duration
 from pgqctl.policy import is_loader_variable, read_policy
 from tests.conftest import alive
 from tests.support.jobrows import add_jobs, ago, expired
+from tests.support.processes import start_pgqctl, wait_until
 from tests.support.servers import REPO_ROOT
+
+__all__ = ["start_pgqctl"]  # a fixture
 
 DEPLOY = REPO_ROOT / "deploy"
 UNIT = DEPLOY / "pgqctl-worker@.service"
@@ -51,6 +56,8 @@ WORKER_ENV = DEPLOY / "worker.env.example"
 CRON = DEPLOY / "pgqctl.cron"
 K8S_WORKER = DEPLOY / "kubernetes" / "worker.yaml"
 K8S_CRONJOBS = DEPLOY / "kubernetes" / "cronjobs.yaml"
+K8S_WEB = DEPLOY / "kubernetes" / "web.yaml"
+WEB_UNIT = DEPLOY / "pgqctl-web.service"
 POLICY = DEPLOY / "policy.toml"
 
 # Where deploy/README.md installs the environment files.
@@ -323,11 +330,14 @@ def shipped_env_files() -> dict[str, str]:
     }
 
 
-def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("path", "name"), [(UNIT, UNIT_NAME), (WEB_UNIT, WEB_UNIT.name)], ids=["worker", "web"]
+)
+def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path, path: Path, name: str) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         missing("systemd-analyze is not installed (Debian: apt-get install systemd)")
-    text = UNIT.read_text()
+    text = path.read_text()
     program = shlex.split(one(read_unit(text)["Service"], "ExecStart"))[0]
     # verify checks that the program exists: the copy runs a stand-in, and
     # differs from the shipped unit in that path alone.
@@ -340,7 +350,7 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     shipped, tested = read_unit(text), read_unit(copy)
     del shipped["Service"]["ExecStart"], tested["Service"]["ExecStart"]
     assert shipped == tested
-    unit = tmp_path / UNIT_NAME
+    unit = tmp_path / name
     unit.write_text(copy)
     result = subprocess.run(
         [analyze, "verify", "--man=no", str(unit)],
@@ -352,8 +362,18 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert result.returncode == 0, output
     # An unknown key or a value it cannot parse is only a warning, exit 0:
     # any line about this unit is a finding.
-    findings = [line for line in output.splitlines() if "pgqctl-worker@" in line]
+    findings = [line for line in output.splitlines() if name.split("@")[0] in line]
     assert findings == [], output
+
+
+def test_the_web_unit_serves_with_its_token_as_a_credential() -> None:
+    service = read_unit(WEB_UNIT.read_text())["Service"]
+    argv = shlex.split(one(service, "ExecStart"))
+    assert argv[1:3] == ["web", "--host"] and "--token-file" in argv
+    token_file = argv[argv.index("--token-file") + 1]
+    credential = one(service, "LoadCredential").split(":")[0]
+    assert token_file == f"%d/{credential}"  # the credentials directory
+    assert one(service, "EnvironmentFile") == "/etc/pgqctl/pgqctl.env"
 
 
 def test_the_unit_stops_the_worker_gracefully_and_restarts_it_on_failure() -> None:
@@ -855,7 +875,7 @@ def test_the_manifests_match_the_kubernetes_schema() -> None:
     versions = validator.utils.all_versions()
     # The oldest and the newest the package knows: valid in both, valid between.
     for version in (versions[0], versions[-1]):
-        for path in (K8S_WORKER, K8S_CRONJOBS):
+        for path in (K8S_WORKER, K8S_CRONJOBS, K8S_WEB):
             for doc in load_yaml(path):
                 try:
                     validator.validate(doc, version, strict=True)
@@ -894,6 +914,47 @@ def test_the_deployment_outlasts_the_grace_and_reads_the_dsn_from_a_secret() -> 
         doc["spec"]["selector"]["matchLabels"].items()
         <= doc["spec"]["template"]["metadata"]["labels"].items()
     )
+
+
+def test_the_web_deployment_serves_its_pages_with_the_token_it_mounts(
+    dsn: str, tmp_path: Path, start_pgqctl: Any
+) -> None:
+    [deployment_doc, service] = load_yaml(K8S_WEB)
+    assert (deployment_doc["kind"], service["kind"]) == ("Deployment", "Service")
+    pod = deployment_doc["spec"]["template"]["spec"]
+    # A Service's variables would land in the PGQCTL_* options (--port...).
+    assert pod["enableServiceLinks"] is False
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    [container] = pod["containers"]
+    dsn_from_secret(container)
+    args = container["args"]
+    token_path = Path(args[args.index("--token-file") + 1])
+    [mount] = container["volumeMounts"]
+    [volume] = pod["volumes"]
+    assert (Path(mount["mountPath"]), mount["name"]) == (token_path.parent, volume["name"])
+    for probe in (container["readinessProbe"], container["livenessProbe"]):
+        assert probe["httpGet"]["path"] == "/healthz"
+    # The container's command, as Kubernetes runs it: its token file and a
+    # free port in place of the mounted Secret and port 8080.
+    token = "t" * 32
+    (tmp_path / "token").write_text(token + "\n")
+    argv = list(args[1:])
+    argv[argv.index("--token-file") + 1] = str(tmp_path / "token")
+    argv[argv.index("--port") + 1] = "0"
+    web = start_pgqctl(*argv, "--dsn", dsn, name="web")
+    wait_until(lambda: "serving the queue's page on" in web.log, 30, "pgqctl web to start")
+    found = re.search(r"on http://\S+?:(\d+)/ ;", web.log)
+    assert found is not None, web.log
+    base = f"http://127.0.0.1:{found.group(1)}"
+    with urllib.request.urlopen(base + "/healthz", timeout=10) as response:
+        assert response.read() == b"ok\n"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(base + "/", timeout=10)
+    assert refused.value.code == 401
+    asked = urllib.request.Request(base + "/jobs", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(asked, timeout=10) as response:
+        assert response.status == 200
 
 
 # -- what the workers may run ------------------------------------------------------------
