@@ -262,12 +262,21 @@ def _run_outside_transaction(
     statement = outside_statement(step.text, schema)
     names = _CONCURRENT_INDEX.findall(step.text)
     _drop_failed_builds(conn, schema, names)
-    # Another run may have started the same build a moment before: it goes on.
-    with suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-        conn.execute(statement)
-    while _drop_failed_builds(conn, schema, names):
-        conn.execute(statement)
-    return False
+    while True:
+        try:
+            # Another run may have started the same build a moment before: it goes on.
+            with suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                conn.execute(statement)
+        except psycopg.errors.InternalError_ as exc:
+            # Another run's build on the same table updated the table's
+            # catalog row at the same moment ("tuple concurrently updated"):
+            # once the builds under way end, try again.
+            if "tuple concurrently updated" not in str(exc):
+                raise
+            _drop_failed_builds(conn, schema, names)
+            continue
+        if not _drop_failed_builds(conn, schema, names):
+            return False
 
 
 # The statements a step outside a transaction may run, with the name to
