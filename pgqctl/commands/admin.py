@@ -265,6 +265,7 @@ def list_command(
     """
     found = admin.JobFilter(statuses, queues, kinds, ids, since, error)
     matched: admin.Matched | None = None
+    counted = False
     with database.connect() as conn:
         if limit == 0 and not is_human(fmt):
             shown = emit_stream(
@@ -275,11 +276,16 @@ def list_command(
         else:
             jobs = admin.select_jobs(conn, found, order=order, limit=limit or None)
             if limit and len(jobs) == limit:
-                matched = admin.count_jobs(conn, found)
+                matched, counted = admin.count_jobs(conn, found), True
             emit_jobs(jobs, list_columns(jobs), fmt, FIELDS)
             shown = len(jobs)
     if not shown:
         say("no jobs match")
+    elif counted and matched is None:
+        say(
+            f"showing {shown:,}; more may match (not counted: that would read every done "
+            "job); --limit to see more"
+        )
     elif matched is not None and (not matched.exact or matched.count > shown):
         more = "" if matched.exact else "more than "
         say(f"showing {shown:,} of {more}{matched.count:,}; --limit to see more")

@@ -466,10 +466,19 @@ class Database:
 
     def connect(self, *, migrated: bool = True, writes: bool = False) -> Any:
         """A connection to the queue; `writes`: refuse a standby at once."""
-        from pgqctl import db
 
         self.resolved = self.dsn()
-        self.last = db.open_queue(
+        self.last = self.reconnect(migrated=migrated, writes=writes)
+        self.backend = self.last.info.backend_pid
+        return self.last
+
+    def reconnect(self, *, migrated: bool = True, writes: bool = False) -> Any:
+        """Another connection to where `connect` connected, with the same
+        settings (for a command that keeps several, as `web` does)."""
+        from pgqctl import db
+
+        assert self.resolved is not None, "connect first"
+        return db.open_queue(
             self.resolved,
             schema=self.schema,
             migrated=migrated,
@@ -477,8 +486,6 @@ class Database:
             source=self.source,
             settings=self.timeouts.settings(),
         )
-        self.backend = self.last.info.backend_pid
-        return self.last
 
     def explain(self, exc: psycopg.Error) -> Exception | None:
         """The error pgqctl means by a server error (a timeout, naming who

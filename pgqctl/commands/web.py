@@ -78,7 +78,7 @@ def web_command(
         raise BadInput(
             f"pgqctl web needs the web extra ({exc.name} is missing): pip install 'pgqctl[web]'"
         ) from exc
-    from pgqctl import config, db
+    from pgqctl import config
     from pgqctl.web import access
 
     token = access.read_token(os.environ, token_file)
@@ -91,13 +91,8 @@ def web_command(
         )
     with database.connect() as first:  # fails now, with the usual message, if it cannot
         where = config.describe(first.info.dsn)
-    dsn, source, settings = database.resolved or "", database.source, database.timeouts.settings()
-
-    def connect() -> Any:
-        return db.open_queue(dsn, schema=database.schema, source=source, settings=settings)
-
     stopping = threading.Event()
-    app = make_app(Settings(where, token, base), connect, stopping)
+    app = make_app(Settings(where, token, base), database.reconnect, stopping)
     listening = _listen(host, port)
     bound_host, bound_port = listening.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pgqctl import admin, attempts, control, doctor, monitor, registry, schedules, why
@@ -28,7 +28,6 @@ class QueueRow:
     counts: admin.Counts
     done_hour: int
     failed_hour: int
-    oldest_running_age: float | None
     workers: int
     pause: control.Pause | None
 
@@ -48,7 +47,6 @@ class Overview:
     minutes: list[Minute]
     active_workers: int
     stale_workers: int
-    totals: admin.Counts = field(default_factory=admin.Counts)
 
     @property
     def peak(self) -> int:
@@ -71,24 +69,21 @@ def overview(conn: Any) -> Overview:
         (now,) = named_rows(conn, "web_now", {})
     names = sorted(set(figures) | set(pauses))
     rows = []
-    totals = admin.Counts()
     for name in names:
         f = figures.get(name, monitor.QueueFigures())
-        totals.add(f.counts)
         rows.append(
             QueueRow(
                 name,
                 f.counts,
                 f.finished.get("done", 0),
                 f.finished.get("failed", 0),
-                f.oldest_running_age_seconds,
                 f.active_workers,
                 pauses.get(name),
             )
         )
     active = sum(1 for w in fleet if w.state == "active")
     return Overview(
-        now["now"], rows, _every_minute(minutes, now["now"]), active, len(fleet) - active, totals
+        now["now"], rows, _every_minute(minutes, now["now"]), active, len(fleet) - active
     )
 
 
@@ -116,19 +111,10 @@ def jobs_page(conn: Any, found: admin.JobFilter, before: int | None = None) -> J
     would read the history)."""
     with atomic(conn):
         page = admin.select_jobs(conn, found, limit=PAGE_SIZE + 1, before=before)
-        matched = admin.count_jobs(conn, found) if counted_cheaply(found) else None
+        matched = admin.count_jobs(conn, found)
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
     return JobsPage(page, matched, page[-1].id if more and page else None)
-
-
-def counted_cheaply(found: admin.JobFilter) -> bool:
-    """Whether counting what `found` matches reads no more than its indexes
-    bound: not when done jobs may match a test on the creation time or the
-    error, which no index answers (the count would read every done job
-    when fewer than its bound match)."""
-    done_may_match = not found.statuses or "done" in found.statuses
-    return not (done_may_match and (found.since is not None or found.error) and not found.ids)
 
 
 @dataclass(frozen=True)
