@@ -213,6 +213,16 @@ def start_json_worker(tmp_path: Path) -> Iterator[Callable[..., PgqctlProcess]]:
         yield start
 
 
+def web_address(web: PgqctlProcess) -> tuple[str, int]:
+    """The host and port a `pgqctl web` process says it serves, once it says so
+    (started with --port 0, it picks a free one)."""
+    line = re.compile(r"serving the queue's page on http://\[?([^\]/]+?)\]?:(\d+)/")
+    wait_until(lambda: line.search(web.log), 30, "pgqctl web to start serving")
+    found = line.search(web.log)
+    assert found is not None, web.log
+    return found.group(1), int(found.group(2))
+
+
 @pytest.fixture
 def start_pgqctl(tmp_path: Path) -> Iterator[Callable[..., PgqctlProcess]]:
     """Start pgqctl commands in the background as a user would; whatever still

@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.support.jobrows import insert_jobs, sh
 from tests.support.plans import PLANS, plan_of, rows_read
-from tests.support.processes import start_pgqctl, start_worker, wait_until
+from tests.support.processes import start_pgqctl, start_worker, web_address
 
 pytest.importorskip("starlette", reason="needs pgqctl[web]")
 pytest.importorskip("httpx2", reason="needs httpx2 (pgqctl[test])")
@@ -231,13 +231,12 @@ def test_fifty_open_pages_share_one_read_a_second() -> None:
 
 def test_the_command_serves_until_stopped(dsn: str, start_pgqctl: Any) -> None:
     web = start_pgqctl("web", "--dsn", dsn, "--port", "0", name="web")
-    wait_until(lambda: "serving the queue's page on" in web.log, 30, "web to start")
-    url = re.search(r"on (http://\S+/) ;", web.log)
-    assert url is not None, web.log
-    with urllib.request.urlopen(url.group(1) + "healthz", timeout=10) as response:
+    host, port = web_address(web)
+    url = f"http://{host}:{port}/"
+    with urllib.request.urlopen(url + "healthz", timeout=10) as response:
         assert response.read() == b"ok\n"
     # An open page's stream of events does not hold the stop up.
-    with urllib.request.urlopen(url.group(1) + "events/overview", timeout=10) as events:
+    with urllib.request.urlopen(url + "events/overview", timeout=10) as events:
         assert events.readline().startswith(b"data: ")
         web.signal(signal.SIGTERM)
         assert web.proc.wait(10) == 0

@@ -6,7 +6,6 @@ they fail instead (tests/support/servers.py `missing`)."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ import psycopg
 import pytest
 
 from tests.support.jobrows import insert_jobs, sh
-from tests.support.processes import PgqctlProcess, start_pgqctl, start_worker, wait_until
+from tests.support.processes import PgqctlProcess, start_pgqctl, start_worker, web_address
 from tests.support.servers import missing
 
 __all__ = ["start_pgqctl", "start_worker"]  # fixtures
@@ -49,10 +48,8 @@ def browser() -> Iterator[Any]:
 
 def serve(start_pgqctl: Any, dsn: str, *args: str) -> tuple[PgqctlProcess, str]:
     web = start_pgqctl("web", "--dsn", dsn, "--port", "0", *args, name="web")
-    wait_until(lambda: "serving the queue's page on" in web.log, 30, "pgqctl web to start")
-    found = re.search(r"on (http://\S+?)/ ;", web.log)
-    assert found is not None, web.log
-    return web, found.group(1)
+    host, port = web_address(web)
+    return web, f"http://{host}:{port}"
 
 
 def test_the_overview_changes_as_a_worker_runs_without_reloading(

@@ -44,7 +44,7 @@ from pgqctl.durations import parse_duration
 from pgqctl.policy import is_loader_variable, read_policy
 from tests.conftest import alive
 from tests.support.jobrows import add_jobs, ago, expired
-from tests.support.processes import start_pgqctl, wait_until
+from tests.support.processes import start_pgqctl, web_address
 from tests.support.servers import REPO_ROOT
 
 __all__ = ["start_pgqctl"]  # a fixture
@@ -943,10 +943,8 @@ def test_the_web_deployment_serves_its_pages_with_the_token_it_mounts(
     argv[argv.index("--token-file") + 1] = str(tmp_path / "token")
     argv[argv.index("--port") + 1] = "0"
     web = start_pgqctl(*argv, "--dsn", dsn, name="web")
-    wait_until(lambda: "serving the queue's page on" in web.log, 30, "pgqctl web to start")
-    found = re.search(r"on http://\S+?:(\d+)/ ;", web.log)
-    assert found is not None, web.log
-    base = f"http://127.0.0.1:{found.group(1)}"
+    _, port = web_address(web)  # it binds 0.0.0.0, as in the pod: reached here on 127.0.0.1
+    base = f"http://127.0.0.1:{port}"
     with urllib.request.urlopen(base + "/healthz", timeout=10) as response:
         assert response.read() == b"ok\n"
     with pytest.raises(urllib.error.HTTPError) as refused:
