@@ -282,10 +282,8 @@ def list_command(
     if not shown:
         say("no jobs match")
     elif counted and matched is None:
-        say(
-            f"showing {shown:,}; more may match (not counted: that would read every done "
-            "job); --limit to see more"
-        )
+        # Not counted: the count would read every done job (docs/commands/list.md).
+        say(f"showing {shown:,}; more may match (not counted); --limit to see more")
     elif matched is not None and (not matched.exact or matched.count > shown):
         more = "" if matched.exact else "more than "
         say(f"showing {shown:,} of {more}{matched.count:,}; --limit to see more")

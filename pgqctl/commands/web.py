@@ -68,7 +68,7 @@ def web_command(
     \b
     Example:
         pgqctl web
-        PGQCTL_WEB_TOKEN=$(cat /etc/pgqctl/web-token) pgqctl web --host 0.0.0.0 --port 8080
+        pgqctl web --host 0.0.0.0 --token-file /etc/pgqctl/web-token
     """
     try:
         import uvicorn
