@@ -135,6 +135,10 @@ class Exchanged:
     started_at: datetime | None = None
     # Where the last job claimed stands in claim order.
     last_claimed: Floor | None = None
+    # Whether limits exist, when a heartbeat went with the exchange.
+    limited: bool | None = None
+    # Seconds until a rate limit that held jobs back has a token again.
+    wake: float | None = None
 
 
 def exchange(
@@ -154,6 +158,7 @@ def exchange(
     queues: Sequence[str] = (),
     kinds: Sequence[str] = (),
     floor: Floor | None = None,
+    limited: bool = False,
     beat: Beat | None = None,
     max_payload_bytes: int = limits.MAX_PAYLOAD_BYTES,
     records: Sequence[Record] = (),
@@ -174,6 +179,8 @@ def exchange(
     ``<worker>:prefetch`` (by `worker` alone without slots or prefetch).
     floor: where the claim starts its walk (None: from the start); a worker
     of some queues or kinds always walks from the start of each.
+    limited: claim as limits require (see worker_claim_limited): a worker
+    uses it while any limit exists.
     max_payload_bytes: a claimed job whose payload is longer (or cannot be
     run for what its row holds: see rows.claimed_payload) comes with an
     `Unreadable` payload, for the worker to fail for good; the claim reads no
@@ -196,10 +203,10 @@ def exchange(
         "kinds": _names(kinds),
         "payload_chars": max_payload_bytes + 1,
     }
-    from_floor = floor is not None and not queues and not kinds
+    from_floor = floor is not None and not queues and not kinds and not limited
     if floor is not None and from_floor:
         params.update(floor_priority=floor.priority, floor_run_at=floor.run_at, floor_id=floor.id)
-    statement = exchange_statement(queues, kinds, from_floor=from_floor)
+    statement = exchange_statement(queues, kinds, from_floor=from_floor, limited=limited)
     beaten = None
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         if records:
@@ -223,7 +230,10 @@ def exchange(
         rows = cur.fetchall()
         if beat is not None:
             beaten = beat_cur.fetchone()
-    result = Exchanged(started_at=None if beaten is None else beaten[0])
+    result = Exchanged(
+        started_at=None if beaten is None else beaten[0],
+        limited=None if beaten is None else beaten[1],
+    )
     for row in rows:
         part, job_id, queue, kind, payload, attempts, max_attempts, handbacks, status, run_at = row
         if part == "claimed":
@@ -252,6 +262,9 @@ def exchange(
         elif part == "floor":
             # The floor arm carries the priority in the attempts column.
             result.last_claimed = Floor(attempts, run_at, job_id)
+        elif part == "wake":
+            # Milliseconds until a rate limit has a token, in attempts.
+            result.wake = attempts / 1000
         else:
             result.renewed.add(job_id)
     return result
@@ -303,10 +316,17 @@ def _failed_json(failed: Sequence[Failure]) -> str:
 
 
 def exchange_statement(
-    queues: Sequence[str] = (), kinds: Sequence[str] = (), *, from_floor: bool = False
+    queues: Sequence[str] = (),
+    kinds: Sequence[str] = (),
+    *,
+    from_floor: bool = False,
+    limited: bool = False,
 ) -> str:
     """worker_exchange with the claim of a worker of these queues and kinds
-    (of all of them: walking from a floor when `from_floor`)."""
+    (of all of them: walking from a floor when `from_floor`), or, while
+    limits exist (`limited`), the claim that keeps them."""
+    if limited:
+        return _exchange_with("worker_claim_limited")
     if queues:
         return _exchange_with("worker_claim_queues")
     if kinds:
@@ -317,7 +337,13 @@ def exchange_statement(
 @functools.cache
 def _exchange_with(claim: str) -> str:
     # Always the same text for the same claim: psycopg prepares it by its text.
-    return query("worker_exchange").replace("{claim}", query(claim))
+    limited = claim == "worker_claim_limited"
+    return (
+        query("worker_exchange")
+        .replace("{claim}", query(claim))
+        .replace("{seated}", query("worker_exchange_seated") if limited else "")
+        .replace("{wake}", query("worker_exchange_wake") if limited else "")
+    )
 
 
 def _names(names: Sequence[str]) -> list[str] | None:

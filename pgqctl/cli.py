@@ -131,6 +131,11 @@ COMMANDS = {
         "pgqctl.commands.control:resume_command",
         "Let workers claim from paused queues again, at once.",
     ),
+    "limit": Lazy(
+        "pgqctl.commands.limit:limit_group",
+        "Fleet-wide limits on a queue or a kind: jobs running at once, started per period, "
+        "running per key.",
+    ),
     "schedule": Lazy(
         "pgqctl.commands.schedule:schedule_group",
         "Cron and interval schedules, enqueued by the running workers: one job per tick.",

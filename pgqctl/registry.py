@@ -144,13 +144,13 @@ class Beat:
         return found
 
 
-def heartbeat(conn: QueueConnection, beat: Beat) -> dt.datetime:
-    """Register the worker, or heartbeat when no exchange goes out; its started_at."""
+def heartbeat(conn: QueueConnection, beat: Beat) -> tuple[dt.datetime, bool]:
+    """Register the worker, or heartbeat when no exchange goes out: its
+    started_at, and whether any limit exists (see claims.exchange)."""
     with conn.transaction():
         row = conn.execute(query("worker_beat"), beat.params()).fetchone()
     assert row is not None  # an upsert returns its row
-    started_at: dt.datetime = row[0]
-    return started_at
+    return row[0], row[1]
 
 
 def unregister(conn: QueueConnection, worker: str) -> None:

@@ -22,6 +22,7 @@ from pgqctl.worklog import KEEP_OUTPUT_BYTES, LOG_OUTPUT_BYTES, LOG_OUTPUT_LINES
 CHANNEL = "pgqctl_jobs"
 CANCEL_CHANNEL = "pgqctl_cancel"
 SCHEDULES_CHANNEL = "pgqctl_schedules"
+LIMITS_CHANNEL = "pgqctl_limits"
 APPLICATION_NAME = "pgqctl worker"
 # PostgreSQL keeps this many bytes of an application_name (NAMEDATALEN - 1).
 APPLICATION_NAME_BYTES = 63

@@ -26,6 +26,7 @@ from pgqctl.sql import query
 from pgqctl.worker.config import (
     CANCEL_CHANNEL,
     CHANNEL,
+    LIMITS_CHANNEL,
     RECONNECT_CAP,
     RECONNECT_FIRST,
     SCHEDULES_CHANNEL,
@@ -36,6 +37,7 @@ WAKE = "wake"
 DEAF = "deaf"  # the listener cannot hear notifications (now)
 HEARING = "hearing"  # the listener hears them
 SCHEDULES = "schedules"  # the schedules changed
+LIMITS = "limits"  # a limit was set or removed
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Listener:
             CHANNEL: self._on_jobs_notified,
             CANCEL_CHANNEL: self._on_cancel_notified,
             SCHEDULES_CHANNEL: self._on_schedules_notified,
+            LIMITS_CHANNEL: self._on_limits_notified,
         }
         self._closing = threading.Event()
         self._closing_r, self._closing_w = os.pipe()
@@ -106,6 +109,7 @@ class Listener:
                 # Cancels first: hearing about new jobs is then the sign
                 # that both are heard (`pg_stat_activity` shows the last).
                 conn.execute(query("worker_listen_schedules"))
+                conn.execute(query("worker_listen_limits"))
                 conn.execute(query("worker_listen_cancel"))
                 conn.execute(query("worker_listen"))
                 delay = RECONNECT_FIRST
@@ -163,6 +167,11 @@ class Listener:
         # A schedule was added, changed or removed: read them again.
         if payload in ("", self.schema):
             self.post(SCHEDULES)
+
+    def _on_limits_notified(self, payload: str) -> None:
+        # A limit was set or removed: claim as limits require from now on.
+        if payload in ("", self.schema):
+            self.post(LIMITS)
 
     def _on_cancel_notified(self, payload: str) -> None:
         notice = self._cancel_notice(payload)

@@ -98,7 +98,15 @@ from pgqctl.jobs import Job
 from pgqctl.worker.config import POLL_DEAF, POLL_LISTENING, WorkerConfig, identity
 from pgqctl.worker.ended import EndedElsewhere
 from pgqctl.worker.executor import Executor
-from pgqctl.worker.listener import DEAF, HEARING, SCHEDULES, WAKE, CancelNotice, Listener
+from pgqctl.worker.listener import (
+    DEAF,
+    HEARING,
+    LIMITS,
+    SCHEDULES,
+    WAKE,
+    CancelNotice,
+    Listener,
+)
 from pgqctl.worker.narration import Narration
 from pgqctl.worker.outbox import HAND_BACK_REASON, Fenced, Finished, Outbox, Settled
 from pgqctl.worker.retry import Retry
@@ -384,6 +392,12 @@ class Worker:
             self.claim_wanted = True
         elif event == SCHEDULES:
             self.upkeep.schedules_changed()
+        elif event == LIMITS:
+            # Claim as limits require at once; the next heartbeat, due now,
+            # says whether any is left.
+            self.upkeep.limited = True
+            self.upkeep.beat_at(time.monotonic())
+            self.claim_wanted = True
         elif isinstance(event, CancelNotice):
             self.ended.noticed(event.held)
         elif event in (DEAF, HEARING) and self.config.poll is None:
@@ -448,6 +462,7 @@ class Worker:
                 queues=c.queues,
                 kinds=c.kinds,
                 floor=self.floors.floor(sent) if limit else None,
+                limited=self.upkeep.limited,
                 beat=self.upkeep.current_beat(self.slots.live()) if beat else None,
                 max_payload_bytes=c.max_payload_bytes,
                 records=report.records,
@@ -459,8 +474,11 @@ class Worker:
             self._connection_failed(exc)
             return
         if beat:
-            self.upkeep.beaten(changed.started_at, sent)
+            self.upkeep.beaten(changed.started_at, changed.limited, sent)
         self.floors.claimed(sent, changed.last_claimed)
+        if changed.wake is not None:
+            # A rate limit held jobs back: claim again when it has a token.
+            self.next_poll = min(self.next_poll, sent + changed.wake)
         settled = self.outbox.settle(report, changed)
         self.slots.moved()
         # New jobs first: their slots wait on nothing else, the logs can.

@@ -20,6 +20,9 @@ class Upkeep:
         # The worker's row in `workers`; its counters change with each heartbeat.
         self.beat = beat
         self.started_at: dt.datetime | None = None  # None until registered
+        # Whether any limit exists (the claim keeps them), as the last
+        # heartbeat said; true until the first says otherwise.
+        self.limited = True
         self.jobs_done = 0
         self.jobs_failed = 0
         self.next_heartbeat = now  # registers with the first exchange
@@ -50,9 +53,12 @@ class Upkeep:
             failed=self.jobs_failed,
         )
 
-    def beaten(self, started_at: dt.datetime | None, sent: float) -> None:
-        """A heartbeat sent at `sent` went through."""
+    def beaten(self, started_at: dt.datetime | None, limited: bool | None, sent: float) -> None:
+        """A heartbeat sent at `sent` went through; `limited`: whether any
+        limit exists then."""
         self.started_at = started_at
+        if limited is not None:
+            self.limited = limited
         self.next_heartbeat = sent + self.config.heartbeat
 
     def beat_at(self, when: float) -> None:
@@ -60,7 +66,8 @@ class Upkeep:
 
     def heartbeat(self, conn: db.QueueConnection, running: int, sent: float) -> None:
         """Heartbeat alone, in a statement of its own."""
-        self.beaten(registry.heartbeat(conn, self.current_beat(running)), sent)
+        started_at, limited = registry.heartbeat(conn, self.current_beat(running))
+        self.beaten(started_at, limited, sent)
 
     # ---------------------------------------------------------------- ticks
 

@@ -102,6 +102,7 @@ WITH done AS (
         locked_until = now() + %(lease)s * interval '1 second',
         locked_by = %(worker)s || COALESCE(
             ':' || (%(slots)s::text[])[array_position((SELECT ids FROM picked), j.id)], '')
+        {seated}
     WHERE j.id = ANY((SELECT ids FROM picked)::bigint[])
     RETURNING j.id, j.queue, j.kind, j.payload, j.attempts, j.max_attempts,
               j.handbacks, j.priority, j.run_at, j.schedule, j.tick
@@ -133,7 +134,8 @@ UNION ALL (SELECT 'claimed', id, queue, kind, left(payload::text, %(payload_char
 -- column) and run_at, where a later claim may start its walk (claims.Floor).
 UNION ALL (SELECT 'floor', id, NULL, NULL, NULL, priority, NULL, NULL, NULL, run_at
            FROM claimed
-           ORDER BY priority, run_at DESC, id DESC LIMIT 1);
+           ORDER BY priority, run_at DESC, id DESC LIMIT 1)
+{wake};
 
 -- The claims, one for each kind of worker, each the `picked` part of
 -- worker_exchange: the ids of up to `limit` due jobs in claim order
@@ -157,6 +159,26 @@ UNION ALL (SELECT 'floor', id, NULL, NULL, NULL, priority, NULL, NULL, NULL, run
 -- worker of some queues drops the paused ones before walking; the others
 -- pass over a paused queue's due jobs as they walk, which costs more the
 -- longer its backlog.
+
+-- name: worker_claim_limited
+-- The claim while limits exist (`pgqctl limit`; see 0013): the database's
+-- pgqctl_claim_limited walks as the others do, passing over the jobs of
+-- full limits, and takes each claimed job's seats and tokens. Its other
+-- answers go in the statement's `seated` and `wake` parts below.
+SELECT c.ids, c.seated, c.wake
+FROM pgqctl_claim_limited(%(queues)s::text[], %(kinds)s::text[], %(limit)s) AS c
+
+-- name: worker_exchange_seated
+-- In the claim's update, with worker_claim_limited: a job that took seats is
+-- marked, so that leaving `running` frees them (jobs_free_seats).
+, seated = CASE WHEN j.id = ANY((SELECT seated FROM picked)::bigint[]) THEN true END
+
+-- name: worker_exchange_wake
+-- The last arm, with worker_claim_limited: milliseconds until a rate limit
+-- that held jobs back has a token again, in the attempts column.
+UNION ALL SELECT 'wake', NULL, NULL, NULL, NULL, ceil(wake * 1000)::int, NULL, NULL, NULL,
+                 NULL
+          FROM picked WHERE wake IS NOT NULL
 
 -- name: worker_claim_all
 -- A worker with no --queue and no --kind: jobs_claim_idx, in order.

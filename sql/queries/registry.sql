@@ -50,7 +50,8 @@ FROM workers;
 -- restarted container) is replaced. started_at NULL registers (now);
 -- heartbeats send the started_at that registration returned. Sent at most
 -- every --heartbeat, in the pipeline of an exchange when one goes out, alone
--- otherwise. One row: started_at.
+-- otherwise. One row: started_at, and whether any limit exists (`pgqctl
+-- limit`: the worker then claims with worker_claim_limited).
 INSERT INTO workers AS w (id, host, pid, version, queues, kinds, concurrency,
                           heartbeat_seconds, lease_seconds, started_at, last_seen,
                           running, done, failed)
@@ -63,7 +64,7 @@ SET host = EXCLUDED.host, pid = EXCLUDED.pid, version = EXCLUDED.version,
     heartbeat_seconds = EXCLUDED.heartbeat_seconds, lease_seconds = EXCLUDED.lease_seconds,
     started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen,
     running = EXCLUDED.running, done = EXCLUDED.done, failed = EXCLUDED.failed
-RETURNING started_at;
+RETURNING started_at, EXISTS (SELECT FROM limits) AS limited;
 
 -- name: worker_unregister
 -- A clean stop: the worker's row goes. No rows.

@@ -11,6 +11,10 @@ LISTEN pgqctl_jobs;
 -- Schedules added, changed or removed: the worker reads them again.
 LISTEN pgqctl_schedules;
 
+-- name: worker_listen_limits
+-- Limits set or removed (`pgqctl limit` notifies): claim as they require.
+LISTEN pgqctl_limits;
+
 -- name: worker_listen_cancel
 -- Hear about running jobs an operator cancelled (`pgqctl cancel` notifies).
 -- No rows.
