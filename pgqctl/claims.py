@@ -33,6 +33,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import psycopg
 
@@ -41,7 +42,7 @@ from pgqctl.attempts import Record, record_attempts
 from pgqctl.db import QueueConnection
 from pgqctl.jobs import Held, Job
 from pgqctl.registry import Beat
-from pgqctl.rows import claimed_payload
+from pgqctl.rows import Unreadable, claimed_payload
 from pgqctl.sql import query
 
 Conn = QueueConnection
@@ -242,7 +243,12 @@ def exchange(
                     job_id,
                     queue,
                     kind,
-                    claimed_payload(payload, kind=kind, queue=queue, max_bytes=max_payload_bytes),
+                    _runnable(
+                        claimed_payload(
+                            payload, kind=kind, queue=queue, max_bytes=max_payload_bytes
+                        ),
+                        attempts,
+                    ),
                     status="running",
                     attempts=attempts,
                     max_attempts=max_attempts,
@@ -268,6 +274,22 @@ def exchange(
         else:
             result.renewed.add(job_id)
     return result
+
+
+# PostgreSQL's integer maximum: a job claimed at this count (written so by
+# plain SQL) cannot be claimed again with a higher fencing token.
+MAX_CLAIMS = 2**31 - 1
+
+
+def _runnable(payload: dict[str, Any] | Unreadable, attempts: int) -> dict[str, Any] | Unreadable:
+    """The claimed payload, or why the job can never run: its attempts
+    counter is at the integer maximum (the claim keeps it there)."""
+    if attempts >= MAX_CLAIMS:
+        return Unreadable(
+            f"its attempts counter is at its maximum ({MAX_CLAIMS:,}), so no claim of it can "
+            "be told from the last: set attempts to 0 with SQL to run it again"
+        )
+    return payload
 
 
 def next_due(conn: Conn, *, queues: Sequence[str] = (), kinds: Sequence[str] = ()) -> float | None:

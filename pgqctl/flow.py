@@ -45,8 +45,19 @@ _PERIOD_WORDS = {
 }
 
 LIMIT_FIELDS = (
-    "scope", "name", "concurrency", "per_key", "rate", "period_seconds", "burst", "running",
-    "seats_taken", "tokens", "held_back", "held_back_seconds", "full_keys",
+    "scope",
+    "name",
+    "concurrency",
+    "per_key",
+    "rate",
+    "period_seconds",
+    "burst",
+    "running",
+    "seats_taken",
+    "tokens",
+    "held_back",
+    "held_back_seconds",
+    "full_keys",
 )
 
 
@@ -107,15 +118,22 @@ class Limit:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Limit:
         rate = (
-            None
-            if row["rate"] is None
-            else Rate(row["rate"], row["period_seconds"], row["burst"])
+            None if row["rate"] is None else Rate(row["rate"], row["period_seconds"], row["burst"])
         )
         return cls(
-            row["scope"], row["name"], row["concurrency"], row["per_key"], rate,
-            row["running"], row["seats_taken"], row["tokens"], row["held_back"],
+            row["scope"],
+            row["name"],
+            row["concurrency"],
+            row["per_key"],
+            rate,
+            row["running"],
+            row["seats_taken"],
+            row["tokens"],
+            row["held_back"],
             None if row["held_back_seconds"] is None else float(row["held_back_seconds"]),
-            row["full_keys"], row["created_at"], row["updated_at"],
+            row["full_keys"],
+            row["created_at"],
+            row["updated_at"],
         )
 
     def rule(self) -> str:
@@ -228,7 +246,9 @@ def holding(conn: Connection, job_id: int) -> list[Holding]:
     for row in rows:
         if row["holding"] is None:
             continue
-        rate = None if row["rate"] is None else Rate(row["rate"], row["period_seconds"], row["burst"])
+        rate = (
+            None if row["rate"] is None else Rate(row["rate"], row["period_seconds"], row["burst"])
+        )
         rule = Limit(row["scope"], row["name"], row["concurrency"], row["per_key"], rate).rule()
         found.append(Holding(row["scope"], row["name"], row["holding"], row["limit_key"], rule))
     return found

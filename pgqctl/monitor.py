@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import admin, control, registry, schedules
+from pgqctl import admin, control, flow, registry, schedules
 from pgqctl.db import atomic, reason
 from pgqctl.errors import PgqctlError
 from pgqctl.jobs import FINISHED, STATUS_NAMES, Job
@@ -474,6 +474,7 @@ class MetricsSnapshot:
     fleet: registry.Fleet = field(default_factory=lambda: registry.Fleet(0, 0, ()))
     # (queue, kind) -> the attempts that finished in the last minute
     attempts: dict[tuple[str, str], AttemptFigures] = field(default_factory=dict)
+    limits: list[flow.Limit] = field(default_factory=list)
 
     def queues(self) -> list[str]:
         return sorted(set(self.counts) | set(self.finished) | self.paused)
@@ -493,12 +494,13 @@ def metrics_snapshot(conn: Connection, *, exact: bool = False) -> MetricsSnapsho
         pauses = frozenset(p.queue for p in control.paused(conn))
         fleet = registry.fleet(conn)
         attempts = attempt_figures(conn, THROUGHPUT_WINDOW_SECONDS)
+        found_limits = flow.limits(conn)
     for name in finished:
         counts.setdefault(name, admin.Counts())  # a queue with no live jobs
     if not exact:
         for c in counts.values():
             c.done_figure = "unknown"  # not counted: by_status holds 0
-    return MetricsSnapshot(counts, finished, pauses, fleet, attempts)
+    return MetricsSnapshot(counts, finished, pauses, fleet, attempts, found_limits)
 
 
 def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
@@ -557,7 +559,53 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterable[Any]:
             finished.add_metric([name, status], done.get(status, 0))
         paused.add_metric([name], 1.0 if name in snapshot.paused else 0.0)
         serving.add_metric([name], snapshot.fleet.serving(name))
-    return (jobs, age, expired, finished, paused, fleet, serving, *attempt_families(snapshot))
+    return (
+        jobs,
+        age,
+        expired,
+        finished,
+        paused,
+        fleet,
+        serving,
+        *attempt_families(snapshot),
+        *limit_families(snapshot),
+    )
+
+
+def limit_families(snapshot: MetricsSnapshot) -> tuple[Any, ...]:
+    """Each limit (`pgqctl limit`): the jobs running under it, what it allows
+    at once, and the due jobs it holds back now with the oldest one's wait."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    labels = ["scope", "name"]
+    running = GaugeMetricFamily(
+        "pgqctl_limit_running", "Jobs of the limit's queue or kind running now.", labels=labels
+    )
+    allowed = GaugeMetricFamily(
+        "pgqctl_limit_concurrency",
+        "The limit's concurrency: at most this many of its jobs run at once.",
+        labels=labels,
+    )
+    held = GaugeMetricFamily(
+        "pgqctl_limit_held_back",
+        "Due jobs the limit holds back now (full, out of tokens, or of full keys).",
+        labels=labels,
+    )
+    held_age = GaugeMetricFamily(
+        "pgqctl_limit_held_back_seconds",
+        "Seconds the oldest due job the limit holds back has waited (0: none).",
+        labels=labels,
+    )
+    for limit in snapshot.limits:
+        names = [limit.scope, limit.name]
+        running.add_metric(names, limit.running)
+        if limit.concurrency is not None:
+            allowed.add_metric(names, limit.concurrency)
+        held.add_metric(names, limit.held_back)
+        held_age.add_metric(
+            names, max(limit.held_back_seconds or 0.0, 0.0) if limit.held_back else 0.0
+        )
+    return (running, allowed, held, held_age)
 
 
 def attempt_families(snapshot: MetricsSnapshot) -> tuple[Any, ...]:

@@ -2,7 +2,8 @@
 the database holds, each reason with the command that would change it.
 
 A pending job may be not due yet (delayed, or waiting to retry), in a
-paused queue, of a queue or kind no active worker takes, behind other due
+paused queue, held back by a full limit (`pgqctl limit`), of a queue or
+kind no active worker takes, behind other due
 jobs of its queue, or waiting for a slot on the workers that take it; or
 nothing holds it and the next claim takes it. A running job is held by a
 worker: live, or one that stopped heartbeating (its lease, or a reap, ends
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgqctl import flow
 from pgqctl.jobs import Job
 from pgqctl.rows import named_rows
 from pgqctl.text import shell_word
@@ -51,7 +53,7 @@ def why(conn: Any, job_id: int) -> Why | None:
     row = rows[0]
     job = Job.from_row(row)
     if job.status == "pending":
-        reasons = _pending(job, row)
+        reasons = _pending(job, row, flow.holding(conn, job_id) if row["due_in"] <= 0 else [])
     elif job.status == "running":
         reasons = _running(job, row)
     else:
@@ -98,7 +100,7 @@ def _running(job: Job, row: dict[str, Any]) -> list[Reason]:
     return reasons
 
 
-def _pending(job: Job, row: dict[str, Any]) -> list[Reason]:
+def _pending(job: Job, row: dict[str, Any], held: list[flow.Holding]) -> list[Reason]:
     reasons: list[Reason] = []
     due_in = row["due_in"]
     due = due_in <= 0
@@ -120,6 +122,14 @@ def _pending(job: Job, row: dict[str, Any]) -> list[Reason]:
             "until": row["paused_until"],
         }
         reasons.append(Reason("paused", facts, f"pgqctl resume {shell_word(job.queue)}"))
+    for limit in held:
+        facts = {
+            "limit": f"{limit.scope} {limit.name}",
+            "how": limit.how,
+            "rule": limit.rule,
+            "limit_key": limit.limit_key,
+        }
+        reasons.append(Reason("limited", facts, "pgqctl limit list"))
     serving = int(row["serving_workers"])
     if not serving:
         facts = {"queue": job.queue, "kind": job.kind, "active_workers": row["active_workers"]}

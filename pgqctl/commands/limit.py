@@ -23,7 +23,8 @@ from pgqctl.output.limits import emit_limits, limit_name
 
 @click.group("limit", cls=OnceGroup, context_settings=CONTEXT)
 def limit_group() -> None:
-    """Fleet-wide limits on a queue or a kind: jobs running at once, started per period, running per key.
+    """Fleet-wide limits on a queue or a kind: jobs running at once, started
+    per period, running per key.
 
     Kept in the database and kept by the claim itself: every worker on
     every host honours them from its next claim (it hears of a change at
@@ -43,9 +44,7 @@ def limit_group() -> None:
 
 def _target(func: Any) -> Any:
     func = selection_option("--kind", metavar="KIND", help="Limit the jobs of this kind.")(func)
-    return selection_option(
-        "--queue", metavar="QUEUE", help="Limit the jobs of this queue."
-    )(func)
+    return selection_option("--queue", metavar="QUEUE", help="Limit the jobs of this queue.")(func)
 
 
 def _scope(queue: str | None, kind: str | None) -> tuple[str, str]:

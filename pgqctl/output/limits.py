@@ -30,7 +30,8 @@ def limit_cells(limit: Limit) -> dict[str, Any]:
         "running": running,
         "held_back": held,
         "waiting": (
-            "" if not limit.held_back or limit.held_back_seconds is None
+            ""
+            if not limit.held_back or limit.held_back_seconds is None
             else format_seconds(max(limit.held_back_seconds, 0.0))
         ),
     }

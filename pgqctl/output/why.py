@@ -96,6 +96,15 @@ def _paused(f: dict[str, Any]) -> str:
     return f"queue {one_line(f['queue'])} is paused since {_when(f['paused_at'])}, {until}{reason}"
 
 
+def _limited(f: dict[str, Any]) -> str:
+    how = {
+        "concurrency": "every seat is taken",
+        "rate": "no token is left until the rate allows",
+        "per_key": f"key {one_line(f['limit_key'] or '')} has every seat of its own taken",
+    }[f["how"]]
+    return f"the limit of {one_line(f['limit'])} ({f['rule']}) holds it back: {how}"
+
+
 def _no_worker(f: dict[str, Any]) -> str:
     active = plural(int(f["active_workers"]), "active worker")
     return (
@@ -137,6 +146,7 @@ _SAY: dict[str, Callable[[dict[str, Any]], str]] = {
     "lease_expired": _lease_expired,
     "not_due": _not_due,
     "paused": _paused,
+    "limited": _limited,
     "no_worker": _no_worker,
     "behind": _behind,
     "slots_busy": _slots_busy,

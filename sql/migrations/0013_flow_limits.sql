@@ -157,7 +157,7 @@ BEGIN
         walked := 0;
         asked := wanted - cardinality(ids);
         FOR job IN
-            SELECT j.id, j.queue, j.kind, j.limit_key, j.attempts + 1 AS claim
+            SELECT j.id, j.queue, j.kind, j.limit_key, least(j.attempts, 2147483646) + 1 AS claim
             FROM jobs AS j
             WHERE j.status = 'pending' AND j.run_at <= now()
               AND (queues IS NULL OR j.queue = ANY(queues))

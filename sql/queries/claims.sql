@@ -97,7 +97,7 @@ WITH done AS (
 ), claimed AS (
     UPDATE jobs AS j
     SET status = 'running',
-        attempts = j.attempts + 1,
+        attempts = least(j.attempts, 2147483646) + 1,
         claimed_at = now(),
         locked_until = now() + %(lease)s * interval '1 second',
         locked_by = %(worker)s || COALESCE(
@@ -107,6 +107,9 @@ WITH done AS (
     RETURNING j.id, j.queue, j.kind, j.payload, j.attempts, j.max_attempts,
               j.handbacks, j.priority, j.run_at, j.schedule, j.tick
 )
+-- A claim never overflows attempts: a row written with the integer maximum
+-- (plain SQL) is claimed at that count, for the worker to fail for good,
+-- rather than failing every claim that meets it.
 -- The arms are read in order, and each part runs when first read: reports and
 -- renewals first, the claim last. A claim's SKIP LOCKED recheck can keep a
 -- lock on a row another worker just claimed; were the claim first, that

@@ -218,29 +218,44 @@ def test_one_keys_backlog_leaves_slots_to_another_key(
     cli_json(dsn, "limit", "set", "--queue", "imports", "--per-key", "2")
     run_time = 1.0
     lines = "\n".join(
-        json.dumps({"kind": "load", "queue": "imports", "payload": json.loads(sleeping(run_time)),
-                    "limit_key": "customer:A"})
+        json.dumps(
+            {
+                "kind": "load",
+                "queue": "imports",
+                "payload": json.loads(sleeping(run_time)),
+                "limit_key": "customer:A",
+            }
+        )
         for _ in range(1000)
     )
     loaded = run_cli("enqueue", "--file", "-", "--dsn", dsn, input=lines + "\n")
     assert loaded.exit_code == 0, loaded.stderr
     with Sampler(dsn, "load"):
         worker = start_worker(dsn, "--concurrency", "4")
-        wait_until(
-            lambda: counts(conn).get("running", 0) == 2, 30, "two jobs of key A running"
-        )
+        wait_until(lambda: counts(conn).get("running", 0) == 2, 30, "two jobs of key A running")
         time.sleep(2 * run_time)
         # Key A has 998 due jobs and 2 free slots; it never takes them.
         assert counts(conn).get("running", 0) == 2
         ids = [
-            cli_json(dsn, "enqueue", "load", sleeping(run_time), "--queue", "imports",
-                     "--limit-key", "customer:B")["id"]
+            cli_json(
+                dsn,
+                "enqueue",
+                "load",
+                sleeping(run_time),
+                "--queue",
+                "imports",
+                "--limit-key",
+                "customer:B",
+            )["id"]
             for _ in range(10)
         ]
         wait_until(
-            lambda: conn.execute(
-                "SELECT count(*) FROM jobs WHERE id = ANY(%s) AND status = 'done'", (ids,)
-            ).fetchone()[0] == 10,  # type: ignore[index]
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM jobs WHERE id = ANY(%s) AND status = 'done'", (ids,)
+                ).fetchone()[0]
+                == 10
+            ),  # type: ignore[index]
             60,
             "key B's ten jobs done",
         )
