@@ -288,6 +288,9 @@ CREATE TABLE limit_seats (
     PRIMARY KEY (limit_id, key, seat)
 );
 CREATE INDEX limit_seats_job_idx ON limit_seats (job_id) WHERE job_id IS NOT NULL;
+-- A free seat is found without reading the taken ones.
+CREATE INDEX limit_seats_free_idx ON limit_seats (limit_id, key, seat)
+    WHERE job_id IS NULL;
 
 
 CREATE FUNCTION jobs_free_seats() RETURNS trigger
@@ -325,7 +328,13 @@ CREATE TRIGGER jobs_free_seats_deleted
 CREATE FUNCTION pgqctl_claim_limited(
     queues text[], kinds text[], wanted integer,
     OUT ids bigint[], OUT seated bigint[], OUT wake float8)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- The walk's filters are arrays the planner cannot see into: it would take
+-- them to reject nearly every row, and sort every due job rather than walk
+-- the claim index in order (0.9 ms against 0.06 ms a claim at 2,000 due).
+SET enable_sort = off
+SET enable_bitmapscan = off
+AS $$
 DECLARE
     sep constant text := chr(31);
     lim record;
@@ -339,13 +348,17 @@ DECLARE
     seat_keys text[];
     took boolean;
     free_now float8;
-    round integer := 0;
-    walked integer;
-    asked integer;
+    candidate record;
+    -- Jobs of limits that filled during the walk passed over, at most.
+    pass_over constant integer := 100;
+    passed integer := 0;
     at timestamptz;
 BEGIN
     ids := '{}';
     seated := '{}';
+    IF wanted < 1 THEN
+        RETURN;  -- an exchange that only reports
+    END IF;
     -- Which limits are closed before the walk, from their seats and buckets.
     FOR lim IN
         SELECT l.*, l.scope || sep || l.name AS tag FROM limits AS l ORDER BY l.id
@@ -373,118 +386,128 @@ BEGIN
         END IF;
     END LOOP;
 
-    <<walks>>
+    -- The walk reads due jobs in claim order without locking them, and locks
+    -- each one it would take (SKIP LOCKED: one another claim holds is passed
+    -- over; one claimed since the walk began is no longer pending). Jobs of
+    -- a limit that filled during the walk are passed over in the loop, for
+    -- at most PASS_OVER of them: the next claim leaves them out of its walk.
+    FOR candidate IN
+        SELECT j.id, j.queue, j.kind, j.limit_key
+        FROM jobs AS j
+        WHERE j.status = 'pending' AND j.run_at <= now()
+          AND (queues IS NULL OR j.queue = ANY(queues))
+          AND (kinds IS NULL OR j.kind = ANY(kinds))
+          AND j.queue <> ALL(ARRAY(SELECT p.queue FROM paused_queues_now AS p))
+          AND ('queue' || sep || j.queue) <> ALL(closed)
+          AND ('kind' || sep || j.kind) <> ALL(closed)
+          AND (j.limit_key IS NULL
+               OR (('queue' || sep || j.queue || sep || j.limit_key) <> ALL(closed_keys)
+                   AND ('kind' || sep || j.kind || sep || j.limit_key) <> ALL(closed_keys)))
+        ORDER BY j.priority DESC, j.run_at, j.id
     LOOP
-        round := round + 1;
-        walked := 0;
-        asked := wanted - cardinality(ids);
-        FOR job IN
-            SELECT j.id, j.queue, j.kind, j.limit_key, least(j.attempts, 2147483646) + 1 AS claim
-            FROM jobs AS j
-            WHERE j.status = 'pending' AND j.run_at <= now()
-              AND (queues IS NULL OR j.queue = ANY(queues))
-              AND (kinds IS NULL OR j.kind = ANY(kinds))
-              AND j.queue <> ALL(ARRAY(SELECT p.queue FROM paused_queues_now AS p))
-              AND ('queue' || sep || j.queue) <> ALL(closed)
-              AND ('kind' || sep || j.kind) <> ALL(closed)
-              AND (j.limit_key IS NULL
-                   OR (('queue' || sep || j.queue || sep || j.limit_key) <> ALL(closed_keys)
-                       AND ('kind' || sep || j.kind || sep || j.limit_key) <> ALL(closed_keys)))
-              AND j.id <> ALL(ids)
-            ORDER BY j.priority DESC, j.run_at, j.id
-            LIMIT asked
-            FOR UPDATE SKIP LOCKED
+        IF ('queue' || sep || candidate.queue) = ANY(closed)
+           OR ('kind' || sep || candidate.kind) = ANY(closed)
+           OR (candidate.limit_key IS NOT NULL
+               AND (('queue' || sep || candidate.queue || sep || candidate.limit_key)
+                        = ANY(closed_keys)
+                    OR ('kind' || sep || candidate.kind || sep || candidate.limit_key)
+                        = ANY(closed_keys))) THEN
+            passed := passed + 1;
+            EXIT WHEN passed > pass_over;
+            CONTINUE;
+        END IF;
+        SELECT j.id, j.queue, j.kind, j.limit_key, least(j.attempts, 2147483646) + 1 AS claim
+        INTO job
+        FROM jobs AS j
+        WHERE j.id = candidate.id AND j.status = 'pending' AND j.run_at <= now()
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        took := true;
+        held := '{}';
+        FOR lim IN
+            SELECT l.*, l.scope || sep || l.name AS tag FROM limits AS l
+            WHERE (l.scope = 'queue' AND l.name = job.queue)
+               OR (l.scope = 'kind' AND l.name = job.kind)
+            ORDER BY l.id
         LOOP
-            walked := walked + 1;
-            took := true;
-            held := '{}';
-            FOR lim IN
-                SELECT l.*, l.scope || sep || l.name AS tag FROM limits AS l
-                WHERE (l.scope = 'queue' AND l.name = job.queue)
-                   OR (l.scope = 'kind' AND l.name = job.kind)
-                ORDER BY l.id
-            LOOP
-                -- A seat of the limit.
-                IF lim.concurrency IS NOT NULL THEN
-                    SELECT s.limit_id, s.key, s.seat INTO seat_row FROM limit_seats AS s
-                    WHERE s.limit_id = lim.id AND s.key = '' AND s.seat <= lim.concurrency
-                      AND s.job_id IS NULL
-                    ORDER BY s.seat LIMIT 1 FOR UPDATE SKIP LOCKED;
-                    IF NOT FOUND THEN
-                        closed := closed || lim.tag;
-                        took := false;
-                        EXIT;
-                    END IF;
-                    UPDATE limit_seats SET job_id = job.id, claim = job.claim,
-                                           taken_at = now()
-                    WHERE limit_id = seat_row.limit_id AND key = '' AND seat = seat_row.seat;
-                    held := held || ARRAY[lim.id::text, '', seat_row.seat::text];
+            -- A seat of the limit.
+            IF lim.concurrency IS NOT NULL THEN
+                SELECT s.limit_id, s.key, s.seat INTO seat_row FROM limit_seats AS s
+                WHERE s.limit_id = lim.id AND s.key = '' AND s.seat <= lim.concurrency
+                  AND s.job_id IS NULL
+                ORDER BY s.seat LIMIT 1 FOR UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    closed := closed || lim.tag;
+                    took := false;
+                    EXIT;
                 END IF;
-                -- A seat of the job's key.
-                IF lim.per_key IS NOT NULL AND job.limit_key IS NOT NULL THEN
-                    IF NOT EXISTS (SELECT 1 FROM limit_seats AS s
-                                   WHERE s.limit_id = lim.id AND s.key = job.limit_key) THEN
-                        INSERT INTO limit_seats (limit_id, key, seat)
-                        SELECT lim.id, job.limit_key, n FROM generate_series(1, lim.per_key) AS n
-                        ORDER BY n
-                        ON CONFLICT DO NOTHING;
-                    END IF;
-                    SELECT s.limit_id, s.key, s.seat INTO seat_row FROM limit_seats AS s
-                    WHERE s.limit_id = lim.id AND s.key = job.limit_key
-                      AND s.seat <= lim.per_key AND s.job_id IS NULL
-                    ORDER BY s.seat LIMIT 1 FOR UPDATE SKIP LOCKED;
-                    IF NOT FOUND THEN
-                        closed_keys := closed_keys || (lim.tag || sep || job.limit_key);
-                        took := false;
-                        EXIT;
-                    END IF;
-                    UPDATE limit_seats SET job_id = job.id, claim = job.claim,
-                                           taken_at = now()
-                    WHERE limit_id = seat_row.limit_id AND key = seat_row.key
-                      AND seat = seat_row.seat;
-                    held := held || ARRAY[lim.id::text, seat_row.key, seat_row.seat::text];
+                UPDATE limit_seats SET job_id = job.id, claim = job.claim,
+                                       taken_at = now()
+                WHERE limit_id = seat_row.limit_id AND key = '' AND seat = seat_row.seat;
+                held := held || ARRAY[lim.id::text, '', seat_row.seat::text];
+            END IF;
+            -- A seat of the job's key.
+            IF lim.per_key IS NOT NULL AND job.limit_key IS NOT NULL THEN
+                IF NOT EXISTS (SELECT 1 FROM limit_seats AS s
+                               WHERE s.limit_id = lim.id AND s.key = job.limit_key) THEN
+                    INSERT INTO limit_seats (limit_id, key, seat)
+                    SELECT lim.id, job.limit_key, n FROM generate_series(1, lim.per_key) AS n
+                    ORDER BY n
+                    ON CONFLICT DO NOTHING;
                 END IF;
-                -- A token of the bucket, under the limit row's lock (a
-                -- locked row is another claim taking one: passed over).
-                IF lim.rate IS NOT NULL THEN
-                    at := clock_timestamp();
-                    SELECT least(l.burst::float8, coalesce(l.tokens, l.burst)
-                               + extract(epoch FROM at - coalesce(l.refilled_at, at))
-                                 * l.rate / l.period_seconds)
-                    INTO free_now
-                    FROM limits AS l WHERE l.id = lim.id FOR NO KEY UPDATE SKIP LOCKED;
-                    IF NOT FOUND THEN
-                        closed := closed || lim.tag;
-                        wake := least(wake, 0.05);
-                        took := false;
-                    ELSIF free_now < 1 THEN
-                        closed := closed || lim.tag;
-                        wake := least(wake, (1 - free_now) * lim.period_seconds / lim.rate);
-                        took := false;
-                    ELSE
-                        UPDATE limits SET tokens = free_now - 1, refilled_at = at
-                        WHERE id = lim.id;
-                    END IF;
-                    EXIT WHEN NOT took;
+                SELECT s.limit_id, s.key, s.seat INTO seat_row FROM limit_seats AS s
+                WHERE s.limit_id = lim.id AND s.key = job.limit_key
+                  AND s.seat <= lim.per_key AND s.job_id IS NULL
+                ORDER BY s.seat LIMIT 1 FOR UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    closed_keys := closed_keys || (lim.tag || sep || job.limit_key);
+                    took := false;
+                    EXIT;
                 END IF;
-            END LOOP;
-            IF took THEN
-                ids := ids || job.id;
-                IF cardinality(held) > 0 THEN
-                    seated := seated || job.id;
+                UPDATE limit_seats SET job_id = job.id, claim = job.claim,
+                                       taken_at = now()
+                WHERE limit_id = seat_row.limit_id AND key = seat_row.key
+                  AND seat = seat_row.seat;
+                held := held || ARRAY[lim.id::text, seat_row.key, seat_row.seat::text];
+            END IF;
+            -- A token of the bucket, under the limit row's lock (a
+            -- locked row is another claim taking one: passed over).
+            IF lim.rate IS NOT NULL THEN
+                at := clock_timestamp();
+                SELECT least(l.burst::float8, coalesce(l.tokens, l.burst)
+                           + extract(epoch FROM at - coalesce(l.refilled_at, at))
+                             * l.rate / l.period_seconds)
+                INTO free_now
+                FROM limits AS l WHERE l.id = lim.id FOR NO KEY UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    closed := closed || lim.tag;
+                    wake := least(wake, 0.05);
+                    took := false;
+                ELSIF free_now < 1 THEN
+                    closed := closed || lim.tag;
+                    wake := least(wake, (1 - free_now) * lim.period_seconds / lim.rate);
+                    took := false;
+                ELSE
+                    UPDATE limits SET tokens = free_now - 1, refilled_at = at
+                    WHERE id = lim.id;
                 END IF;
-            ELSIF cardinality(held) > 0 THEN
-                -- Seats taken for a job another limit refused go back.
-                FOR i IN 1 .. cardinality(held) / 3 LOOP
-                    UPDATE limit_seats SET job_id = NULL, claim = NULL, taken_at = NULL
-                    WHERE limit_id = held[3 * i - 2]::integer AND key = held[3 * i - 1]
-                      AND seat = held[3 * i]::integer;
-                END LOOP;
+                EXIT WHEN NOT took;
             END IF;
         END LOOP;
-        -- A walk cut short by limits it closed may leave due jobs of other
-        -- limits (or of none) behind: walk again without them, a few times.
-        EXIT walks WHEN cardinality(ids) >= wanted OR walked < asked OR round >= 4;
+        IF took THEN
+            ids := ids || job.id;
+            IF cardinality(held) > 0 THEN
+                seated := seated || job.id;
+            END IF;
+        ELSIF cardinality(held) > 0 THEN
+            -- Seats taken for a job another limit refused go back.
+            FOR i IN 1 .. cardinality(held) / 3 LOOP
+                UPDATE limit_seats SET job_id = NULL, claim = NULL, taken_at = NULL
+                WHERE limit_id = held[3 * i - 2]::integer AND key = held[3 * i - 1]
+                  AND seat = held[3 * i]::integer;
+            END LOOP;
+        END IF;
+        EXIT WHEN cardinality(ids) >= wanted;
     END LOOP;
 END;
 $$;
