@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from pgqctl import flow
 from pgqctl.control import Pause, paused
 from pgqctl.db import in_batches
 from pgqctl.errors import BadInput, PgqctlError
@@ -116,6 +117,8 @@ class Stats:
     estimated: bool  # the done counts are estimates
     # The pauses in effect, by queue (each of them also in `queues`).
     paused: dict[str, Pause] = field(default_factory=dict)
+    # The limits (`pgqctl limit`), with what runs and waits under each.
+    limits: list[flow.Limit] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """The documented JSON shape of `pgqctl stats`: each queue says
@@ -133,6 +136,7 @@ class Stats:
                 for name, c in self.queues.items()
             ],
             "paused": [p.as_record() for p in self.paused.values()],
+            "limits": [lim.as_record() for lim in self.limits],
         }
 
     def _pause_record(self, queue: str) -> dict[str, Any] | None:
@@ -184,7 +188,7 @@ def stats(conn: Connection, *, exact: bool = False) -> Stats:
     pauses = {p.queue: p for p in paused(conn)}
     for name in pauses:
         queues.setdefault(name, Counts())  # paused before it has any job
-    return Stats(totals, dict(sorted(queues.items())), estimated, pauses)
+    return Stats(totals, dict(sorted(queues.items())), estimated, pauses, flow.limits(conn))
 
 
 def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:

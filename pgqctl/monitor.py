@@ -339,21 +339,52 @@ class ScheduleCheck:
 
 
 @dataclass(frozen=True)
+class LimitCheck:
+    """A limit held to --max-held-back-age: breached when the oldest due job
+    it holds back has waited longer."""
+
+    limit: flow.Limit
+    max_age: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.limit.held_back or (self.limit.held_back_seconds or 0.0) <= self.max_age
+
+    def breach(self) -> str:
+        lim = self.limit
+        return (
+            f"CRITICAL limit {lim.scope} {lim.name}: {_count(lim.held_back, 'due job')} held back "
+            f"({lim.rule()}), the oldest for {_d(lim.held_back_seconds or 0.0)} "
+            f"(max {_d(self.max_age)})"
+        )
+
+    def as_record(self) -> dict[str, Any]:
+        return {**self.limit.as_record(), "ok": self.ok, "max_held_back_seconds": self.max_age}
+
+
+@dataclass(frozen=True)
 class CheckResult:
     queues: tuple[QueueCheck, ...]
     thresholds: dict[str, float]
     ts: dt.datetime
     schedules: tuple[ScheduleCheck, ...] | None = None  # None: not checked
+    limits: tuple[LimitCheck, ...] | None = None  # None: not checked
 
     @property
     def ok(self) -> bool:
-        return all(q.ok for q in self.queues) and all(s.ok for s in self.schedules or ())
+        return (
+            all(q.ok for q in self.queues)
+            and all(s.ok for s in self.schedules or ())
+            and all(lim.ok for lim in self.limits or ())
+        )
 
     def breaches(self) -> list[str]:
         """One line per threshold a queue breaches, queue by queue, then one
-        per schedule with a missed tick."""
+        per schedule with a missed tick, then one per limit holding jobs
+        back too long."""
         lines = [line for q in self.queues for line in q.breaches()]
-        return lines + [s.breach() for s in self.schedules or () if not s.ok]
+        lines += [s.breach() for s in self.schedules or () if not s.ok]
+        return lines + [lim.breach() for lim in self.limits or () if not lim.ok]
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -376,6 +407,7 @@ class CheckResult:
                 if self.schedules is None
                 else {"schedules": [s.as_record() for s in self.schedules]}
             ),
+            **({} if self.limits is None else {"limits": [lim.as_record() for lim in self.limits]}),
             "breaches": self.breaches(),
         }
 
@@ -387,12 +419,14 @@ def check(
     *,
     with_schedules: bool = False,
     include_paused: bool = False,
+    max_held_back_age: float | None = None,
 ) -> CheckResult:
     """Hold each queue (only `queues`, when given) to `thresholds` (by
     Threshold name, as `applied` returns them), and with `with_schedules`
     each schedule to its ticks. A paused queue is held to its backlog
     thresholds only with `include_paused`: its jobs wait because they were
-    told to."""
+    told to. With `max_held_back_age`, each limit is held to how long the
+    oldest due job it holds back has waited."""
     window = thresholds.get(STALL.name)
     measured = measure(conn, window=window, queues=queues)
     pauses = {p.queue: p for p in control.paused(conn)}
@@ -415,7 +449,12 @@ def check(
         held = tuple(
             ScheduleCheck(s.name, s.missed_since, s.last_tick) for s in schedules.list_all(conn)
         )
-    return CheckResult(tuple(checked), dict(thresholds), dt.datetime.now(dt.timezone.utc), held)
+    limited = None
+    if max_held_back_age is not None:
+        limited = tuple(LimitCheck(lim, max_held_back_age) for lim in flow.limits(conn))
+    return CheckResult(
+        tuple(checked), dict(thresholds), dt.datetime.now(dt.timezone.utc), held, limited
+    )
 
 
 # --- metrics ----------------------------------------------------------------------

@@ -34,6 +34,7 @@ from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, REQUEUED, STATUS_NAMES, J
 from pgqctl.output.control import pause_summary
 from pgqctl.output.formats import emit_number, emit_result, emit_stream, is_human, resolve_format
 from pgqctl.output.jobs import emit_job, emit_jobs
+from pgqctl.output.limits import limit_summary
 from pgqctl.output.progress import progress
 from pgqctl.output.stats import emit_stats, estimate_note, live, stats_table
 from pgqctl.text import format_seconds, plural
@@ -168,6 +169,8 @@ def _show_stats(stats: admin.Stats, fmt: str, ts: dt.datetime | None = None) -> 
         # Whole here: a narrow terminal's table cuts or leaves out the column.
         for pause in stats.paused.values():
             say(f"queue {pause.queue} paused {pause_summary(pause.until, pause.reason)}")
+        for limit in stats.limits:
+            say(limit_summary(limit))
 
 
 @command("leases")

@@ -123,12 +123,20 @@ def workers_command(database: Database, fmt: str) -> None:
     is_flag=True,
     help="Hold paused queues to the backlog thresholds too (pending age and count, stalled).",
 )
+@selection_option(
+    "--max-held-back-age",
+    type=AGE,
+    metavar="DURATION",
+    help="Also hold every limit (`pgqctl limit`): a due job it has held back longer than "
+    "this is a breach (one line per limit), e.g. 10m.",
+)
 @format_options
 def check_command(
     database: Database,
     queues: tuple[str, ...],
     with_schedules: bool,
     include_paused: bool,
+    max_held_back_age: float | None,
     fmt: str,
     **given: Any,
 ) -> None:
@@ -156,6 +164,8 @@ def check_command(
 
     With --schedules, each schedule whose tick no worker enqueued in time
     is one more breach line: `CRITICAL schedule nightly: tick ... missed`.
+    With --max-held-back-age, so is each limit that has held a due job back
+    longer: `CRITICAL limit kind report: 1,997 due jobs held back ...`.
 
     A paused queue's jobs wait on purpose: it is not held to --max-pending-age,
     --max-pending nor --stalled unless --include-paused, and each paused
@@ -173,7 +183,12 @@ def check_command(
     thresholds = monitor.applied(given)
     with database.connect() as conn:
         result = monitor.check(
-            conn, thresholds, queues, with_schedules=with_schedules, include_paused=include_paused
+            conn,
+            thresholds,
+            queues,
+            with_schedules=with_schedules,
+            include_paused=include_paused,
+            max_held_back_age=max_held_back_age,
         )
     emit_check(result, fmt)
     for q in result.queues:
@@ -192,6 +207,8 @@ def check_command(
     ticking = (
         "" if result.schedules is None else f"; {plural(len(result.schedules), 'schedule')} on time"
     )
+    if result.limits is not None:
+        ticking += f"; {plural(len(result.limits), 'limit')} within --max-held-back-age"
     say(f"ok: {plural(len(result.queues), 'queue')} within {held}{ticking}")
 
 

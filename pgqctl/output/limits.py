@@ -7,7 +7,7 @@ from typing import Any
 
 from pgqctl.flow import LIMIT_FIELDS, Limit
 from pgqctl.output.formats import emit_rows, is_human
-from pgqctl.text import format_seconds
+from pgqctl.text import format_seconds, one_line
 
 LIMIT_COLUMNS = ["limit", "allows", "running", "held_back", "waiting"]
 
@@ -35,6 +35,19 @@ def limit_cells(limit: Limit) -> dict[str, Any]:
             else format_seconds(max(limit.held_back_seconds, 0.0))
         ),
     }
+
+
+def limit_summary(limit: Limit) -> str:
+    """A limit on one line: `limit of kind report (concurrency 3): 3 running,
+    1,997 held back, the oldest for 41s`."""
+    cells = limit_cells(limit)
+    held = f"{limit.held_back:,} held back"
+    if cells["waiting"]:
+        held += f", the oldest for {cells['waiting']}"
+    return (
+        f"limit of {one_line(cells['limit'])} ({cells['allows']}): "
+        f"{cells['running']} running, {held}"
+    )
 
 
 def emit_limits(limits: Sequence[Limit], fmt: str) -> None:

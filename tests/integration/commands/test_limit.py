@@ -276,3 +276,40 @@ def test_one_keys_backlog_leaves_slots_to_another_key(
     print(f"key B's first jobs waited {waits} s behind 998 jobs of key A")
     assert max(waits) < run_time
     assert running.get("customer:A", 0) <= 2
+
+
+def test_why_stats_metrics_and_check_name_the_limit_holding_jobs_back(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    cli_json(dsn, "limit", "set", "--kind", "report", "--concurrency", "1")
+    running, waiting, _ = add_jobs(conn, 3, kind="report", payload=TRUE)
+    conn.execute("UPDATE jobs SET run_at = now() - interval '6 minutes'")
+    conn.execute(
+        "UPDATE jobs SET status = 'running', attempts = 1, locked_until = now() + '1h',"
+        " seated = true WHERE id = %s",
+        (running,),
+    )
+    conn.execute("UPDATE limit_seats SET job_id = %s, claim = 1", (running,))
+
+    why = cli_json(dsn, "why", str(waiting))
+    assert [r["code"] for r in why["reasons"]][0] == "limited"
+    assert why["reasons"][0]["message"] == (
+        "the limit of kind report (concurrency 1) holds it back: every seat is taken"
+    )
+
+    stats = run_cli("stats", "--dsn", dsn)
+    assert stats.exit_code == 0
+    assert "limit of kind report (concurrency 1): 1/1 running, 2 held back" in stats.stderr
+    [limit] = cli_json(dsn, "stats")["limits"]
+    assert (limit["running"], limit["held_back"]) == (1, 2)
+
+    metrics = run_cli("metrics", "--dsn", dsn).stdout
+    assert 'pgqctl_limit_running{name="report",scope="kind"} 1.0' in metrics
+    assert 'pgqctl_limit_held_back{name="report",scope="kind"} 2.0' in metrics
+
+    breached = run_cli("check", "--max-held-back-age", "5m", "--dsn", dsn)
+    assert breached.exit_code == 3
+    [line] = [x for x in breached.stdout.splitlines() if "limit" in x]
+    assert line.startswith("CRITICAL limit kind report: 2 due jobs held back (concurrency 1)")
+    assert "(max 5m)" in line
+    assert run_cli("check", "--max-held-back-age", "1h", "--dsn", dsn).exit_code == 0
