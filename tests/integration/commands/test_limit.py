@@ -292,7 +292,7 @@ def test_why_stats_metrics_and_check_name_the_limit_holding_jobs_back(
     conn.execute("UPDATE limit_seats SET job_id = %s, claim = 1", (running,))
 
     why = cli_json(dsn, "why", str(waiting))
-    assert [r["code"] for r in why["reasons"]][0] == "limited"
+    assert why["reasons"][0]["code"] == "limited"
     assert why["reasons"][0]["message"] == (
         "the limit of kind report (concurrency 1) holds it back: every seat is taken"
     )
