@@ -254,6 +254,23 @@ def holding(conn: Connection, job_id: int) -> list[Holding]:
     return found
 
 
+def free_lost_seats(conn: Connection) -> int:
+    """Free the seats held for jobs that no longer run under the claim that
+    took them (left by a path around the trigger: TRUNCATE, triggers
+    disabled); how many. Run by every reap, in its transaction: two
+    statements, so that the second judges each seat after its lock, from a
+    snapshot that sees the claim that took it."""
+    lost = _run(conn, "flow_seats_lost_lock", {})
+    if not lost:
+        return 0
+    params = {
+        "limit_ids": [row["limit_id"] for row in lost],
+        "keys": [row["key"] for row in lost],
+        "seats": [row["seat"] for row in lost],
+    }
+    return len(_run(conn, "flow_seats_lost_free", params))
+
+
 def _limits(conn: Connection) -> list[Limit]:
     return [Limit.from_row(row) for row in _run(conn, "flow_list", {})]
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 
+from pgqctl import flow
 from pgqctl.admin import notify_workers
 from pgqctl.db import atomic
 from pgqctl.errors import BadInput
@@ -113,8 +114,9 @@ def reap(
 
     Skips rows locked at this instant (a worker renewing, reporting or
     heartbeating), so it never waits on workers and concurrent reaps never
-    take the same job. Workers are woken in the same transaction when a job
-    became pending.
+    take the same job. The seats of limits held for jobs that no longer run
+    are freed (flow.free_lost_seats). Workers are woken in the same
+    transaction when a job became pending or a seat free.
     """
     with conn.transaction():
         if worker is not None:
@@ -123,7 +125,8 @@ def reap(
             Reaped(Job.from_row(row), row["held_by"], row["reason"])
             for row in named_rows(conn, "lease_reap", _reap_params(dead_after, worker))
         ]
-        if any(r.job.status == "pending" for r in reaped):
+        freed = flow.free_lost_seats(conn)
+        if freed or any(r.job.status == "pending" for r in reaped):
             notify_workers(conn)
     return sorted(reaped, key=lambda r: r.job.id)
 

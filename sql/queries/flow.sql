@@ -157,3 +157,31 @@ FROM jobs AS j
 JOIN limits AS l ON (l.scope = 'queue' AND l.name = j.queue) OR (l.scope = 'kind' AND l.name = j.kind)
 WHERE j.id = %(id)s
 ORDER BY l.id;
+
+-- name: flow_seats_lost_lock
+-- Seats taken by a job that does not run under that claim any more, which
+-- only a path around the jobs table's trigger leaves behind (TRUNCATE,
+-- triggers disabled): locked, the rows other transactions hold passed over.
+-- Only a candidate: a claim that committed after this statement's snapshot
+-- may hold one of them rightly, so flow_seats_lost_free checks again. One
+-- row per seat.
+SELECT s.limit_id, s.key, s.seat
+FROM limit_seats AS s
+WHERE s.job_id IS NOT NULL
+  AND NOT EXISTS (SELECT FROM jobs AS j
+                  WHERE j.id = s.job_id AND j.status = 'running' AND j.attempts = s.claim)
+FOR UPDATE SKIP LOCKED;
+
+-- name: flow_seats_lost_free
+-- Free those of the locked seats that are still lost, seen from a snapshot
+-- taken after their locks: whatever claim took one before has committed.
+-- One row per seat freed.
+UPDATE limit_seats AS s
+SET job_id = NULL, claim = NULL, taken_at = NULL
+FROM unnest(%(limit_ids)s::integer[], %(keys)s::text[], %(seats)s::integer[])
+     AS lost(limit_id, key, seat)
+WHERE (s.limit_id, s.key, s.seat) = (lost.limit_id, lost.key, lost.seat)
+  AND s.job_id IS NOT NULL
+  AND NOT EXISTS (SELECT FROM jobs AS j
+                  WHERE j.id = s.job_id AND j.status = 'running' AND j.attempts = s.claim)
+RETURNING s.limit_id;

@@ -313,3 +313,27 @@ def test_why_stats_metrics_and_check_name_the_limit_holding_jobs_back(
     assert line.startswith("CRITICAL limit kind report: 2 due jobs held back (concurrency 1)")
     assert "(max 5m)" in line
     assert run_cli("check", "--max-held-back-age", "1h", "--dsn", dsn).exit_code == 0
+
+
+def test_a_reap_frees_the_seats_a_path_around_the_trigger_left_taken(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    cli_json(dsn, "limit", "set", "--kind", "report", "--concurrency", "2")
+    running, done = add_jobs(conn, 2, kind="report", payload=TRUE)
+    conn.execute(
+        "UPDATE jobs SET status = 'running', attempts = 1, locked_until = now() + '1h',"
+        " seated = true WHERE id = %s",
+        (running,),
+    )
+    # A job made done with the trigger off (as a replica's apply would) keeps its seat.
+    conn.execute("SET session_replication_role = replica")
+    conn.execute("UPDATE jobs SET status = 'done', seated = NULL WHERE id = %s", (done,))
+    conn.execute("RESET session_replication_role")
+    conn.execute(
+        "UPDATE limit_seats SET job_id = CASE seat WHEN 1 THEN %s ELSE %s END, claim = 1",
+        (running, done),
+    )
+    assert seats_taken(conn) == 2
+    assert run_cli("reap", "--dsn", dsn).exit_code == 0
+    held = conn.execute("SELECT job_id FROM limit_seats WHERE job_id IS NOT NULL").fetchall()
+    assert held == [(running,)]
