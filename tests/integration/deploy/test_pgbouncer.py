@@ -631,3 +631,66 @@ def test_sql_handlers_and_completing_programs_of_two_schemas_share_one_pool(
                 (schema,),
             ).fetchone()
             assert counted == (330, 330), (schema, counted)
+
+
+@pytest.mark.slow
+def test_limits_of_two_schemas_hold_through_one_transaction_pool(
+    empty_dsn: str, txn_pooler: Pooler, start_pgqctl: Callable[..., PgqctlProcess]
+) -> None:
+    limits = {"sa": 2, "sb": 3}
+    for schema, most in limits.items():
+        ok(pgqctl("migrate", "--dsn", empty_dsn, "--schema", schema))
+        ok(
+            pgqctl(
+                "limit",
+                "set",
+                "--dsn",
+                empty_dsn,
+                "--schema",
+                schema,
+                "--kind",
+                "job",
+                "--concurrency",
+                str(most),
+            )
+        )
+        insert_jobs(empty_dsn, [["sleep", "0.02"]] * 200, schema=schema, kind="job")
+    pooled = txn_pooler.dsn(empty_dsn)
+    seen = dict.fromkeys(limits, 0)
+    stop = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                for schema in limits:
+                    query = sql.SQL("SELECT count(*) FROM {}.jobs WHERE status = 'running'").format(
+                        sql.Identifier(schema)
+                    )
+                    [(running,)] = conn.execute(query).fetchall()
+                    seen[schema] = max(seen[schema], running)
+                time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    workers = [
+        start_pgqctl(
+            "worker",
+            "--dsn",
+            pooled,
+            "--schema",
+            schema,
+            "--burst",
+            "--concurrency",
+            "4",
+            name=f"worker-{schema}-{n}",
+        )
+        for schema in limits
+        for n in range(2)
+    ]
+    codes = wait_all(workers, timeout=240)
+    stop.set()
+    sampler.join()
+    assert codes == [0, 0, 0, 0], [w.log[-2000:] for w in workers]
+    assert seen == limits
+    for schema in limits:
+        assert outcomes(empty_dsn, schema) == {("sleep", "done"): 200}
