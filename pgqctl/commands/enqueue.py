@@ -137,6 +137,13 @@ policy_option = click.option(
     help="When the key is taken: skip (print the holder's id) or error (exit 1, nothing enqueued).",
 )
 @click.option(
+    "--limit-key",
+    cls=OnceOption,
+    metavar="KEY",
+    help="Key of per-key limits (`pgqctl limit set --per-key`): at most that many jobs of one "
+    "key run at once.",
+)
+@click.option(
     "--file",
     "path",
     cls=OnceOption,
@@ -159,6 +166,7 @@ def enqueue_command(
     max_attempts: int,
     unique_key: str | None,
     on_conflict: str,
+    limit_key: str | None,
     path: str | None,
     policy_file: str | None,
     max_payload_bytes: int,
@@ -174,12 +182,13 @@ def enqueue_command(
     With --file, add one job per line of a JSON-lines file instead, each an
     object with "kind" (or "kinds", a list: one job per kind) and optionally
     "payload", "queue", "priority", "run_at", "delay", "max_attempts",
-    "unique_key"; the options above fill what a line leaves out. The whole
-    file goes in one transaction: one bad line and nothing is added.
+    "unique_key", "limit_key"; the options above fill what a line leaves
+    out. The whole file goes in one transaction: one bad line and nothing is
+    added.
 
     A payload is at most 1 MiB as JSON (--max-payload-bytes raises it); a
-    queue or kind at most 128 characters, a unique key 256, and none of
-    them holds a control character (tabs and line ends included).
+    queue or kind at most 128 characters, a unique or limit key 256, and
+    none of them holds a control character (tabs and line ends included).
 
     A unique key allows one pending or running job per queue and key (the
     database enforces it, also against producers racing each other). When a
@@ -189,6 +198,10 @@ def enqueue_command(
     once its job is done or failed. With --kind (or "kinds"), the key holds
     per kind: the job of kind K stores it as K:KEY.
 
+    A limit key puts the job under the per-key limits of its queue and kind
+    (`pgqctl limit set --per-key N`): at most N running jobs of each key.
+    With --kind, every job gets the same key.
+
     With --policy FILE, a job that a worker started with the same --policy
     would refuse is refused here (see docs/worker.md, The policy).
 
@@ -197,6 +210,7 @@ def enqueue_command(
         pgqctl enqueue hello '{"argv": ["echo", "hello"]}'
         pgqctl enqueue report '{"argv": ["./report.sh"]}' --delay 5m --queue slow
         pgqctl enqueue sync '{"argv": ["./sync.sh", "7"]}' --unique-key user:7
+        pgqctl enqueue export '{"customer": 42}' --limit-key customer:42
         pgqctl enqueue --kind send_receipt --kind update_crm '{"order_id": 42}'
         pgqctl enqueue --file jobs.jsonl
         pgqctl enqueue --policy /etc/pgqctl/policy.toml --file jobs.jsonl
@@ -217,6 +231,7 @@ def enqueue_command(
         "run_at": run_at,
         "delay": delay,
         "max_attempts": max_attempts,
+        "limit_key": limit_key,
     }
     open_input = None
     if path is not None:

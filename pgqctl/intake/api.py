@@ -54,6 +54,7 @@ def enqueue(
     delay: float | dt.timedelta | None = None,
     max_attempts: int = 3,
     unique_key: str | None = None,
+    limit_key: str | None = None,
     on_conflict: str = "skip",
     schema: str | None = None,
     max_payload_bytes: int = MAX_PAYLOAD_BYTES,
@@ -72,6 +73,7 @@ def enqueue(
     delay: float | dt.timedelta | None = None,
     max_attempts: int = 3,
     unique_key: str | None = None,
+    limit_key: str | None = None,
     on_conflict: str = "skip",
     schema: str | None = None,
     max_payload_bytes: int = MAX_PAYLOAD_BYTES,
@@ -89,6 +91,7 @@ def enqueue(
     delay: float | dt.timedelta | None = None,
     max_attempts: int = 3,
     unique_key: str | None = None,
+    limit_key: str | None = None,
     on_conflict: str = "skip",
     schema: str | None = None,
     max_payload_bytes: int = MAX_PAYLOAD_BYTES,
@@ -99,13 +102,15 @@ def enqueue(
     ``delay`` (seconds or a timedelta) set when it becomes due; default now.
     ``unique_key``: while a pending or running job of the queue has this key,
     no other is inserted; ``on_conflict="skip"`` returns that job's id,
-    ``"error"`` raises DuplicateJob. ``schema=None`` uses the connection's
-    search_path. A payload over ``max_payload_bytes`` as JSON is refused
-    (pgqctl.limits has the limits on names too).
+    ``"error"`` raises DuplicateJob. ``limit_key``: the key of per-key limits
+    (`pgqctl limit set --per-key N`): at most N jobs of one key run at once.
+    ``schema=None`` uses the connection's search_path. A payload over
+    ``max_payload_bytes`` as JSON is refused (pgqctl.limits has the limits on
+    names and keys too).
 
     A list of kinds inserts one job per kind for the payload, all or none,
     and returns their ids in its order; a unique key then holds per kind
-    (pgqctl/intake/fanout.py).
+    (pgqctl/intake/fanout.py), a limit key goes to every job as given.
     """
     limit = payload_limit(max_payload_bytes)
     listed = isinstance(kind, (list, tuple))
@@ -119,6 +124,7 @@ def enqueue(
         delay=delay,
         max_attempts=max_attempts,
         unique_key=unique_key,
+        limit_key=limit_key,
         max_payload_bytes=limit,
     )
     if kinds is None:
@@ -138,13 +144,13 @@ def enqueue_many(
 
     Each job is a mapping with the keys of `enqueue`'s arguments: ``kind``
     (required), ``payload``, ``queue``, ``priority``, ``run_at``, ``delay``,
-    ``max_attempts``, ``unique_key``; or ``kinds``, a list, instead of
-    ``kind``, for one job per kind (their ids in its order, in the place of
-    the mapping's). All are validated before anything is
-    sent; a bad one raises BadInput naming its index. A job whose unique key
-    is held (by a job in the queue, or by an earlier one of these) gets the
-    holder's id under ``on_conflict="skip"`` (the list's ``existing`` holds
-    their positions); under ``"error"`` nothing is inserted and DuplicateJob (or
+    ``max_attempts``, ``unique_key``, ``limit_key``; or ``kinds``, a list,
+    instead of ``kind``, for one job per kind (their ids in its order, in the
+    place of the mapping's). All are validated before anything is sent; a
+    bad one raises BadInput naming its index. A job whose unique key is held
+    (by a job in the queue, or by an earlier one of these) gets the holder's
+    id under ``on_conflict="skip"`` (the list's ``existing`` holds their
+    positions); under ``"error"`` nothing is inserted and DuplicateJob (or
     BadInput, for a key given twice) is raised. ``max_payload_bytes``: as
     for `enqueue`.
     """

@@ -46,10 +46,10 @@ class Request:
     """One ``pgqctl enqueue``: a job of `kind`, one job per kind of `kinds`,
     or, with `open_input`, one job per line of a file.
 
-    `fields` holds the job's queue, priority, run_at, delay and max_attempts;
-    for a file, only those given on the command line, which fill what a
-    line leaves out. `open_input` opens the file when its turn comes, after
-    the options are checked.
+    `fields` holds the job's queue, priority, run_at, delay, max_attempts
+    and limit_key; for a file, only those given on the command line, which
+    fill what a line leaves out. `open_input` opens the file when its turn
+    comes, after the options are checked.
     """
 
     kind: str | None = None

@@ -1,5 +1,12 @@
 """A checked job as a row of COPY's text format, the form every bulk path
-sends (`job_row`), and such a row read back (`copy_value`, `row_columns`)."""
+sends (`job_row`), and such a row read back (`copy_value`, `row_columns`).
+
+A row is n, then the job's fields in NewJob's order, with its unique key
+last (`has_key` reads the row's end). A job without a limit key has no
+limit_key field at all: the rows of a load without limit keys are what they
+were before there were limit keys, and a chunk is copied with that column
+only when one of its rows has one (`has_limit_keys`, `with_limit_key_column`).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,8 @@ from pgqctl.intake.fields import NewJob
 
 
 def job_row(number: int | str, job: NewJob) -> str:
-    """A validated job as one line of COPY's text format, in the columns of jobs_load_copy.
+    """A validated job as one line of COPY's text format, in the columns of
+    jobs_load_copy (of jobs_load_copy_limited when the job has a limit key).
 
     ``number`` orders the rows of a chunk: ids are given in that order
     (`fanout.row_number`).
@@ -19,18 +27,44 @@ def job_row(number: int | str, job: NewJob) -> str:
     return (
         f"{number}\t{copy_text(job.kind)}\t{copy_text(job.payload)}\t{copy_text(job.queue)}"
         f"\t{job.priority}\t{job.max_attempts}\t{timing_columns(job)}"
+        f"{limit_key_column(job.limit_key)}"
         f"\t{_NO_KEY if job.unique_key is None else copy_text(job.unique_key)}\n"
     )
+
+
+def limit_key_column(limit_key: str | None) -> str:
+    """The limit_key field of a row, with the tab before it; none without a key."""
+    return "" if limit_key is None else f"\t{copy_text(limit_key)}"
 
 
 _NO_KEY = "\\N"
 # How a COPY row without a unique key ends: a load none of whose rows has a
 # key takes the plain INSERT, with no ON CONFLICT to pay for.
 _KEYLESS_END = "\t\\N\n"
+# The tabs of a row without a limit key, between n and the job's fields but
+# limit_key; one with a key has one more. Values are escaped (copy_text):
+# every tab in a row is a separator.
+_PLAIN_TABS = len(NewJob._fields) - 1
 
 
 def has_key(row: str) -> bool:
+    """Whether the row's job has a unique key (its last field, whatever the row's shape)."""
     return not row.endswith(_KEYLESS_END)
+
+
+def has_limit_keys(text: str, rows: int) -> bool:
+    """Whether any of `rows` rows, joined into `text`, has a limit key: one
+    count of tabs in C, rather than a look at each row."""
+    return text.count("\t") > _PLAIN_TABS * rows
+
+
+def with_limit_key_column(rows: Iterable[str]) -> list[str]:
+    """Rows all with a limit_key field (\\N where the job has no key), for a
+    COPY that names the column."""
+    return [
+        row if row.count("\t") > _PLAIN_TABS else "\t\\N\t".join(row.rsplit("\t", 1))
+        for row in rows
+    ]
 
 
 def timing_columns(job: NewJob) -> str:
@@ -58,6 +92,8 @@ def row_columns(rows: Iterable[str]) -> dict[str, list[Any]]:
     for row in rows:
         # n, then the job's fields in NewJob's order (see job_row).
         fields = [copy_value(f) for f in row.rstrip("\n").split("\t")][1:]
+        if len(fields) < len(NewJob._fields):  # no limit_key field: the job has no key
+            fields.insert(_LIMIT_KEY_AT, None)
         for name, value in zip(NewJob._fields, fields, strict=True):
             columns[name].append(value)
     columns["priority"] = [int(v) for v in columns["priority"]]
@@ -66,6 +102,7 @@ def row_columns(rows: Iterable[str]) -> dict[str, list[Any]]:
     return columns
 
 
+_LIMIT_KEY_AT = NewJob._fields.index("limit_key")
 _COPY_UNESCAPES = {"\\\\": "\\", "\\t": "\t", "\\n": "\n", "\\r": "\r"}
 _COPY_ESCAPE = re.compile(r"\\[\\tnr]")
 

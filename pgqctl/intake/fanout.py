@@ -11,7 +11,8 @@ stores it as ``K:KEY``. A second enqueue of the same event then skips the
 kinds whose job is still pending or running and adds the others, while the
 table's one unique index, on (queue, unique_key), goes on serving every
 producer as it is. ``K:KEY`` is also the key a one-kind enqueue of K would
-give to share that job's slot.
+give to share that job's slot. A limit key, by contrast, goes to every job
+as given: the per-key limits of each kind (and of the queue) count it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def check_kinds(value: object, check_kind: Callable[[object], str], what: str) -
 
 
 def fan_out(job: NewJob, kinds: Sequence[str]) -> list[NewJob]:
-    """`job` (checked, of the first kind) once per kind, each with its kind's unique key."""
+    """`job` (checked, of the first kind) once per kind, each with its kind's
+    unique key (and the same limit key)."""
     key = job.unique_key
     return [
         job._replace(kind=kind, unique_key=None if key is None else f"{kind}:{key}")

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # "kinds" instead of "kind" makes one job per kind (pgqctl/intake/fanout.py).
 FIELDS = (
     "kind", "payload", "queue", "priority", "run_at", "delay", "max_attempts", "unique_key",
-    "kinds",
+    "limit_key", "kinds",
 )  # fmt: skip
 _FIELD_SET = frozenset(FIELDS)
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
@@ -55,6 +55,9 @@ class NewJob(NamedTuple):
     max_attempts: int = 3
     run_at: dt.datetime | None = None  # timezone-aware; None means now() + delay
     delay: float = 0.0  # seconds after the inserting transaction's now()
+    # The key of per-key limits (`pgqctl limit set --per-key`); None: no key.
+    # Before unique_key, as in a COPY row (pgqctl/intake/copy_rows.py).
+    limit_key: str | None = None
     # At most one pending or running job per (queue, unique_key); None: no key.
     unique_key: str | None = None
 
@@ -73,6 +76,7 @@ def make_job(
     delay: object = None,
     max_attempts: object = 3,
     unique_key: object = None,
+    limit_key: object = None,
     max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> NewJob:
     """Validate one job's fields; BadInput names the field and what is wrong."""
@@ -90,6 +94,7 @@ def make_job(
         _int4("max_attempts", max_attempts, 1),
         None if run_at is None else parse_run_at(run_at),
         0.0 if delay is None else _delay_seconds(delay),
+        None if limit_key is None else _text("limit_key", limit_key, MAX_KEY_CHARS),
         None if unique_key is None else _text("unique_key", unique_key, MAX_KEY_CHARS),
     )
 

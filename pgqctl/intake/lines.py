@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 from pgqctl.errors import BadInput
-from pgqctl.intake.copy_rows import copy_text, job_row, timing_columns
+from pgqctl.intake.copy_rows import copy_text, job_row, limit_key_column, timing_columns
 from pgqctl.intake.fanout import row_number
 from pgqctl.intake.fields import (
     DECODER,
@@ -30,6 +30,7 @@ from pgqctl.intake.fields import (
     without_nulls,
 )
 from pgqctl.limits import (
+    MAX_KEY_CHARS,
     MAX_NAME_CHARS,
     MAX_PAYLOAD_BYTES,
     MAX_PAYLOAD_DEPTH,
@@ -136,9 +137,9 @@ def decode_line(text: str) -> Any:
 
 # The keys a job may have here; one that sets its own run_at or delay goes
 # through make_job, which parses them.
-_SIMPLE_FIELDS = frozenset(("kind", "payload", "queue", "priority", "max_attempts"))
+_SIMPLE_FIELDS = frozenset(("kind", "payload", "queue", "priority", "max_attempts", "limit_key"))
 _KIND_AND_PAYLOAD = frozenset(("kind", "payload"))
-_DEFAULTABLE = frozenset(("queue", "priority", "max_attempts", "run_at", "delay"))
+_DEFAULTABLE = frozenset(("queue", "priority", "max_attempts", "run_at", "delay", "limit_key"))
 _JSON_SPACE = " \t\n\r"
 
 
@@ -170,7 +171,8 @@ class _Defaults(NamedTuple):
     priority: int
     max_attempts: int
     timing: str  # the run_at and delay columns
-    tail: str  # the columns from queue on, for a job that sets none of them (and no key)
+    limit_key: str  # the limit_key column, with its tab; "" for none (copy_rows.job_row)
+    tail: str  # the columns from queue on, for a job that sets none of them (nor a unique key)
     max_payload_bytes: int
 
 
@@ -186,8 +188,13 @@ def simple_defaults(
     except BadInput:
         return None  # each job then reports it, or overrides it, as job_from_record does
     timing = timing_columns(base)
-    tail = f"{copy_text(base.queue)}\t{base.priority}\t{base.max_attempts}\t{timing}\t\\N\n"
-    return _Defaults(base.queue, base.priority, base.max_attempts, timing, tail, max_payload_bytes)
+    limit_key = limit_key_column(base.limit_key)
+    tail = (
+        f"{copy_text(base.queue)}\t{base.priority}\t{base.max_attempts}\t{timing}{limit_key}\t\\N\n"
+    )
+    return _Defaults(
+        base.queue, base.priority, base.max_attempts, timing, limit_key, tail, max_payload_bytes
+    )
 
 
 def simple_line_row(number: int, text: str, defaults: _Defaults) -> str | None:
@@ -268,6 +275,13 @@ def _simple_tail(record: dict[str, Any], defaults: _Defaults) -> str | None:
     queue = record.get("queue")
     priority = record.get("priority")
     max_attempts = record.get("max_attempts")
+    limit_key = record.get("limit_key")
+    if limit_key is None:
+        limit_column = defaults.limit_key
+    elif _simple_key(limit_key) and _storable(limit_key):
+        limit_column = f"\t{copy_text(limit_key)}"
+    else:
+        return None
     if queue is None:
         queue = defaults.queue
     if priority is None:
@@ -282,7 +296,10 @@ def _simple_tail(record: dict[str, Any], defaults: _Defaults) -> str | None:
         and type(max_attempts) is int
         and 1 <= max_attempts <= INT4_MAX
     ):
-        return f"{copy_text(queue)}\t{priority}\t{max_attempts}\t{defaults.timing}\t\\N\n"
+        return (
+            f"{copy_text(queue)}\t{priority}\t{max_attempts}\t{defaults.timing}{limit_column}"
+            "\t\\N\n"
+        )
     return None
 
 
@@ -295,6 +312,17 @@ def _simple_name(name: object) -> TypeGuard[str]:
         and 0 < len(name) <= MAX_NAME_CHARS
         and name.isprintable()
         and not name.isspace()
+    )
+
+
+def _simple_key(key: object) -> TypeGuard[str]:
+    """Whether a limit key surely passes make_job's checks of a key, as
+    _simple_name for a name (the same checks, with the key's limit)."""
+    return (
+        type(key) is str
+        and 0 < len(key) <= MAX_KEY_CHARS
+        and key.isprintable()
+        and not key.isspace()
     )
 
 

@@ -11,7 +11,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pgqctl.errors import BadInput
-from pgqctl.intake.copy_rows import has_key, job_row, row_columns
+from pgqctl.intake.copy_rows import (
+    has_key,
+    has_limit_keys,
+    job_row,
+    row_columns,
+    with_limit_key_column,
+)
 from pgqctl.intake.fields import NewJob
 from pgqctl.intake.lines import read_rows
 from pgqctl.intake.statements import cursor, jobs_table, run, statement
@@ -317,8 +323,14 @@ def _load_chunk(
     # Emptied first: the table may hold the rows of an earlier chunk, or of
     # an earlier load in the same transaction that stopped half way.
     run(cur, query("jobs_load_truncate"))
-    with cur.copy(query("jobs_load_copy")) as copy:
-        copy.write("".join(rows))
+    text = "".join(rows)
+    # Only a chunk with limit keys copies the column (and fills it in the
+    # rows without one); in the others the staged column stays NULL.
+    copied = "jobs_load_copy"
+    if has_limit_keys(text, len(rows)):
+        text, copied = "".join(with_limit_key_column(rows)), "jobs_load_copy_limited"
+    with cur.copy(query(copied)) as copy:
+        copy.write(text)
     if any(map(has_key, rows)):
         run(cur, statement("jobs_insert_loaded_unique", unique.table))
         return unique.resolve(rows, cur.fetchall())

@@ -16,13 +16,14 @@ SELECT 1;
 -- name: jobs_insert_arrays
 -- Jobs from arrays, one element each, in the order given. One row (the id)
 -- per job.
-INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at)
+INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, limit_key)
 SELECT kind, payload, queue, priority, max_attempts,
-       COALESCE(run_at, now() + make_interval(secs => delay))
+       COALESCE(run_at, now() + make_interval(secs => delay)), limit_key
 FROM unnest(%(kind)s::text[], %(payload)s::jsonb[], %(queue)s::text[],
             %(priority)s::integer[], %(max_attempts)s::integer[],
-            %(run_at)s::timestamptz[], %(delay)s::float8[])
-     WITH ORDINALITY AS t (kind, payload, queue, priority, max_attempts, run_at, delay, n)
+            %(run_at)s::timestamptz[], %(delay)s::float8[], %(limit_key)s::text[])
+     WITH ORDINALITY AS t (kind, payload, queue, priority, max_attempts, run_at, delay,
+                           limit_key, n)
 ORDER BY n
 RETURNING id;
 
@@ -32,14 +33,16 @@ RETURNING id;
 -- of this statement's earlier rows, or one whose inserting transaction this
 -- waits for) is not inserted. Only loads with a key pay for ON CONFLICT's
 -- speculative insertion. One row (id, queue, key) per job inserted.
-INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, unique_key)
+INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, limit_key,
+                    unique_key)
 SELECT kind, payload, queue, priority, max_attempts,
-       COALESCE(run_at, now() + make_interval(secs => delay)), unique_key
+       COALESCE(run_at, now() + make_interval(secs => delay)), limit_key, unique_key
 FROM unnest(%(kind)s::text[], %(payload)s::jsonb[], %(queue)s::text[],
             %(priority)s::integer[], %(max_attempts)s::integer[],
-            %(run_at)s::timestamptz[], %(delay)s::float8[], %(unique_key)s::text[])
+            %(run_at)s::timestamptz[], %(delay)s::float8[], %(limit_key)s::text[],
+            %(unique_key)s::text[])
      WITH ORDINALITY AS t (kind, payload, queue, priority, max_attempts, run_at, delay,
-                           unique_key, n)
+                           limit_key, unique_key, n)
 ORDER BY n
 ON CONFLICT (queue, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING
@@ -51,7 +54,9 @@ RETURNING id, queue, unique_key;
 -- same transaction finds it there (each chunk empties it first): not
 -- dropping it keeps psycopg from clearing the caller's prepared statements,
 -- as it does after any DROP. n is numeric: the jobs of one line with
--- "kinds" are numbered N, N.001, N.002... (pgqctl/intake/fanout.py). No rows.
+-- "kinds" are numbered N, N.001, N.002... (pgqctl/intake/fanout.py).
+-- limit_key stays NULL but in the chunks copied with it
+-- (jobs_load_copy_limited). No rows.
 CREATE TEMPORARY TABLE IF NOT EXISTS pgqctl_enqueue_load (
     n            numeric,
     kind         text,
@@ -61,20 +66,29 @@ CREATE TEMPORARY TABLE IF NOT EXISTS pgqctl_enqueue_load (
     max_attempts integer,
     run_at       timestamptz,
     delay        float8,
+    limit_key    text,
     unique_key   text
 ) ON COMMIT DROP;
 
 -- name: jobs_load_copy
--- Rows of COPY's text format into the staging table.
+-- Rows of COPY's text format into the staging table: a chunk whose jobs
+-- have no limit key (pgqctl/intake/copy_rows.py).
 COPY pg_temp.pgqctl_enqueue_load (n, kind, payload, queue, priority, max_attempts, run_at, delay,
                                   unique_key)
 FROM STDIN;
 
+-- name: jobs_load_copy_limited
+-- jobs_load_copy for a chunk in which some jobs have a limit key: every row
+-- has the limit_key field (\N for a job without one).
+COPY pg_temp.pgqctl_enqueue_load (n, kind, payload, queue, priority, max_attempts, run_at, delay,
+                                  limit_key, unique_key)
+FROM STDIN;
+
 -- name: jobs_insert_loaded
 -- The staged rows into jobs, in file order. One row (the id) per job.
-INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at)
+INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, limit_key)
 SELECT kind, payload, queue, priority, max_attempts,
-       COALESCE(run_at, now() + make_interval(secs => delay))
+       COALESCE(run_at, now() + make_interval(secs => delay)), limit_key
 FROM pg_temp.pgqctl_enqueue_load
 ORDER BY n
 RETURNING id;
@@ -82,9 +96,10 @@ RETURNING id;
 -- name: jobs_insert_loaded_unique
 -- jobs_insert_loaded for a chunk in which some jobs have a unique key, as
 -- jobs_insert_arrays_unique does it. One row (id, queue, key) per job inserted.
-INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, unique_key)
+INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, limit_key,
+                    unique_key)
 SELECT kind, payload, queue, priority, max_attempts,
-       COALESCE(run_at, now() + make_interval(secs => delay)), unique_key
+       COALESCE(run_at, now() + make_interval(secs => delay)), limit_key, unique_key
 FROM pg_temp.pgqctl_enqueue_load
 ORDER BY n
 ON CONFLICT (queue, unique_key)

@@ -246,7 +246,7 @@ def test_one_keys_backlog_leaves_slots_to_another_key(
                 "imports",
                 "--limit-key",
                 "customer:B",
-            )["id"]
+            )[0]["id"]
             for _ in range(10)
         ]
         wait_until(
