@@ -130,6 +130,10 @@ class Job:
     tick: datetime | None = None
     # When the last claim took it (None before the first): a running job runs since then.
     claimed_at: datetime | None = None
+    # The key of per-key limits (`enqueue --limit-key`), and whether the job
+    # holds seats of limits now (`pgqctl limit`).
+    limit_key: str | None = None
+    seated: bool | None = None
     # Why `payload` holds the payload's JSON text rather than its value (cut,
     # or nested too deep to decode): None when it is the value. Read
     # commands cut a payload and a last_error too long to show (rows.py).

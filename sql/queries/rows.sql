@@ -17,4 +17,4 @@ jobs.status, jobs.priority, jobs.attempts, jobs.max_attempts, jobs.run_at,
 jobs.locked_until, jobs.locked_by,
 left(jobs.last_error, %(error_chars)s) AS last_error_head,
 jobs.created_at, jobs.finished_at, jobs.handbacks, jobs.unique_key, jobs.schedule, jobs.tick,
-jobs.claimed_at
+jobs.claimed_at, jobs.limit_key, jobs.seated

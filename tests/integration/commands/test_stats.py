@@ -64,6 +64,7 @@ def test_stats_json_has_the_documented_shape(dsn: str, conn: psycopg.Connection[
         "expired_leases": 1,
         "estimated": False,
         "paused": [],
+        "limits": [],
     }
     ages = [q.pop("oldest_pending_age_seconds") for q in queues]
     assert 55 < ages[0] < 120 and 3590 < ages[1] < 3700
@@ -101,6 +102,7 @@ def test_stats_of_an_empty_queue(dsn: str) -> None:
         "estimated": False,
         "queues": [],
         "paused": [],
+        "limits": [],
     }
     table = run_cli("stats", "--format", "plain", "--dsn", dsn)
     assert table.exit_code == 0
