@@ -214,8 +214,10 @@ def test_metrics_give_the_last_minutes_run_and_wait_times_and_outcomes(
 ) -> None:
     sleepers = insert_jobs(conn, [{"argv": ["sleep", "0.3"]}] * 2)
     insert_jobs(conn, [sh("exit 3")], kind="broken", max_attempts=1)
+    # Due 40 s before the worker starts: far from the other's wait however
+    # busy the machine.
     conn.execute(
-        "UPDATE jobs SET run_at = now() - interval '2 seconds' WHERE id = %s", sleepers[:1]
+        "UPDATE jobs SET run_at = now() - interval '40 seconds' WHERE id = %s", sleepers[:1]
     )
     assert start_worker(dsn, "--burst", "--concurrency", "3").finish() == 0
 
@@ -227,13 +229,14 @@ def test_metrics_give_the_last_minutes_run_and_wait_times_and_outcomes(
         labels = (("kind", kind), ("le", le), ("queue", "default"))
         return found[(f"pgqctl_attempt_{name}_seconds_bucket", labels)]
 
-    # Two ran 0.3 s: none under 0.25 s, both under 0.5 s.
-    assert bucket("run", "test", "0.25") == 0 and bucket("run", "test", "0.5") == 2
+    # Two ran 0.3 s: none under 0.25 s, both under 30 s (a busy machine
+    # stretches a run, never shortens it).
+    assert bucket("run", "test", "0.25") == 0 and bucket("run", "test", "30.0") == 2
     assert bucket("run", "test", "+Inf") == 2
     gsum = found[("pgqctl_attempt_run_seconds_gsum", (("kind", "test"), ("queue", "default")))]
-    assert 0.6 <= gsum < 2.0
-    # One of them was due two seconds before the worker started.
-    assert bucket("wait", "test", "1.0") == 1 and bucket("wait", "test", "5.0") == 2
+    assert 0.6 <= gsum < 60.0
+    # One of them was due 40 seconds before the worker started.
+    assert bucket("wait", "test", "30.0") == 1 and bucket("wait", "test", "300.0") == 2
     outcomes = {
         (dict(labels)["kind"], dict(labels)["outcome"]): value
         for (name, labels), value in found.items()
