@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 
 
 IMPACT_COLUMNS = ["locks", "writers", "reads", "estimate"]
+# --status, --check and --dry-run only read: seconds they wait for a lock
+# when no --lock-timeout is given, as every other command.
+READ_LOCK_TIMEOUT = 5.0
 
 
 @command("migrate")
@@ -89,6 +93,13 @@ def migrate_command(
     from pgqctl import migrate
 
     writes = not (show_status or check or dry_run)
+    if not writes and not database.timeouts.lock:
+        # Reading what is applied and how big the tables are waits on a
+        # table lock like any read (pg_table_size): as any command, give up
+        # after the default and name the holder. Applying keeps no limit of
+        # its own (each step waits --lock-wait, and the schema's lock waits
+        # for another migrate).
+        database.timeouts = replace(database.timeouts, lock=READ_LOCK_TIMEOUT)
     with database.connect(migrated=False, writes=writes) as conn:
         if show_status:
             states = migrate.status(conn, database.schema)

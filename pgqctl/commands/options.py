@@ -290,6 +290,14 @@ def no_empty_names(ctx: click.Context, param: click.Parameter, values: Any) -> A
         raise click.BadParameter(
             f"an empty name matches no job: leave {flag} out to take them all", ctx, param
         )
+    if any(value.isspace() for value in values):
+        # enqueue refuses such a name, so no job has it.
+        raise click.BadParameter(
+            f"a name of only spaces matches no job: give the name jobs are enqueued with, "
+            f"or leave {flag} out to take them all",
+            ctx,
+            param,
+        )
     return values
 
 

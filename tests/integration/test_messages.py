@@ -114,6 +114,11 @@ def test_a_worker_with_an_empty_queue_or_kind_is_refused(
     assert result.exit_code == 2
     assert f"an empty name matches no job: leave {option} out" in result.stderr
     assert conn.execute("SELECT count(*) FROM workers").fetchone() == (0,)
+    # Nor a name of spaces, which enqueue refuses: no job can have it.
+    spaces = run_cli("worker", option, "  ", "--burst", "--dsn", dsn)
+    assert spaces.exit_code == 2
+    assert "a name of only spaces matches no job" in spaces.stderr
+    assert conn.execute("SELECT count(*) FROM workers").fetchone() == (0,)
 
 
 def test_pause_of_a_queue_never_seen_is_refused_with_the_closest_name(

@@ -65,6 +65,13 @@ def _record(line: str) -> dict[str, Any]:
     return record if isinstance(record, dict) else {"message": line}
 
 
+def _hangup_as_by_default() -> None:
+    # A suite run under nohup ignores SIGHUP, and a worker keeps an ignored
+    # SIGHUP as it inherits it (as nohup asks): its processes here get the
+    # default, as under a shell, so that SIGHUP tests judge the worker.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 class PgqctlProcess:
     """`pgqctl ARGS` in a process of its own, stderr (its log) and stdout in files.
 
@@ -93,6 +100,7 @@ class PgqctlProcess:
                 stderr=err,
                 cwd=cwd,
                 env=env,
+                preexec_fn=_hangup_as_by_default,
             )
 
     @property
