@@ -17,7 +17,9 @@ which hands the server connection to another client after each transaction:
   collides with the next client's. A pooler is recognised by the backend
   key it sends: it cannot pass on the server's own.
 
-Every connection names pgqctl in `application_name` (pg_stat_activity).
+Every connection names pgqctl in `application_name` (pg_stat_activity), and
+loads a time no Python datetime holds ('infinity', a year after 9999: plain
+SQL may write one in any job's row) as a `FarTime` rather than failing.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.adapt import Buffer, Dumper, Loader
 
 from pgqctl import config
 from pgqctl.errors import (
@@ -41,6 +44,7 @@ from pgqctl.errors import (
     PrivilegeMissing,
     ReadOnlyServer,
 )
+from pgqctl.fartime import FarTime
 from pgqctl.sql import migrations, query
 
 APPLICATION_NAME = "pgqctl"
@@ -111,6 +115,40 @@ class QueueConnection(psycopg.Connection[Any]):
         return self._settings
 
 
+_TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
+
+
+class _TimestamptzLoader(Loader):
+    """timestamptz as psycopg loads it (its own loader, in C where it has
+    one), but a time beyond a datetime as a `FarTime`, not an error."""
+
+    base = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        assert self.base is not None
+        self._load = self.base(oid, context).load
+
+    def load(self, data: Buffer) -> Any:
+        try:
+            return self._load(data)
+        except psycopg.DataError:
+            text = bytes(data).decode()
+            if not FarTime.holds(text):  # another error (a DateStyle psycopg cannot read)
+                raise
+            return FarTime(text)
+
+
+class _FarTimeDumper(Dumper):
+    """A `FarTime` back to PostgreSQL as it came (a claim's floor sends its
+    run_at back): 'infinity' stays infinity."""
+
+    oid = _TIMESTAMPTZ
+
+    def dump(self, obj: FarTime) -> bytes:
+        return obj.text.encode()
+
+
 def connect(
     dsn: str,
     *,
@@ -151,6 +189,8 @@ def connect(
             f"cannot connect to {config.describe(dsn)}: {why}; {hint}"
         ) from exc
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    conn.adapters.register_loader(_TIMESTAMPTZ, _TimestamptzLoader)
+    conn.adapters.register_dumper(FarTime, _FarTimeDumper)
     conn.schema = schema
     conn.role = conn.info.user
     conn.where = f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}"

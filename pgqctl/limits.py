@@ -6,8 +6,10 @@ Names are bounded so that every index holding them stays far below
 PostgreSQL's btree limit (about 2,700 bytes a row: a queue and a unique key
 of 4-byte characters at these limits take 1,536); a payload, so that one row
 cannot make the worker or a read command load hundreds of megabytes. A name
-holds no control character, so that every view and log line shows it as one
-line, as typed.
+(a queue, a kind, a schedule) holds only printable characters, so that every
+view and log line shows it as one line, as typed, and no name can pass for
+another (a zero-width space, a bidi override); a key (unique, limit) comes
+from a job's data rather than an operator, and holds no control character.
 """
 
 from __future__ import annotations
@@ -41,22 +43,59 @@ _BRACKET = re.compile(r"[\[\]{}]")
 _NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
+# Names checked as keys by `check_name`: any character but a control one.
+_KEYS = frozenset(("unique_key", "limit_key"))
+
+
+def unprintable(name: str) -> str | None:
+    """What makes `name` unfit to name a queue, a kind or a schedule, or None:
+    its first character that is not printable (str.isprintable: a control,
+    format, separator other than the space, private-use or unassigned one),
+    and where. The one rule: `enqueue` refuses such a name (`check_name`), a
+    worker fails the job of a row that has one (rows.claimed_payload), and
+    the views escape such characters (text.printable)."""
+    at = _first_unprintable(name)
+    return None if at is None else _held(name[at], at)
+
+
 def check_name(what: str, name: str, limit: int = MAX_NAME_CHARS) -> None:
-    """BadInput when a name (`what`: "queue", "kind", "unique_key", "schedule
-    name") is longer than `limit` characters or holds a control character."""
+    """BadInput when a name (`what`: "queue", "kind", "schedule name"...) is
+    longer than `limit` characters or is not printable (`unprintable`), or
+    when a key ("unique_key", "limit_key") holds a control character."""
     if len(name) > limit:
         raise BadInput(
             f"{what} is {len(name):,} characters long: the limit is {limit:,} characters; "
             f"give a shorter {what}"
         )
-    if not name.isprintable():  # quick for the common name; the search says which and where
-        found = _CONTROL.search(name)
-        if found is not None:
-            raise BadInput(
-                f"{what} holds the control character \\x{ord(found.group()):02x} at "
-                f"character {found.start() + 1}: names cannot hold control characters "
-                "(tabs and line ends included)"
-            )
+    if what in _KEYS:
+        found = None if name.isprintable() else _CONTROL.search(name)
+        at = None if found is None else found.start()
+    else:
+        at = _first_unprintable(name)
+    if at is None:
+        return
+    if _CONTROL.match(name[at]):
+        rule = "names cannot hold control characters (tabs and line ends included)"
+    else:
+        rule = "names hold printable characters only (workers refuse any other)"
+    raise BadInput(f"{what} {_held(name[at], at)}: {rule}")
+
+
+def _first_unprintable(name: str) -> int | None:
+    if name.isprintable():  # quick for the common name
+        return None
+    return next(i for i, c in enumerate(name) if not c.isprintable())
+
+
+def _held(c: str, at: int) -> str:
+    """`c`, the character at index `at` of a name, in words."""
+    if _CONTROL.match(c):
+        return f"holds the control character \\x{ord(c):02x} at character {at + 1}"
+    import unicodedata  # only for a name refused
+
+    called = unicodedata.name(c, "")
+    shown = f"U+{ord(c):04X} ({called})" if called else f"U+{ord(c):04X}"
+    return f"holds the unprintable character {shown} at character {at + 1}"
 
 
 def nested_deeper_than(text: str, depth: int) -> bool:

@@ -20,7 +20,8 @@ applies. Otherwise the payload must be an object with either ``argv`` (a
 non-empty array of strings, run directly) or ``shell`` (a string run with
 ``/bin/sh -c``, only when the worker allows shell payloads), and optionally
 ``env`` (object of strings), ``cwd`` (string), ``timeout`` (a positive
-number of seconds, or a duration as the CLI takes it, "90s", "5m"; overrides
+number of seconds, or a duration as the CLI takes it, "90s", "5m"; at most
+durations.MAX_SECONDS, 100 years, as every duration pgqctl takes; overrides
 the worker's default) and ``stdin`` (string). A ``null``
 optional key counts as absent. Any other key is rejected: in a payload that
 pgqctl itself interprets, an unknown key is almost always a typo (``timout``)
@@ -32,13 +33,13 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 
 from pgqctl.config import LIBPQ_SELECTORS
-from pgqctl.durations import UNITS_TEXT, parse_duration
+from pgqctl.durations import MAX_SECONDS, UNITS_TEXT, parse_duration
 from pgqctl.errors import BadInput
+from pgqctl.fartime import FarTime
 from pgqctl.policy import Policy
 from pgqctl.runner import Command
 
@@ -262,7 +263,7 @@ def _options(payload: Mapping[str, object]) -> bool:
         return False
     timeout = payload.get("timeout")
     if timeout is not None and (
-        type(timeout) not in (int, float) or not 0 < timeout < math.inf  # type: ignore[operator]
+        type(timeout) not in (int, float) or not 0 < timeout <= MAX_SECONDS  # type: ignore[operator]
     ):
         return False
     stdin = payload.get("stdin")
@@ -320,7 +321,11 @@ def job_environment(
 
 
 def iso_utc(when: dt.datetime) -> str:
-    """2026-12-02T03:00:00Z: a time in UTC, ISO 8601, as PGQCTL_TICK has it."""
+    """2026-12-02T03:00:00Z: a time in UTC, ISO 8601, as PGQCTL_TICK has it;
+    one no datetime holds (a tick of 'infinity', written with plain SQL) as
+    PostgreSQL writes it."""
+    if isinstance(when, FarTime):
+        return when.text
     utc = when.astimezone(dt.timezone.utc)
     text = utc.strftime("%Y-%m-%dT%H:%M:%S")
     if utc.microsecond:
@@ -435,17 +440,22 @@ def _timeout(timeout: object) -> float | None:
             seconds = parse_duration(timeout, what="")
         except BadInput:
             seconds = None
+    # Bounded, as every duration pgqctl takes: a deadline of 1e308 seconds
+    # overflows the worker's timers. Compared, not converted: JSON's 1e400 is
+    # an int too large for a float (NaN compares False: refused too).
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, (int, float))
-        or not math.isfinite(seconds)
-        or seconds <= 0
+        or not 0 < seconds <= MAX_SECONDS
     ):
         shown = (
             json.dumps(timeout) if isinstance(timeout, (str, int, float)) else _json_type(timeout)
         )
+        if len(shown) > 40:  # 1e400 as a JSON number has 401 digits
+            shown = shown[:37] + "..."
         raise PayloadRejected(
-            '"timeout" must be a positive duration, e.g. {"timeout": 30} (seconds) or '
-            f'{{"timeout": "5m"}} (units {UNITS_TEXT}), got {shown}'
+            '"timeout" must be a positive duration of at most 100 years, e.g. '
+            f'{{"timeout": 30}} (seconds) or {{"timeout": "5m"}} (units {UNITS_TEXT}), '
+            f"got {shown}"
         )
     return float(seconds)

@@ -4,7 +4,8 @@ Plain SQL is a documented way to enqueue, so a row may hold what no pgqctl
 command would write: a payload of 100 MB, one nested thousands of levels
 deep (PostgreSQL accepts about 6,000; Python's json gives up near 1,000,
 and every recursive walk of the decoded value sooner), a payload that is
-not an object, names with control characters. The reads of `payload` and
+not an object, names with control or invisible characters, times no Python
+datetime holds ('infinity': pgqctl/fartime.py). The reads of `payload` and
 `last_error` therefore take a bounded prefix in SQL (the `{job}` columns of
 sql/queries/rows.sql, `left(...)` of one character more than is kept, so that a
 cut is known without measuring the whole), and `decode` turns a payload's
@@ -63,9 +64,10 @@ def claimed_payload(
             "or raise the limit with `pgqctl worker --max-payload-bytes`"
         )
     for what, name in (("kind", kind), ("queue", queue)):
-        if not name.isprintable():
+        why = limits.unprintable(name)  # the rule `enqueue` holds names to
+        if why is not None:
             return Unreadable(
-                f"{what} {json.dumps(name)} holds control characters: "
+                f"{what} {json.dumps(name)} {why}: "
                 f"enqueue the job again with a {what} of printable characters"
             )
     value, why = decode(text)

@@ -16,25 +16,49 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 
-def _control_escapes(keep: str) -> dict[int, str]:
-    escapes = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in keep}
-    # The Unicode line and paragraph separators: some viewers break lines there.
-    return {**escapes, 0x2028: "\\u2028", 0x2029: "\\u2029"}
+def escape(char: str) -> str:
+    """A character as Python and bash's $'...' write it: \\x1b, \\u202e, \\U000e0001."""
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+class _Escapes(dict[int, str]):
+    """A table for str.translate: every character that is not printable
+    (str.isprintable, the rule names follow: limits.unprintable) escaped, but
+    those in `keep`. The control characters are in it from the start; any
+    other is looked at when met (a table of all of Unicode would be large)."""
+
+    def __init__(self, keep: str) -> None:
+        controls = (*range(0x20), *range(0x7F, 0xA0))
+        super().__init__({c: escape(chr(c)) for c in controls if chr(c) not in keep})
+        self.keep = keep
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        if char.isprintable() or char in self.keep:
+            raise LookupError  # str.translate leaves it as it is
+        return escape(char)
 
 
 # Job data shown to a person (a kind, an error, a job's output) may hold
-# terminal escapes or carriage returns: shown escaped (\x1b), they cannot
-# recolour the terminal or overwrite what is around them. Table cells keep
-# tabs and newlines (`show` prints a whole error); log lines keep only tabs.
-CELL_ESCAPES = _control_escapes("\t\n")
-LINE_ESCAPES = _control_escapes("\t")
+# terminal escapes or carriage returns, and characters that hide or reorder
+# text (a zero-width space, a bidi override, a line separator some viewers
+# break at): shown escaped (\x1b, \u202e), they cannot recolour the terminal,
+# overwrite what is around them, or make a name pass for another. Table
+# cells keep tabs and newlines (`show` prints a whole error); log lines keep
+# only tabs.
+CELL_ESCAPES = _Escapes("\t\n")
+LINE_ESCAPES = _Escapes("\t")
 # Names (queues, kinds, workers) and every cell of a listing keep nothing: a
 # queue named "evil\nCRITICAL fake" is one cell on one line, wherever shown.
-ONE_LINE_ESCAPES = _control_escapes("")
+ONE_LINE_ESCAPES = _Escapes("")
 
 
 def printable(text: str, escapes: Mapping[int, str] = CELL_ESCAPES) -> str:
-    """`text` with its control characters escaped (but for those `escapes` keeps)."""
+    """`text` with its characters that are not printable escaped (but for
+    those `escapes` keeps)."""
     return text if text.isprintable() else text.translate(escapes)
 
 
@@ -153,11 +177,11 @@ def size(n: int | None) -> str:
 
 def shell_word(value: str) -> str:
     """`value` as one word of a command to paste into a shell, quoted only
-    when it must be, and on one line: a value with control characters in
-    bash's $'...' quoting, each escaped."""
+    when it must be, and on one line: a value with characters that are not
+    printable in bash's $'...' quoting, each escaped."""
     if value.isprintable():
         return shlex.quote(value)
     escaped = "".join(
-        f"\\x{ord(c):02x}" if not c.isprintable() else "\\" + c if c in "\\'" else c for c in value
+        escape(c) if not c.isprintable() else "\\" + c if c in "\\'" else c for c in value
     )
     return f"$'{escaped}'"

@@ -187,8 +187,9 @@ def enqueue_command(
     added.
 
     A payload is at most 1 MiB as JSON (--max-payload-bytes raises it); a
-    queue or kind at most 128 characters, a unique or limit key 256, and
-    none of them holds a control character (tabs and line ends included).
+    queue or kind at most 128 characters of printable text (no control or
+    format character, no separator but a space), a unique or limit key 256
+    characters with no control character (tabs and line ends included).
 
     A unique key allows one pending or running job per queue and key (the
     database enforces it, also against producers racing each other). When a

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import re
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -79,16 +78,12 @@ def templates() -> Environment:
 
 
 def shown_text(value: Any, escapes: Mapping[int, str]) -> str:
-    """A value from the database as the page shows it: control characters
-    escaped as the command line escapes them, and the invisible ones that
-    reorder or hide text (bidi overrides, zero-width characters) too, so a
-    queue cannot pass for another. HTML escaping is the template's."""
-    text = printable("" if value is None else str(value), escapes)
-    return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-
-
-# Unicode's format characters (category Cf): bidi controls, zero-width ones.
-_INVISIBLE = re.compile("[\u00ad\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
+    """A value from the database as the page shows it: the characters that
+    are not printable escaped as the command line escapes them (control
+    characters, and the invisible ones that reorder or hide text, bidi
+    overrides and zero-width characters, so a queue cannot pass for
+    another). HTML escaping is the template's."""
+    return printable("" if value is None else str(value), escapes)
 
 
 def _when(stamp: dt.datetime | None) -> str:

@@ -20,7 +20,10 @@ SELECT queue,
        count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
        count(*) FILTER (WHERE status = 'running'
                           AND (locked_until < now() OR locked_until IS NULL)) AS expired_leases,
-       extract(epoch FROM now() - min(run_at) FILTER (
+       -- A run_at of '-infinity' (plain SQL) cannot be subtracted from: each
+       -- is bounded first to the years a Python datetime holds
+       -- (pgqctl/fartime.py); run_at is never NULL.
+       extract(epoch FROM now() - min(greatest(run_at, '0001-01-01Z')) FILTER (
            WHERE status = 'pending' AND run_at <= now()))::float8 AS oldest_pending_age_seconds
 FROM (
     SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'pending'

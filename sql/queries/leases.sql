@@ -7,9 +7,16 @@
 -- Running jobs, soonest lease end first (jobs_lease_idx order). A running job
 -- without a lease (only plain SQL makes one) counts as expired, here, in
 -- stats and for reap: nobody holds it, so nothing else would ever free it.
+-- A lease until 'infinity' (plain SQL) cannot be subtracted from: it is
+-- bounded first to the years a Python datetime holds (pgqctl/fartime.py),
+-- by comparisons, which keep a NULL (least and greatest would not).
 SELECT {job},
        locked_until < now() OR locked_until IS NULL AS expired,
-       round(extract(epoch FROM locked_until - now())::numeric, 3) AS seconds_left
+       round(extract(epoch FROM
+           CASE WHEN locked_until > '10000-01-01Z' THEN '10000-01-01Z'
+                WHEN locked_until < '0001-01-01Z' THEN '0001-01-01Z'
+                ELSE locked_until END - now()
+       )::numeric, 3) AS seconds_left
 FROM jobs
 WHERE status = 'running'
   AND (locked_until < now() OR locked_until IS NULL OR NOT %(expired_only)s)

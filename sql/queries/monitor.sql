@@ -7,9 +7,14 @@
 -- Per queue with running jobs: seconds since the running job claimed first
 -- was claimed (claimed_at; its run_at for a job a worker older than the
 -- attempt history claimed), from jobs_lease_idx's rows. One row per queue.
+-- An infinite time (plain SQL) cannot be subtracted from: it is bounded first
+-- to the years a Python datetime holds (pgqctl/fartime.py); run_at is never
+-- NULL, nor then the minimum of a queue's.
 SELECT queue,
-       extract(epoch FROM now() - min(coalesce(claimed_at, run_at)))::float8
-           AS oldest_running_age_seconds
+       extract(epoch FROM
+           now() - least(greatest(min(coalesce(claimed_at, run_at)), '0001-01-01Z'),
+                         '10000-01-01Z')
+       )::float8 AS oldest_running_age_seconds
 FROM jobs
 WHERE status = 'running'
 GROUP BY queue;
@@ -31,10 +36,15 @@ GROUP BY queue;
 -- name: monitor_leases_soonest
 -- `top`: the `limit` running jobs whose leases end soonest (a job without a
 -- lease first: nobody holds it), as lease_list gives them. Sorts the running
--- jobs only (jobs_lease_idx's rows), however long the history.
+-- jobs only (jobs_lease_idx's rows), however long the history. A lease
+-- until 'infinity' is bounded as in lease_list.
 SELECT {job},
        locked_until < now() OR locked_until IS NULL AS expired,
-       round(extract(epoch FROM locked_until - now())::numeric, 3) AS seconds_left
+       round(extract(epoch FROM
+           CASE WHEN locked_until > '10000-01-01Z' THEN '10000-01-01Z'
+                WHEN locked_until < '0001-01-01Z' THEN '0001-01-01Z'
+                ELSE locked_until END - now()
+       )::numeric, 3) AS seconds_left
 FROM jobs
 WHERE status = 'running'
 ORDER BY locked_until NULLS FIRST, id
@@ -53,11 +63,16 @@ LIMIT %(limit)s;
 -- how long it waited (due to started; not known for a job claimed before
 -- the attempt history), how many fall in each bucket of `bounds`
 -- (width_bucket: bucket 0 below the first bound, bucket i from bound i to
--- the next) and their sum.
+-- the next) and their sum. due_at is a job's run_at, which plain SQL may
+-- set to '-infinity': bounded as in lease_list.
 WITH recent AS MATERIALIZED (
     SELECT j.queue, j.kind,
            extract(epoch FROM a.finished_at - a.started_at)::float8 AS ran,
-           extract(epoch FROM a.started_at - a.due_at)::float8 AS waited
+           extract(epoch FROM
+               a.started_at - CASE WHEN a.due_at > '10000-01-01Z' THEN '10000-01-01Z'
+                                  WHEN a.due_at < '0001-01-01Z' THEN '0001-01-01Z'
+                                  ELSE a.due_at END
+           )::float8 AS waited
     FROM attempts AS a
     JOIN jobs AS j ON j.id = a.job_id
     WHERE a.finished_at > now() - %(window)s::interval

@@ -28,7 +28,11 @@ WITH finished AS (
 ), waited AS (
     SELECT date_trunc('minute', finished_at) AS at,
            percentile_cont(0.5) WITHIN GROUP (
-               ORDER BY extract(epoch FROM started_at - due_at)) AS wait_p50
+               -- due_at is a job's run_at: bounded, as plain SQL may set it to
+               -- '-infinity' (pgqctl/fartime.py)
+               ORDER BY extract(epoch FROM
+                   started_at - least(greatest(due_at, '0001-01-01Z'), '10000-01-01Z')
+               )) AS wait_p50
     FROM attempts
     WHERE finished_at > now() - %(window)s * interval '1 second'
       AND started_at IS NOT NULL AND due_at IS NOT NULL

@@ -11,11 +11,26 @@
 -- every one) with their slots and the jobs they ran at their last
 -- heartbeat, every active worker, and how many due jobs of its queue come
 -- before it in claim order (priority, then run_at, then id; counted through
--- jobs_claim_queue_idx up to %(ahead_bound)s). No row: no such job.
+-- jobs_claim_queue_idx up to %(ahead_bound)s). No row: no such job. A time
+-- plain SQL set to 'infinity' cannot be subtracted from: it is bounded first
+-- to the years a Python datetime holds (pgqctl/fartime.py), by comparisons,
+-- which keep a NULL (least and greatest would not).
 SELECT {job},
-       extract(epoch FROM jobs.run_at - now())::float8 AS due_in,
-       extract(epoch FROM jobs.locked_until - now())::float8 AS lease_left,
-       extract(epoch FROM now() - jobs.claimed_at)::float8 AS claimed_ago,
+       extract(epoch FROM
+           CASE WHEN jobs.run_at > '10000-01-01Z' THEN '10000-01-01Z'
+                WHEN jobs.run_at < '0001-01-01Z' THEN '0001-01-01Z'
+                ELSE jobs.run_at END - now()
+       )::float8 AS due_in,
+       extract(epoch FROM
+           CASE WHEN jobs.locked_until > '10000-01-01Z' THEN '10000-01-01Z'
+                WHEN jobs.locked_until < '0001-01-01Z' THEN '0001-01-01Z'
+                ELSE jobs.locked_until END - now()
+       )::float8 AS lease_left,
+       extract(epoch FROM
+           now() - CASE WHEN jobs.claimed_at > '10000-01-01Z' THEN '10000-01-01Z'
+                        WHEN jobs.claimed_at < '0001-01-01Z' THEN '0001-01-01Z'
+                        ELSE jobs.claimed_at END
+       )::float8 AS claimed_ago,
        p.reason AS pause_reason, p.paused_at, p.until AS paused_until,
        p.queue IS NOT NULL AS paused,
        h.id AS holder, h.state AS holder_state, h.seen_seconds_ago AS holder_seen_ago,

@@ -44,8 +44,9 @@ GENERAL = [
     '{"kind": "a", "payload": {"x": 1e-400, "y": 1.5e-310}}',
     ' {"kind": "a", "payload": {"x": 1}}  ',
     '{"kind": "a", "unique_key": "user:7 \\\\N", "payload": {"x": 1}}',
-    # Names that are not printable but hold no control character.
-    '{"kind": "a\u00a0b", "queue": "q\u2028"}',
+    # Keys that are not printable but hold no control character: a key comes
+    # from a job's data, and no worker refuses one.
+    '{"kind": "a", "unique_key": "u\u00a0v\u2028"}',
 ]
 DEFAULTS: list[dict[str, Any] | None] = [
     None,
@@ -193,7 +194,7 @@ def random_lines(seed: int, count: int) -> list[str]:
     """Job lines made of the pieces the quick path must not be fooled by."""
     rnd = random.Random(seed)
     pieces = ["payload", "kind", '"', "\\", "\t", "\n", "\x00", "\\u0000", "é", "😀", "}", ":", "a"]
-    pieces += ["\x7f", "\x85", "\u00a0", "1e15", "k" * 60]
+    pieces += ["\x7f", "\x85", "\u00a0", "\u200b", "\u202e", "1e15", "k" * 60]
     numbers = [0, -0.0, 1.5, 1e-400, 1e400, 5e-324, 2**31, -(2**31), 3, True, None, 10**25]
 
     def text() -> str:
@@ -280,6 +281,11 @@ REFUSED = [
     ({"kind": "k", "queue": "q\x7f"}, r"queue holds the control character \\x7f at character 2"),
     ({"kind": "\x85k"}, r"kind holds the control character \\x85 at character 1"),
     ({"kind": "k", "unique_key": "\x1b[31m"}, r"unique_key holds the control character \\x1b"),
+    # Names a worker would refuse (what is not printable): refused before they are stored.
+    ({"kind": "a\u00a0b"}, r"kind holds the unprintable character U\+00A0 \(NO-BREAK SPACE\) at"),
+    ({"kind": "k", "queue": "q\u2028"}, r"queue holds the unprintable character U\+2028 \(LINE"),
+    ({"kind": "\u202eevil"}, r"kind holds the unprintable character U\+202E \(RIGHT-TO-LEFT"),
+    ({"kind": "zero\u200bwidth"}, r"kind holds the unprintable character U\+200B .* character 5"),
     (
         {"kind": "k", "payload": {"x": "y" * 40}},
         "payload is 48 bytes as JSON: the limit is 47 bytes",
@@ -348,6 +354,8 @@ BAD_LINES = [
     '{"kind": "k", "payload": {"s": "\\u0000"}}',
     '{"kind": "k", "payload": {"argv": "ls"}}',
     '{"kind": "k", "payload": {"argv": ["ls"], "timout": 1}}',
+    '{"kind": "k", "payload": {"argv": ["ls"], "timeout": 1e308}}',
+    '{"kind": "k", "payload": {"argv": ["ls"], "timeout": 3153600001}}',
     '{"kind": "k", "payload": {"shell": 5}}',
     '{"kind": "k", "priority": "high"}',
     '{"kind": "k", "priority": 1.5}',
@@ -384,6 +392,8 @@ BAD_LINES = [
     '{"kind": "k"',
     '{"kind": "k"} {"kind": "j"}',
     '{"kind": "a\x01b"}',
+    '{"kind": "a\u200bb"}',
+    '{"kind": "k", "queue": "q\\u202e"}',
 ]
 
 

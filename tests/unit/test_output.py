@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from pgqctl.fartime import FarTime
 from pgqctl.output.formats import emit_ids, emit_object, emit_record, emit_rows, resolve_format
-from pgqctl.text import format_seconds
+from pgqctl.text import format_seconds, shell_word
 
 ROWS = [
     {
@@ -99,6 +100,31 @@ def test_tables_show_control_characters_escaped_but_keep_lines() -> None:
     assert "\x1b" not in text and "\r" not in text and "\x9b" not in text
     assert "k\\x01\\x1b[31mred" in text
     assert "line one\n" in text and "line two\\x0d\\x9b" in text
+
+
+def test_characters_that_hide_or_reorder_text_are_shown_escaped() -> None:
+    # What a name may not hold (limits.unprintable): a no-break and a
+    # zero-width space, a line separator, a bidi override, a tag.
+    stream = io.StringIO()
+    rows = [{"kind": "a\xa0b", "error": "zero\u200bwidth\u2028\u202eevil\U000e0001 café 😀"}]
+    emit_rows(rows, ["kind", "error"], "plain", stream=stream)
+    text = stream.getvalue()
+    assert "a\\xa0b" in text
+    assert "zero\\u200bwidth\\u2028\\u202eevil\\U000e0001 café 😀" in text
+    assert shell_word("q\u202e x") == "$'q\\u202e x'"  # as bash's $'...' reads it
+
+
+def test_a_time_no_datetime_holds_is_shown_as_postgresql_writes_it() -> None:
+    never = FarTime("infinity")
+    assert never > dt.datetime(9999, 1, 1, tzinfo=dt.timezone.utc) > FarTime("-infinity")
+    rows = [{"id": 1, "run_at": never, "created_at": FarTime("10001-01-01 00:00:00+00")}]
+    stream = io.StringIO()
+    emit_rows(rows, ["id", "run_at", "created_at"], "plain", stream=stream)
+    assert "infinity" in stream.getvalue() and "10001-01-01 00:00:00+00" in stream.getvalue()
+    stream = io.StringIO()
+    emit_rows(rows, ["id"], "json", stream=stream)
+    assert json.loads(stream.getvalue())[0]["run_at"] == "infinity"
+    assert f"{never.astimezone(dt.timezone(dt.timedelta(hours=5))):%m-%d %H:%MZ}" == "infinity"
 
 
 @pytest.mark.parametrize("fmt", ["plain", "table"])

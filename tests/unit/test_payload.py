@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import pgqctl.payload
+from pgqctl.fartime import FarTime
 from pgqctl.payload import PayloadRejected, command_for_job, command_for_payload
 from pgqctl.runner import Command
 from tests.support.runner_helpers import child_environment, run
@@ -48,6 +49,14 @@ def test_optional_keys_fill_the_command() -> None:
     assert command == Command(
         ("make",), env={"LANG": "C"}, cwd="/srv/app", stdin="héllo".encode(), timeout=2.0
     )
+
+
+def test_the_longest_timeout_a_payload_may_give_runs() -> None:
+    # 100 years, the bound of every duration: far below what overflows the
+    # worker's timers (a deadline of 1e308 seconds did).
+    command = parse({"argv": ["true"], "timeout": "36500d"})
+    assert command.timeout == 100 * 365 * 86400
+    assert run(command, ENV).exit_code == 0
 
 
 def test_null_optional_keys_count_as_absent() -> None:
@@ -94,8 +103,8 @@ def test_shell_payload_runs_with_sh_when_allowed() -> None:
 HANDLER_HINT = "or run kind 'resize' with `pgqctl worker --handler resize=CMD`"
 ARGV_EXAMPLE = '{"argv": ["ls", "-l"]}'
 TIMEOUT_RULE = (
-    '"timeout" must be a positive duration, e.g. {"timeout": 30} (seconds) or '
-    '{"timeout": "5m"} (units ms, s, m, h, d, w), got'
+    '"timeout" must be a positive duration of at most 100 years, e.g. {"timeout": 30} '
+    '(seconds) or {"timeout": "5m"} (units ms, s, m, h, d, w), got'
 )
 
 
@@ -174,6 +183,12 @@ TIMEOUT_RULE = (
         ({"argv": ["ls"], "timeout": "5M"}, f'{TIMEOUT_RULE} "5M"'),
         ({"argv": ["ls"], "timeout": True}, f"{TIMEOUT_RULE} true"),
         ({"argv": ["ls"], "timeout": float("inf")}, f"{TIMEOUT_RULE} Infinity"),
+        # Finite, but beyond what the worker's timers hold (1e308 overflowed
+        # them: the worker crashed). 1e400 in a row comes back as an int.
+        ({"argv": ["ls"], "timeout": 1e308}, f"{TIMEOUT_RULE} 1e+308"),
+        ({"argv": ["ls"], "timeout": 10**400}, f"{TIMEOUT_RULE} {'1' + '0' * 36}..."),
+        ({"argv": ["ls"], "timeout": 100 * 365 * 86400 + 1}, f"{TIMEOUT_RULE} 3153600001"),
+        ({"argv": ["ls"], "timeout": "36501d"}, f'{TIMEOUT_RULE} "36501d"'),
         (
             {"argv": ["ls"], "stdin": {"a": 1}},
             '"stdin" must be a string, got an object: encode structured data as a string, '
@@ -271,6 +286,14 @@ def test_environment_filtered_once_gives_the_same_child_environment() -> None:
     assert pgqctl.payload.job_environment(clean, **job) == child_environment(base, **job)  # type: ignore[arg-type]
 
 
+def test_a_tick_no_datetime_holds_is_given_as_postgresql_writes_it() -> None:
+    # Plain SQL may write tick = 'infinity': the job runs, its tick so spelled.
+    job = {"job_id": 7, "kind": "k", "queue": "q", "attempt": 1, "extra": {}}
+    for text in ("infinity", "-infinity", "10001-01-01 00:00:00+00"):
+        env = pgqctl.payload.job_environment({}, **job, schedule="s", tick=FarTime(text))  # type: ignore[arg-type]
+        assert env["PGQCTL_TICK"] == text
+
+
 def test_child_sees_job_variables_and_no_credentials() -> None:
     env = job_environment({"PATH": ENV["PATH"], **SECRETS})
     script = (
@@ -302,6 +325,10 @@ CHECKED = [
     {"argv": ["ls"], "timeout": "5m"},
     {"argv": ["ls"], "timeout": "soon"},
     {"argv": ["ls"], "timeout": float("nan")},
+    {"argv": ["ls"], "timeout": 1e308},
+    {"argv": ["ls"], "timeout": 10**400},
+    {"argv": ["ls"], "timeout": 100 * 365 * 86400},
+    {"argv": ["ls"], "timeout": 100 * 365 * 86400 + 0.5},
     {"argv": ["ls"], "stdin": {"a": 1}},
     {"argv": ["ls"], "timout": 5},
     {"argv": ["ls"], "shell": "ls"},

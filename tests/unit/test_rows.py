@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from pgqctl import rows
+from pgqctl import limits, rows
+from pgqctl.errors import BadInput
 from pgqctl.limits import nested_deeper_than
 from pgqctl.rows import Unreadable, claimed_payload
 
@@ -62,8 +63,13 @@ def test_a_claimed_payload_within_every_limit_is_its_value() -> None:
         ("4.5", "k", "q", "payload is a JSON number, not an object"),
         ("null", "k", "q", "payload is a JSON null, not an object"),
         ("true", "k", "q", "payload is a JSON boolean, not an object"),
-        ("{}", "a\nb", "q", 'kind "a\\nb" holds control characters'),
-        ("{}", "k", "q\x1b", 'queue "q\\u001b" holds control characters'),
+        ("{}", "a\nb", "q", 'kind "a\\nb" holds the control character \\x0a at character 2'),
+        ("{}", "k", "q\x1b", 'queue "q\\u001b" holds the control character \\x1b at'),
+        # Printable to no one: invisible, or reordering what follows.
+        ("{}", "a\xa0b", "q", 'kind "a\\u00a0b" holds the unprintable character U+00A0'),
+        ("{}", "k", "\u200bq", 'queue "\\u200bq" holds the unprintable character U+200B'),
+        ("{}", "a\u2028", "q", 'kind "a\\u2028" holds the unprintable character U+2028'),
+        ("{}", "\u202eevil", "q", 'kind "\\u202eevil" holds the unprintable character U+202E'),
     ],
 )
 def test_a_claimed_job_that_can_never_run_says_why(
@@ -72,6 +78,29 @@ def test_a_claimed_job_that_can_never_run_says_why(
     found = claimed(text, kind, queue)
     assert isinstance(found, Unreadable)
     assert found.reason.startswith(reason)
+
+
+# Every character of the Basic and Supplementary Multilingual planes, and
+# the tags: a name holding one is refused by enqueue exactly when a worker
+# would fail its job (issue 22: what enqueue accepts, a worker runs).
+CHARACTERS = [chr(c) for c in (*range(0x20000), *range(0xE0000, 0xE0080))]
+
+
+def test_enqueue_refuses_a_name_exactly_when_a_worker_would_fail_its_job() -> None:
+    for what in ("kind", "queue"):
+        differ = []
+        for c in CHARACTERS:
+            name = f"a{c}b"
+            try:
+                limits.check_name(what, name)
+                refused = False
+            except BadInput:
+                refused = True
+            names = {"kind": "k", "queue": "q", what: name}
+            failed = isinstance(claimed("{}", names["kind"], names["queue"]), Unreadable)
+            if refused != failed:
+                differ.append(c)
+        assert differ == [], what
 
 
 def row(payload: str, error: str | None = None) -> dict[str, object]:

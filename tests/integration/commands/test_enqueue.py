@@ -133,6 +133,9 @@ def test_a_bad_run_at_names_the_option_once(dsn: str, conn: psycopg.Connection[A
         ('{"argv": ["ls"], "env": {"N": 1}}', '"env"["N"] is a number, not a string'),
         ('{"shell": ""}', '"shell" must be a command line'),
         ('{"argv": ["ls"], "timeout": "soon"}', '"timeout" must be a positive duration'),
+        # Finite, but past what the worker's timers hold: it crashed the worker.
+        ('{"argv": ["sleep", "1"], "timeout": 1e308}', "at most 100 years, e.g."),
+        ('{"argv": ["sleep", "1"], "timeout": 3153600001}', "at most 100 years, e.g."),
     ],
 )
 def test_enqueue_refuses_a_payload_the_worker_would_refuse(
@@ -477,6 +480,11 @@ def test_progress_bar_on_a_terminal_stderr(dsn: str, tmp_path: Path) -> None:
         (("evil\nCRITICAL fake",), r"kind holds the control character \x0a at character 5"),
         (("k", "--queue", "q\x1b[2J"), r"queue holds the control character \x1b at character 2"),
         (("k", "--queue", "q\x9b"), r"queue holds the control character \x9b at character 2"),
+        # Not printable, so every worker would fail the job: refused here instead.
+        (("a\u00a0b",), "kind holds the unprintable character U+00A0 (NO-BREAK SPACE) at"),
+        (("k", "--queue", "\u200bq"), "queue holds the unprintable character U+200B (ZERO"),
+        (("a\u2028b",), "kind holds the unprintable character U+2028 (LINE SEPARATOR) at"),
+        (("\u202eevil",), "kind holds the unprintable character U+202E (RIGHT-TO-LEFT"),
         (("k", json.dumps(BIG)), "payload is 2,000,011 bytes as JSON: the limit is 1,048,576"),
         (
             ("k", '{"s": "' + "x" * 100 + '"}', "--max-payload-bytes", "100"),
@@ -506,6 +514,8 @@ def test_a_job_over_a_limit_exits_2_naming_the_limit_and_inserts_nothing(
         ),
         ({"kind": "evil\nCRITICAL fake"}, r"kind holds the control character \x0a at character 5"),
         ({"kind": "k", "queue": "q\x7f"}, r"queue holds the control character \x7f at character 2"),
+        ({"kind": "a\u00a0b"}, "kind holds the unprintable character U+00A0 (NO-BREAK SPACE)"),
+        ({"kind": "k", "queue": "q\u202e"}, "queue holds the unprintable character U+202E"),
         (
             {"kind": "k", "payload": BIG},
             "payload is 2,000,011 bytes as JSON: the limit is 1,048,576",

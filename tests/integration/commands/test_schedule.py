@@ -150,6 +150,10 @@ def test_add_list_show_pause_resume_run_remove(dsn: str, conn: psycopg.Connectio
         (["--every", "1s", "k", "[1]"], "payload must be a JSON object"),
         (["--every", "1s", random_name(3000)], "kind is 3,000 characters long: the limit is 128"),
         (["--every", "1s", "k", "--queue", "q\n"], r"queue holds the control character \x0a"),
+        # What every worker would fail: a kind that is not printable, a timeout
+        # past what its timers hold.
+        (["--every", "1s", "a\u00a0b"], "kind holds the unprintable character U+00A0"),
+        (["--every", "1s", "k", '{"argv": ["true"], "timeout": 1e308}'], "at most 100 years"),
         (
             ["--every", "1s", "k", '{"s": "' + "x" * 1_100_000 + '"}'],
             "payload is 1,100,008 bytes as JSON: the limit is 1,048,576 bytes",

@@ -1,9 +1,10 @@
 """Rows no pgqctl command would write, written with plain SQL (a documented
 way to enqueue): a payload nested 1,200 levels deep, one of several
-megabytes, one that is not an object, names with control characters. A real
-worker fails each of those jobs for good and runs the normal job claimed
-with them; reap and every read command show every row, cut where it must
-be, and exit 0."""
+megabytes, one that is not an object, names with control or invisible
+characters, a timeout past what a worker's timers hold, times no Python
+datetime holds ('infinity', year 10001). A real worker fails each job that
+can never run for good, and runs the others claimed with them; reap and
+every read command show every row, cut where it must be, and exit 0."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from psycopg import sql
 from rich.console import Console
 
-from pgqctl import monitor, rows
+from pgqctl import db, monitor, rows
 from pgqctl.output.top import top_render
 from tests.conftest import run_cli
 from tests.support.jobrows import add_jobs, expired
@@ -28,6 +29,10 @@ DEEP = '{"argv": ["true"], "deep": ' + "[" * 1200 + "]" * 1200 + "}"
 BIG = json.dumps({"argv": ["true"], "blob": "x" * 3_000_000})
 WORKER_LIMIT = 1_000_000
 EVIL = "evil\nCRITICAL fake"
+INFINITY = sql.SQL("'infinity'")
+FAR = sql.SQL("'10001-01-01 00:00:00+00'")
+# Jobs of the hostile rows a worker runs: nothing in them stops a job.
+RUNS = ("normal", "infinite tick", "far tick", "far created", "due since -infinity")
 
 
 def _hostile(conn: psycopg.Connection[Any]) -> dict[str, int]:
@@ -45,6 +50,21 @@ def _hostile(conn: psycopg.Connection[Any]) -> dict[str, int]:
         "evil kind": one(kind=EVIL),
         "evil queue": one(queue=EVIL),
         "escape queue": one(queue="q\x1b[2J"),
+        # Printable to no one, though no control character: refused by every
+        # worker, so by enqueue too; shown escaped.
+        "no-break kind": one(kind="a\u00a0b"),
+        "zero-width kind": one(kind="zero\u200bwidth"),
+        "separator queue": one(queue="q\u2028"),
+        "bidi kind": one(kind="\u202eevil"),
+        # 1e308 overflowed the worker's timers; 1e400 comes back as an int.
+        "huge timeout": one(payload='{"argv": ["sleep", "1"], "timeout": 1e308}'),
+        "int timeout": one(payload='{"argv": ["sleep", "1"], "timeout": 1e400}'),
+        # Times psycopg cannot load into a datetime: read, claimed and run.
+        "infinite tick": one(payload='{"argv": ["true"]}', schedule="h1", tick=INFINITY),
+        "far tick": one(payload='{"argv": ["true"]}', schedule="h2", tick=FAR),
+        "far created": one(payload='{"argv": ["true"]}', created_at=FAR),
+        "due since -infinity": one(payload='{"argv": ["true"]}', run_at=sql.SQL("'-infinity'")),
+        "never due": one(payload='{"argv": ["true"]}', run_at=INFINITY),
         "normal": one(payload='{"argv": ["true"]}'),
     }
 
@@ -57,7 +77,7 @@ def _job(conn: psycopg.Connection[Any], job_id: int) -> tuple[str, int, str | No
     return row
 
 
-def test_a_worker_fails_each_hostile_job_for_good_and_runs_the_one_beside_them(
+def test_a_worker_fails_each_hostile_job_for_good_and_runs_the_others_beside_them(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
     ids = _hostile(conn)
@@ -72,16 +92,24 @@ def test_a_worker_fails_each_hostile_job_for_good_and_runs_the_one_beside_them(
     assert "Traceback" not in worker.stderr and "RecursionError" not in worker.stderr
     # One claim took them all: none was claimed twice (no reconnect, no retry).
     assert "reconnect" not in worker.stderr
-    assert _job(conn, ids.pop("normal")) == ("done", 1, None)
+    for name in RUNS:
+        assert _job(conn, ids.pop(name)) == ("done", 1, None), name
+    assert _job(conn, ids.pop("never due")) == ("pending", 0, None)
     why = {
         "deep": "payload is nested more than 256 levels deep",
         "big": f"payload is over the worker's limit of {WORKER_LIMIT:,} bytes",
         "array": "payload is an array, not an object",
         "string": "payload is a JSON string, not an object",
         "number": "payload is a JSON number, not an object",
-        "evil kind": 'kind "evil\\nCRITICAL fake" holds control characters',
-        "evil queue": 'queue "evil\\nCRITICAL fake" holds control characters',
-        "escape queue": 'queue "q\\u001b[2J" holds control characters',
+        "evil kind": 'kind "evil\\nCRITICAL fake" holds the control character \\x0a at',
+        "evil queue": 'queue "evil\\nCRITICAL fake" holds the control character \\x0a at',
+        "escape queue": 'queue "q\\u001b[2J" holds the control character \\x1b at',
+        "no-break kind": 'kind "a\\u00a0b" holds the unprintable character U+00A0 (NO-BREAK',
+        "zero-width kind": 'kind "zero\\u200bwidth" holds the unprintable character U+200B',
+        "separator queue": 'queue "q\\u2028" holds the unprintable character U+2028',
+        "bidi kind": 'kind "\\u202eevil" holds the unprintable character U+202E',
+        "huge timeout": '"timeout" must be a positive duration of at most 100 years',
+        "int timeout": '"timeout" must be a positive duration of at most 100 years',
     }
     for name, job_id in ids.items():
         status, attempts, error = _job(conn, job_id)
@@ -90,12 +118,17 @@ def test_a_worker_fails_each_hostile_job_for_good_and_runs_the_one_beside_them(
         assert error is not None and error.startswith(why[name]), (name, error)
     # The worker's log lines stay one line each, names escaped.
     assert not any(line.startswith("CRITICAL") for line in worker.stderr.splitlines())
+    assert "\u202e" not in worker.stderr and "\u200b" not in worker.stderr
+    # The attempt of the job due since '-infinity' counts among the figures.
+    waited = 'pgqctl_attempt_wait_seconds_bucket{kind="test",le="+Inf",queue="default"} 5.0'
+    assert waited in _ok("metrics", "--dsn", dsn).splitlines()
 
 
 @pytest.fixture
 def every_status(conn: psycopg.Connection[Any]) -> dict[str, int]:
     """Hostile rows in every status a read command lists: pending, an
-    expired lease (for reap), a live lease, failed with a huge last_error."""
+    expired lease (for reap), a live lease (one until 'infinity'), failed
+    with a huge last_error, done at 'infinity'."""
     ids = _hostile(conn)
     ids["deep expired"] = expired(conn, 1, payload=DEEP, queue=EVIL, kind=EVIL)[0]
     ids["big running"] = expired(
@@ -109,6 +142,10 @@ def every_status(conn: psycopg.Connection[Any]) -> dict[str, int]:
         attempts=3,
         finished_at=sql.SQL("now()"),
         last_error="boom\n" * 100_000,
+    )[0]
+    ids["infinite lease"] = expired(conn, 1, locked_until=INFINITY, claimed_at=INFINITY)[0]
+    ids["done at infinity"] = add_jobs(
+        conn, 1, status="done", attempts=1, finished_at=INFINITY, run_at=FAR
     )[0]
     return ids
 
@@ -150,6 +187,16 @@ def test_every_read_command_shows_every_hostile_row(
     table = _ok("list", "--dsn", dsn, "--limit", "0", "--format", "plain")
     assert len(table.splitlines()) == 2 + len(ids)
     assert "evil\\x0aCRITICAL fake" in table and "\x1b" not in table
+    # Names that are not printable, escaped: none passes for another.
+    assert "a\\xa0b" in table and "\\u202eevil" in table and "zero\\u200bwidth" in table
+    assert "\u202e" not in table and "\u200b" not in table and "\xa0" not in table
+    # A time no datetime holds, as PostgreSQL writes it.
+    assert by_id[ids["never due"]]["run_at"] == "infinity"
+    assert by_id[ids["due since -infinity"]]["run_at"] == "-infinity"
+    assert by_id[ids["far created"]]["created_at"] == "10001-01-01 00:00:00+00"
+    assert by_id[ids["infinite tick"]]["tick"] == "infinity"
+    assert by_id[ids["done at infinity"]]["finished_at"] == "infinity"
+    assert by_id[ids["infinite lease"]]["locked_until"] == "infinity"
 
     for name, job_id in ids.items():
         shown = _ok("show", "--dsn", dsn, str(job_id), "--format", "plain")
@@ -167,9 +214,14 @@ def test_every_read_command_shows_every_hostile_row(
     assert '"argv": [' in normal_shown
 
     leases = json.loads(_ok("leases", "--dsn", dsn, "--json"))
-    assert {j["id"] for j in leases} == {ids["deep expired"], ids["big running"]}
+    running = {ids["deep expired"], ids["big running"], ids["infinite lease"]}
+    assert {j["id"] for j in leases} == running
     leases_table = _ok("leases", "--dsn", dsn, "--format", "plain")
-    assert len(leases_table.splitlines()) == 2 + 2
+    assert len(leases_table.splitlines()) == 2 + 3
+    for name in ("never due", "infinite lease", "due since -infinity", "infinite tick"):
+        assert f"job {ids[name]} " in _ok("why", "--dsn", dsn, str(ids[name])), name
+    # Thresholds breached (the job due since -infinity waits), but read: exit 3.
+    assert run_cli("check", "--dsn", dsn, "--max-pending-age", "1h").exit_code == 3
     stats_table = _ok("stats", "--dsn", dsn, "--format", "plain")
     assert "evil\\x0aCRITICAL fake" in stats_table
     assert not any(line.startswith("CRITICAL") for line in stats_table.splitlines())
@@ -177,7 +229,8 @@ def test_every_read_command_shows_every_hostile_row(
     _ok("workers", "--dsn", dsn)
     _ok("metrics", "--dsn", dsn)
     frame = io.StringIO()
-    view = monitor.top_view(conn, window=1.0)
+    with db.connect(dsn, schema="public") as queue:
+        view = monitor.top_view(queue, window=1.0)
     Console(file=frame, width=200).print(top_render(view, "here", 1.0))
     # Names are cut to fit there: escaped, so on the line of their row.
     assert "evil\\x0a" in frame.getvalue()
