@@ -83,8 +83,8 @@ def drain(conn: db.QueueConnection, jobs: int, every: float | None) -> tuple[flo
             beat = replace(BEAT, started_at=started_at, running=len(held), done=done)
             next_beat = time.perf_counter() + every
         got = claims.exchange(conn, done=held, claim=CLAIM, lease=LEASE, worker="bench", beat=beat)
-        if beat is not None:
-            started_at = got.started_at
+        if got.beaten is not None:
+            started_at = got.beaten.started_at
         done += len(got.done)
         held = [job.held for job in got.claimed]
         if not held:

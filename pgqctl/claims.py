@@ -41,7 +41,7 @@ from pgqctl import limits
 from pgqctl.attempts import Record, record_attempts
 from pgqctl.db import QueueConnection
 from pgqctl.jobs import Held, Job
-from pgqctl.registry import Beat
+from pgqctl.registry import Beat, Beaten
 from pgqctl.rows import Unreadable, claimed_payload
 from pgqctl.sql import query
 
@@ -132,12 +132,10 @@ class Exchanged:
     failed: dict[int, FailResult] = field(default_factory=dict)
     handed_back: set[int] = field(default_factory=set)
     renewed: set[int] = field(default_factory=set)
-    # The worker's started_at, when a heartbeat went with the exchange.
-    started_at: datetime | None = None
+    # What the heartbeat said, when one went with the exchange.
+    beaten: Beaten | None = None
     # Where the last job claimed stands in claim order.
     last_claimed: Floor | None = None
-    # Whether limits exist, when a heartbeat went with the exchange.
-    limited: bool | None = None
     # Seconds until a rate limit that held jobs back has a token again.
     wake: float | None = None
 
@@ -231,10 +229,7 @@ def exchange(
         rows = cur.fetchall()
         if beat is not None:
             beaten = beat_cur.fetchone()
-    result = Exchanged(
-        started_at=None if beaten is None else beaten[0],
-        limited=None if beaten is None else beaten[1],
-    )
+    result = Exchanged(beaten=None if beaten is None else Beaten(*beaten))
     for row in rows:
         part, job_id, queue, kind, payload, attempts, max_attempts, handbacks, status, run_at = row
         if part == "claimed":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.rows import dict_row
@@ -136,6 +136,9 @@ class Beat:
     running: int = 0
     done: int = 0  # attempts reported done since the start
     failed: int = 0  # attempts reported failed (retried or not) since the start
+    # The worker's --dead-after, when it reaps: the heartbeat then says
+    # whether another worker is dead and waits for a reap (Beaten.dead_found).
+    dead_after: int | None = None
 
     def params(self) -> dict[str, object]:
         found = asdict(self)
@@ -144,13 +147,20 @@ class Beat:
         return found
 
 
-def heartbeat(conn: QueueConnection, beat: Beat) -> tuple[dt.datetime, bool]:
-    """Register the worker, or heartbeat when no exchange goes out: its
-    started_at, and whether any limit exists (see claims.exchange)."""
+class Beaten(NamedTuple):
+    """What a heartbeat's row says back (sql/queries/registry.sql, worker_beat)."""
+
+    started_at: dt.datetime
+    limited: bool  # any limit exists: claim with worker_claim_limited
+    dead_found: bool  # another worker is dead and its jobs wait for a reap
+
+
+def heartbeat(conn: QueueConnection, beat: Beat) -> Beaten:
+    """Register the worker, or heartbeat when no exchange goes out."""
     with conn.transaction():
         row = conn.execute(query("worker_beat"), beat.params()).fetchone()
     assert row is not None  # an upsert returns its row
-    return row[0], row[1]
+    return Beaten(*row)
 
 
 def unregister(conn: QueueConnection, worker: str) -> None:

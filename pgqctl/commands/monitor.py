@@ -65,7 +65,7 @@ def workers_command(database: Database, fmt: str) -> None:
     the jobs it holds now.
 
     Every `pgqctl worker` registers itself when it starts and heartbeats
-    every --heartbeat (10s by default) on the statements it sends anyway;
+    every --heartbeat (5s by default) on the statements it sends anyway;
     a clean stop removes its row. A worker is active while its last
     heartbeat is at most three of its own intervals old, and stale after
     that: killed, or cut off from the database. It is dead once a reap took

@@ -179,7 +179,7 @@ class SqlSpec(KindSpec):
 @click.option(
     "--heartbeat",
     type=DURATION,
-    default="10s",
+    default="5s",
     show_default=True,
     help="Heartbeat in `pgqctl workers` at least this often; shown stale after three missed.",
 )

@@ -51,9 +51,12 @@ SESSION_SETTINGS = {
 }
 # Retry delays: attempt n waits base * 2^(n-1), +-25% jitter, at most this.
 BACKOFF_CAP = 3600.0
-# Reconnects wait 0.5 s, doubling to 30 s, +-25% jitter.
+# Reconnects wait 0.5 s, doubling to 10 s, +-25% jitter: back within
+# about 12 s of the server's return, well before the fleet's reaps would
+# take a worker silent since the restart for dead (30 s by default).
 RECONNECT_FIRST = 0.5
-RECONNECT_CAP = 30.0
+RECONNECT_CAP = 10.0
+HEARTBEAT = 5.0
 # A child asked to stop (timeout, shutdown, lost lease) gets SIGTERM, then
 # SIGKILL this many seconds later.
 TERM_GRACE = 5.0
@@ -107,8 +110,10 @@ class WorkerConfig:
     # ticks missed while no worker ran (schedules.CATCH_UP).
     schedules: bool = True
     catch_up: str = "latest"
-    # Heartbeat in `workers` at least this often.
-    heartbeat: float = 10.0
+    # Heartbeat in `workers` at least this often: shown stale after three
+    # missed (15 s), dead after --dead-after (30 s), when any worker's next
+    # heartbeat finds it dead and its reap takes the jobs at once.
+    heartbeat: float = HEARTBEAT
     # Jobs claimed ahead of a free slot, kept in a local queue (see Worker).
     prefetch: int = 0
     # What jobs may run (pgqctl/policy.py); None: anything. The [handlers]
@@ -142,7 +147,7 @@ class WorkerConfig:
             )
         leases.check_dead_after(self.dead_after)
         if self.heartbeat <= 0:
-            raise BadInput("--heartbeat must be more than 0s, e.g. --heartbeat 10s")
+            raise BadInput("--heartbeat must be more than 0s, e.g. --heartbeat 5s")
         if self.timeout is not None and self.timeout <= 0:
             raise BadInput("--timeout must be more than 0s; leave it out for no limit")
         if self.catch_up not in CATCH_UP:

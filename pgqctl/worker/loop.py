@@ -185,6 +185,7 @@ class Worker:
             concurrency=config.concurrency,
             heartbeat=config.heartbeat,
             lease=config.lease,
+            dead_after=None if config.reap_every is None else config.dead_after,
         )
         self.upkeep = Upkeep(config, beat, now)
 
@@ -473,8 +474,8 @@ class Worker:
             self.outbox.unsent(report)
             self._connection_failed(exc)
             return
-        if beat:
-            self.upkeep.beaten(changed.started_at, changed.limited, sent)
+        if changed.beaten is not None:
+            self.upkeep.beaten(changed.beaten, sent)
         self.floors.claimed(sent, changed.last_claimed)
         if changed.wake is not None:
             # A rate limit held jobs back: claim again when it has a token.

@@ -53,21 +53,21 @@ class Upkeep:
             failed=self.jobs_failed,
         )
 
-    def beaten(self, started_at: dt.datetime | None, limited: bool | None, sent: float) -> None:
-        """A heartbeat sent at `sent` went through; `limited`: whether any
-        limit exists then."""
-        self.started_at = started_at
-        if limited is not None:
-            self.limited = limited
+    def beaten(self, beaten: registry.Beaten, sent: float) -> None:
+        """A heartbeat sent at `sent` went through and said `beaten`."""
+        self.started_at = beaten.started_at
+        self.limited = beaten.limited
         self.next_heartbeat = sent + self.config.heartbeat
+        if beaten.dead_found and self.config.reap_every is not None:
+            # A dead worker's jobs wait: reap now, not at the next --reap-every.
+            self.next_reap = min(self.next_reap, sent)
 
     def beat_at(self, when: float) -> None:
         self.next_heartbeat = when
 
     def heartbeat(self, conn: db.QueueConnection, running: int, sent: float) -> None:
         """Heartbeat alone, in a statement of its own."""
-        started_at, limited = registry.heartbeat(conn, self.current_beat(running))
-        self.beaten(started_at, limited, sent)
+        self.beaten(registry.heartbeat(conn, self.current_beat(running)), sent)
 
     # ---------------------------------------------------------------- ticks
 

@@ -50,8 +50,12 @@ FROM workers;
 -- restarted container) is replaced. started_at NULL registers (now);
 -- heartbeats send the started_at that registration returned. Sent at most
 -- every --heartbeat, in the pipeline of an exchange when one goes out, alone
--- otherwise. One row: started_at, and whether any limit exists (`pgqctl
--- limit`: the worker then claims with worker_claim_limited).
+-- otherwise. One row: started_at, whether any limit exists (`pgqctl
+-- limit`: the worker then claims with worker_claim_limited), and, for a
+-- worker that reaps (dead_after not NULL), whether another worker is dead
+-- by lease_reap's rule and not yet reaped for it: the worker then reaps at
+-- once instead of at its next --reap-every. The workers table holds a row
+-- per worker: the look costs nothing a heartbeat would notice.
 INSERT INTO workers AS w (id, host, pid, version, queues, kinds, concurrency,
                           heartbeat_seconds, lease_seconds, started_at, last_seen,
                           running, done, failed)
@@ -64,7 +68,13 @@ SET host = EXCLUDED.host, pid = EXCLUDED.pid, version = EXCLUDED.version,
     heartbeat_seconds = EXCLUDED.heartbeat_seconds, lease_seconds = EXCLUDED.lease_seconds,
     started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen,
     running = EXCLUDED.running, done = EXCLUDED.done, failed = EXCLUDED.failed
-RETURNING started_at, EXISTS (SELECT FROM limits) AS limited;
+RETURNING started_at, EXISTS (SELECT FROM limits) AS limited,
+          %(dead_after)s::integer IS NOT NULL AND EXISTS (
+              SELECT FROM workers AS d
+              WHERE d.id <> %(id)s
+                AND greatest(d.last_seen, pg_postmaster_start_time())
+                    < now() - %(dead_after)s * d.heartbeat_seconds * interval '1 second'
+                AND (d.reaped_at IS NULL OR d.reaped_at < d.last_seen)) AS dead_found;
 
 -- name: worker_unregister
 -- A clean stop: the worker's row goes. No rows.

@@ -268,5 +268,5 @@ def test_a_bad_heartbeat_exits_2(module_dsn: str) -> None:
     result = run_cli("worker", "--burst", "--heartbeat", "0s", "--dsn", module_dsn)
     assert result.exit_code == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        "pgqctl: error: --heartbeat must be more than 0s, e.g. --heartbeat 10s"
+        "pgqctl: error: --heartbeat must be more than 0s, e.g. --heartbeat 5s"
     ]

@@ -76,6 +76,34 @@ def test_a_killed_workers_jobs_run_again_within_a_minute_not_after_the_lease(
     assert rescuer.finish() == 0
 
 
+def test_with_the_defaults_a_killed_workers_jobs_run_again_within_a_minute(
+    dsn: str, conn: psycopg.Connection[Any], start_worker: Any
+) -> None:
+    # Default heartbeat (5s), --dead-after (6) and --reap-every (30s): the
+    # rescuer's next heartbeat finds the dead worker and reaps at once.
+    script = 'if [ "$PGQCTL_JOB_ATTEMPT" = 1 ]; then exec sleep 600; fi'
+    ids = insert_jobs(conn, [sh(script)] * 4)
+    doomed = start_worker(dsn, "--concurrency", "4", "--no-reap", "--lease", "5m")
+    wait_until(lambda: len(STARTED.findall(doomed.log)) == 4, 15, "the 4 jobs to start")
+    rescuer = start_worker(dsn, "--concurrency", "4", "--lease", "5m")
+    rescuer.wait_for_log(" started: ")
+    assert (
+        "heartbeat 5s" in rescuer.log and "reap every 30s (dead after 6 heartbeats)" in rescuer.log
+    )
+    doomed.proc.kill()
+    doomed.proc.wait()
+    killed = time.monotonic()
+    wait_until(
+        lambda: {job(conn, i)["status"] for i in ids} == {"done"}, 60, "the jobs to run again"
+    )
+    took = time.monotonic() - killed
+    print(f"with the defaults, the killed worker's jobs were done again {took:.1f}s after kill -9")
+    assert [job(conn, i)["attempts"] for i in ids] == [2, 2, 2, 2]
+    assert all(" dead: no heartbeat for " in job(conn, i)["last_error"] for i in ids)
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.finish() == 0
+
+
 def rescuer_id(worker: Any) -> str:
     match = re.search(r"worker (\S+:\d+) started", worker.log)
     assert match, worker.log

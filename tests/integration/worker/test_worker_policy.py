@@ -75,7 +75,7 @@ def test_an_allowlist_refuses_sh_symlinks_out_and_loader_variables_and_runs_the_
     result = run_worker(dsn, "--policy", policy)
 
     assert result.returncode == 0, result.stderr
-    assert f"heartbeat 10s, policy {policy}, database " in result.stderr
+    assert f"heartbeat 5s, policy {policy}, database " in result.stderr
     assert not touched.exists()
     assert marks(jobs_dir) == ["ran"]
     assert job(conn, allowed)["status"] == "done"
