@@ -58,6 +58,9 @@ EARLIER_CHECKSUMS = {
     "0007_workers.sql": "ed79c47dccbc69fcfdc7ba619ae28345ade855e769047b35476f705267162818",
     "0008_schedules.sql": "26519f362cf348b1758ca4c356996e53a821c6811ec1e01ad6d3eb53783f6626",
     "0009_jobs_autovacuum.sql": "2ad1c26ee271998d23dd809c695de8bf357885386a108ea142a0b4e696374662",
+    "0010_schedule_sources.sql": (
+        "218fa386ebf60a964539b119c74327966b24aab03740bade4a9d5de5eeb3d253"
+    ),
 }
 
 # Reading a table whole (VALIDATE, one pass of an index build), bytes a

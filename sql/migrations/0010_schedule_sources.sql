@@ -23,20 +23,25 @@
 --
 -- Every column is nullable or has a constant default: no table is
 -- rewritten, and each ALTER holds its lock only for a moment. The CHECK on
--- overlap reads the schedules table once (a row per schedule).
+-- overlap is validated in a step of its own, under a lock writers pass.
 --
 -- Additive for earlier clients: their workers tick every schedule as
 -- 'allow' and take no dead worker's jobs early, their `schedule sync`
 -- knows no sources (it removes what its file does not name, as it always
 -- did), and their `schedule add` gets the new default, 'skip'.
 
--- step: transaction
+-- step: transaction; locks schedules ACCESS EXCLUSIVE; locks workers ACCESS EXCLUSIVE
 ALTER TABLE schedules ADD COLUMN IF NOT EXISTS sync_source text;
-ALTER TABLE schedules ADD COLUMN IF NOT EXISTS overlap text NOT NULL DEFAULT 'allow'
-    CHECK (overlap IN ('allow', 'skip'));
+ALTER TABLE schedules ADD COLUMN IF NOT EXISTS overlap text NOT NULL DEFAULT 'allow';
+ALTER TABLE schedules DROP CONSTRAINT IF EXISTS schedules_overlap_check;
+ALTER TABLE schedules ADD CONSTRAINT schedules_overlap_check
+    CHECK (overlap IN ('allow', 'skip')) NOT VALID;
 ALTER TABLE schedules ALTER COLUMN overlap SET DEFAULT 'skip';
 ALTER TABLE schedules ADD COLUMN IF NOT EXISTS skipped_ticks bigint NOT NULL DEFAULT 0;
 ALTER TABLE schedules ADD COLUMN IF NOT EXISTS last_skipped_tick timestamptz;
 
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS reaped_at timestamptz;
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS reaped_jobs bigint NOT NULL DEFAULT 0;
+
+-- step: transaction; locks schedules SHARE UPDATE EXCLUSIVE; reads schedules
+ALTER TABLE schedules VALIDATE CONSTRAINT schedules_overlap_check;

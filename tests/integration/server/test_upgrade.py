@@ -3,6 +3,7 @@ workers keep running, as real processes, while this pgqctl migrates."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
@@ -69,6 +70,8 @@ class Producer:
 
     def __init__(self, release: Path, dsn: str, payload: str) -> None:
         self.calls: list[subprocess.CompletedProcess[str]] = []
+        # When each call began and ended (monotonic clock).
+        self.spans: list[tuple[float, float]] = []
         self.stop = threading.Event()
         self.args = ("enqueue", "upgrade", payload, "--dsn", dsn)
         self.release = release
@@ -76,13 +79,55 @@ class Producer:
 
     def run(self) -> None:
         while not self.stop.is_set():
+            began = time.monotonic()
             self.calls.append(old_pgqctl(self.release, *self.args))
+            self.spans.append((began, time.monotonic()))
+
+    def inside(self, began: float, ended: float) -> int:
+        """How many calls began and ended between `began` and `ended`."""
+        return sum(1 for b, e in self.spans if began <= b and e <= ended)
 
     def wait_for_calls(self, count: int, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while len(self.calls) < count:
             assert time.monotonic() < deadline, "the producer stalled"
             time.sleep(0.05)
+
+
+# The release's Python API in a loop, each job in a transaction of its own:
+# one line per call, "<wall clock> <job id>" or "<wall clock> error <why>".
+API_PRODUCER = """
+import json, sys, time
+from pgqctl import db
+from pgqctl.enqueue import enqueue
+conn = db.connect(sys.argv[1], schema="public")
+payload = json.loads(sys.argv[2])
+while True:
+    try:
+        with conn.transaction():
+            job_id = enqueue(conn, "upgrade", payload)
+        print(time.time(), job_id, flush=True)
+    except Exception as exc:
+        print(time.time(), "error", str(exc).replace(chr(10), " "), flush=True)
+        time.sleep(0.05)
+    time.sleep(0.005)
+"""
+
+
+def api_enqueues(lines: str) -> tuple[list[tuple[float, int]], list[str]]:
+    """The API producer's enqueues (wall clock, job id), and its errors."""
+    done, errors = [], []
+    for line in lines.splitlines():
+        when, _, rest = line.partition(" ")
+        if rest.startswith("error"):
+            errors.append(rest)
+        elif rest:
+            done.append((float(when), int(rest)))
+    return done, errors
+
+
+def longest_gap(times: list[float]) -> float:
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
 @pytest.fixture
@@ -107,7 +152,7 @@ def test_old_producers_and_workers_keep_working_through_an_upgrade(
         # before, while and after the schema changes.
         c.execute(
             "INSERT INTO jobs (kind, payload, status, attempts, finished_at) "
-            "SELECT 'history', '{}', 'done', 1, now() FROM generate_series(1, 30000)"
+            "SELECT 'history', '{}', 'done', 1, now() FROM generate_series(1, 200000)"
         )
         c.execute(
             "INSERT INTO jobs (kind, payload) SELECT 'upgrade', %s FROM generate_series(1, 300)",
@@ -119,26 +164,59 @@ def test_old_producers_and_workers_keep_working_through_an_upgrade(
         env=old_env(old_release),
         cwd=old_release,
     )
+    api_log = tmp_path / "api-producer.log"
+    with api_log.open("w") as out:
+        api = subprocess.Popen(
+            [sys.executable, "-c", API_PRODUCER, empty_dsn, payload],
+            env=old_env(old_release),
+            cwd=old_release,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         producer.thread.start()
         producer.wait_for_calls(2)
+        time.sleep(1.0)  # the API producer's pace before the upgrade
+        began, began_wall = time.monotonic(), time.time()
         migrated = run_cli("migrate", "--dsn", empty_dsn)
+        ended, ended_wall = time.monotonic(), time.time()
         assert migrated.exit_code == 0, migrated.stderr
         during = len(producer.calls)
         producer.wait_for_calls(during + 3)
+        time.sleep(0.5)
+        api.terminate()
+        api.wait(10)
         producer.stop.set()
         producer.thread.join()
         wait_until_run(empty_dsn)
     finally:
+        if api.poll() is None:
+            api.kill()
         code = worker.stop(30)
     worker_log = worker.log
+
+    # The release's API enqueued while the schema changed under it, and no
+    # migration step held it off longer than a moment (its lock waits give
+    # way to writers after --lock-wait, 500ms).
+    api_done, api_errors = api_enqueues(api_log.read_text())
+    assert api_errors == []
+    before = [t for t, _ in api_done if t < began_wall]
+    inside = [t for t, _ in api_done if began_wall <= t <= ended_wall]
+    gap = longest_gap([began_wall, *inside, ended_wall])
+    print(
+        f"migrate took {ended - began:.1f}s; the old API enqueued {len(inside)} jobs inside it, "
+        f"at most {gap:.2f}s apart (before it: {longest_gap(before):.2f}s); "
+        f"{producer.inside(began, ended)} old `pgqctl enqueue` ran inside it"
+    )
+    assert len(inside) >= 10
+    assert gap < max(2.0, 4 * longest_gap(before))
 
     failed = [(c.returncode, c.stderr.strip()) for c in producer.calls if c.returncode != 0]
     assert failed == []
     # A release-era command started after the upgrade works too.
     assert old_pgqctl(old_release, "stats", "--dsn", empty_dsn).returncode == 0
     assert code == 0, worker_log
-    enqueued = {int(c.stdout) for c in producer.calls}
+    enqueued = {int(c.stdout) for c in producer.calls} | {i for _, i in api_done}
     with psycopg.connect(empty_dsn) as c:
         rows = c.execute("SELECT id, status, attempts FROM jobs WHERE kind = 'upgrade'")
         jobs = {id_: (status, attempts) for id_, status, attempts in rows}
