@@ -119,7 +119,7 @@ def kind_row(screen: str) -> list[str] | None:
 def test_top_shows_the_queue_move_and_q_restores_the_terminal(
     dsn: str, pane: Pane, tmp_path: Path, start_pgqctl: object
 ) -> None:
-    insert_jobs(dsn, [["sleep", "0.2"]] * 60)  # about 3 s of work for 4 slots
+    insert_jobs(dsn, [["sleep", "0.5"]] * 60)  # about 7.5 s of work for 4 slots
     run_top(pane, dsn, tmp_path)
     wait_until(lambda: queue_row(pane.screen()) is not None, PATIENCE, "the queue's row")
     first = queue_row(pane.screen())
@@ -127,22 +127,23 @@ def test_top_shows_the_queue_move_and_q_restores_the_terminal(
     assert pane.state("alternate_on") == "1"  # on the alternate screen
 
     worker = start_pgqctl("worker", "--burst", "--concurrency", "4", "--dsn", dsn)  # type: ignore[operator]
-    seen: list[list[str]] = []
-
-    def moved() -> bool:
-        row = queue_row(pane.screen())
-        if row:
-            seen.append(row)
-        return bool(row) and int(row[1]) < 60 and float(row[3]) > 0  # done/s
-
-    wait_until(moved, PATIENCE, "top to show jobs being done")
-    # The worker's registry row, while it runs: its host:pid, active.
     pid = worker.proc.pid  # type: ignore[attr-defined]
-    wait_until(
-        lambda: any(f":{pid}" in line and "active" in line for line in pane.screen().splitlines()),
-        PATIENCE,
-        "the worker in top's workers",
-    )
+    # Both read from the screens drawn while the worker runs (in any order:
+    # a busy machine may draw the worker's row before the first done/s).
+    moving, listed = False, False
+
+    def seen_running() -> bool:
+        nonlocal moving, listed
+        screen = pane.screen()
+        row = queue_row(screen)
+        moving = moving or (bool(row) and int(row[1]) < 60 and float(row[3]) > 0)  # done/s
+        # The worker's registry row: its host:pid, active.
+        listed = listed or any(
+            f":{pid}" in line and "active" in line for line in screen.splitlines()
+        )
+        return moving and listed
+
+    wait_until(seen_running, PATIENCE, "top to show jobs being done and the worker active")
     assert worker.wait(60) == 0  # type: ignore[attr-defined]
     try:
         wait_until(
@@ -152,7 +153,7 @@ def test_top_shows_the_queue_move_and_q_restores_the_terminal(
         )
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the screen:\n{pane.screen()}") from None
-    # The last minute's run times of the kind: 60 attempts, each about 0.2 s.
+    # The last minute's run times of the kind: 60 attempts, each about 0.5 s.
     wait_until(
         lambda: (kind_row(pane.screen()) or ["", ""])[1] == "60",
         PATIENCE,
@@ -160,7 +161,7 @@ def test_top_shows_the_queue_move_and_q_restores_the_terminal(
     )
     row = kind_row(pane.screen())
     assert row is not None
-    assert all(0.15 <= float(p.rstrip("s")) < 5 for p in row[2:]), row
+    assert all(0.45 <= float(p.rstrip("s")) < 5 for p in row[2:]), row
 
     pane.tmux("send-keys", "-t", "top", "q")
     wait_until(lambda: "modes shown" in pane.screen(), PATIENCE, "top to exit")
