@@ -764,6 +764,8 @@ class TopView:
     workers: list[registry.Worker]  # the registry: active and stale ones
     # Per kind, the last minute's attempts: (kind, attempts, (p50, p95, p99) run seconds)
     run_times: list[tuple[str, int, tuple[float, float, float]]] = field(default_factory=list)
+    # The flow limits (`pgqctl limit`), each with what runs and waits under it.
+    limits: list[flow.Limit] = field(default_factory=list)
 
     def queues(self) -> list[str]:
         return sorted(set(self.counts) | set(self.finished) | set(self.paused))
@@ -796,6 +798,7 @@ def top_view(conn: Connection, *, window: float, leases: int = 10) -> TopView:
             (r["kind"], int(r["attempts"]), _three(r["percentiles"]))
             for r in named_rows(conn, "monitor_kind_run_times", params)
         ]
+        found_limits = flow.limits(conn)
     return TopView(
         dt.datetime.now(dt.timezone.utc),
         window,
@@ -805,6 +808,7 @@ def top_view(conn: Connection, *, window: float, leases: int = 10) -> TopView:
         soonest,
         fleet,
         run_times,
+        found_limits,
     )
 
 

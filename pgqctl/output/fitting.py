@@ -90,6 +90,12 @@ COLUMNS: dict[str, Column] = {
     "cpu": Column("whole", 15),
     "memory": Column("whole", 10),
     "output": Column("error", 0, 24),
+    # limits: what each one allows is cut last (a rule cut says least); how
+    # it stands now (`running` as for stats) stays whole.
+    "limit": Column("text", 0, 14),
+    "allows": Column("text", 0, 24),
+    "held_back": Column("whole", 0),
+    "waiting": Column("whole", 0),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.

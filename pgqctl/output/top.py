@@ -29,6 +29,10 @@ def top_render(view: TopView, where: str, interval: float) -> Any:
     return _TopFrame(view, where, interval)
 
 
+# The widest a text column may be, where 14 is too narrow to say enough (a
+# limit's rule); the figures beside it still fit 80 columns.
+_TEXT_WIDTHS = {"limit": 18, "allows": 24}
+
 # Each section of top: its title, the table's top edge, header, rule and
 # bottom edge around its rows.
 _TOP_SECTION_LINES = 5
@@ -81,43 +85,58 @@ class _TopFrame:
             self._worker_row(w)
             for w in sorted(view.workers, key=lambda w: (w.state != "active", w.id))
         ]
+        limits = [self._limit_row(lim) for lim in view.limits]
         kinds = [self._kind_row(*times) for times in view.run_times]
-        # The run times only when the last minute had attempts: an empty
-        # section would take rows the others need.
-        wanted = [len(queues), len(leases), len(workers)] + ([len(kinds)] if kinds else [])
+        # (title, columns, text columns, rows); the limits only when any
+        # exists, the run times only when the last minute had attempts: an
+        # empty section would take rows the others need.
+        sections: list[tuple[str, tuple[str, ...], tuple[str, ...], list[Any]]] = [
+            (
+                "queues",
+                ("queue", "pending", "running", "done/s", "failed/s", "oldest due", "paused"),
+                ("queue",),
+                queues,
+            ),
+        ]
+        if limits:
+            sections.append(
+                (
+                    "limits",
+                    ("limit", "allows", "running", "held back", "waiting"),
+                    ("limit", "allows"),
+                    limits,
+                )
+            )
+        sections += [
+            (
+                "leases ending soonest",
+                ("id", "queue", "kind", "attempt", "holder", "left"),
+                ("queue", "kind", "holder", "left"),
+                leases,
+            ),
+            (
+                "workers",
+                ("worker", "state", "jobs", "queues", "last seen"),
+                ("worker", "state", "queues"),
+                workers,
+            ),
+        ]
+        if kinds:
+            sections.append(
+                (
+                    "run times, last minute",
+                    ("kind", "attempts", "p50", "p95", "p99"),
+                    ("kind",),
+                    kinds,
+                )
+            )
         height = options.height or console.size.height
-        rows = share_rows(wanted, height - 1 - len(wanted) * _TOP_SECTION_LINES)
+        rows = share_rows(
+            [len(s[3]) for s in sections], height - 1 - len(sections) * _TOP_SECTION_LINES
+        )
         yield header
-        yield self._table(
-            "queues",
-            ("queue", "pending", "running", "done/s", "failed/s", "oldest due", "paused"),
-            ("queue",),
-            queues,
-            rows[0],
-        )
-        yield self._table(
-            "leases ending soonest",
-            ("id", "queue", "kind", "attempt", "holder", "left"),
-            ("queue", "kind", "holder", "left"),
-            leases,
-            rows[1],
-        )
-        yield self._table(
-            "workers",
-            ("worker", "state", "jobs", "queues", "last seen"),
-            ("worker", "state", "queues"),
-            workers,
-            rows[2],
-        )
-        if not kinds:
-            return
-        yield self._table(
-            "run times, last minute",
-            ("kind", "attempts", "p50", "p95", "p99"),
-            ("kind",),
-            kinds,
-            rows[3],
-        )
+        for (title, names, left, section_rows), room in zip(sections, rows, strict=True):
+            yield self._table(title, names, left, section_rows, room)
 
     @staticmethod
     def _table(
@@ -150,7 +169,7 @@ class _TopFrame:
                 no_wrap=True,
                 overflow="ellipsis",
                 min_width=min(len(name), 8) if name in left else max(len(name), wide.get(name, 0)),
-                max_width=14 if name in left else None,
+                max_width=_TEXT_WIDTHS.get(name, 14) if name in left else None,
             )
         shown = rows if len(rows) <= room else rows[: max(room - 1, 0)]
         for row in shown:
@@ -191,6 +210,21 @@ class _TopFrame:
             f"{job.tries}/{job.max_attempts}",
             Text(printable(job.locked_by or "", ONE_LINE_ESCAPES)),
             left + (" (expired)" if lease.expired else ""),
+        )
+
+    @staticmethod
+    def _limit_row(limit: Any) -> tuple[Any, ...]:
+        from rich.text import Text
+
+        from pgqctl.output.limits import limit_cells
+
+        cells = limit_cells(limit)
+        return (
+            Text(printable(cells["limit"], ONE_LINE_ESCAPES)),
+            cells["allows"],
+            cells["running"],
+            cells["held_back"],
+            cells["waiting"] or "-",
         )
 
     @staticmethod

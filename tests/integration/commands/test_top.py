@@ -221,3 +221,34 @@ def test_top_at_80_by_30_keeps_its_header_on_one_line_and_every_active_worker(
     assert lines[0].startswith("pgqctl top ") and lines[1] == "queues"
     assert all(any(line.startswith(f" vm:{pid} ") for line in lines) for pid in (100, 101, 102))
     assert any(line.lstrip().startswith("+") and "more" in line for line in lines)
+
+
+def test_top_shows_each_limit_what_runs_under_it_and_what_it_holds_back(
+    dsn: str, tmp_path: Path, start_pgqctl: object
+) -> None:
+    set_limit = pgqctl("limit", "set", "--kind", "report", "--concurrency", "1", "--dsn", dsn)
+    assert set_limit.returncode == 0, set_limit.stderr
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobs (kind, payload) SELECT 'report', "
+            """'{"argv": ["sleep", "60"]}' FROM generate_series(1, 3)"""
+        )
+    start_pgqctl("worker", "--concurrency", "2", "--grace", "1s", "--dsn", dsn)  # type: ignore[operator]
+    with pane_of(80, 30) as pane:
+        run_top(pane, dsn, tmp_path)
+        # One runs (the limit's only seat); two are due and held back by it.
+        row = ["kind", "report", "concurrency", "1", "1/1", "2"]
+        try:
+            wait_until(
+                lambda: any(line.split()[:6] == row for line in pane.screen().splitlines()),
+                PATIENCE,
+                "the limit's row: 1 of 1 running, 2 held back",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the screen:\n{pane.screen()}") from None
+        lines = pane.screen().splitlines()
+        pane.tmux("send-keys", "-t", "top", "q")
+    assert "limits" in lines and lines.index("limits") > lines.index("queues")
+    assert all(len(line) <= 80 for line in lines)
