@@ -131,6 +131,11 @@ COMMANDS = {
         "pgqctl.commands.control:resume_command",
         "Let workers claim from paused queues again, at once.",
     ),
+    "actions": Lazy(
+        "pgqctl.commands.actions:actions_command",
+        "What operators did to the queue from the web page: when, who, what, on which jobs, "
+        "and how many.",
+    ),
     "limit": Lazy(
         "pgqctl.commands.limit:limit_group",
         "Fleet-wide limits on a queue or a kind: jobs running at once, started per period, "

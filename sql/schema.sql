@@ -511,3 +511,16 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- What operators did from the web page (see 0014): when, who, what, on
+-- which jobs or queue, and how many jobs it changed; `pgqctl actions`.
+CREATE TABLE actions (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at        timestamptz NOT NULL DEFAULT now(),
+    actor     text NOT NULL,
+    action    text NOT NULL,
+    target    jsonb NOT NULL,
+    jobs      bigint NOT NULL DEFAULT 0,
+    finished  boolean NOT NULL DEFAULT true
+);
+CREATE INDEX actions_at_idx ON actions (at);

@@ -52,13 +52,27 @@ _BASE_PATH = re.compile(r"(/[A-Za-z0-9._~-]+)*")
     help="A file whose first line is the token every request must carry "
     "(else PGQCTL_WEB_TOKEN; never on the command line).",
 )
+@click.option(
+    "--allow-actions",
+    is_flag=True,
+    help="Show the buttons that change the queue: retry, run now, cancel, pause and resume "
+    "a queue, requeue or cancel the jobs a filter matches. Each action is recorded "
+    "(`pgqctl actions`). Without it the page only reads.",
+)
 def web_command(
-    database: Database, host: str, port: int, base_path: str, token_file: Path | None
+    database: Database,
+    host: str,
+    port: int,
+    base_path: str,
+    token_file: Path | None,
+    allow_actions: bool,
 ) -> None:
     """Serve the queue in a browser: an overview updated live, jobs,
     a job's attempts and why it waits, workers, schedules, doctor.
 
-    Read-only, over the same database and library as the other commands.
+    Read-only unless --allow-actions, over the same database and library
+    as the other commands (a standby, or a role that may not change the
+    queue, keeps it read-only, and the page says why).
     It binds 127.0.0.1 unless told otherwise; another address needs a token
     (PGQCTL_WEB_TOKEN, or --token-file), which a browser gives as the
     password of basic authentication (any user name) and a script as
@@ -69,6 +83,7 @@ def web_command(
     Example:
         pgqctl web
         pgqctl web --host 0.0.0.0 --token-file /etc/pgqctl/web-token
+        pgqctl web --allow-actions
     """
     try:
         import uvicorn
@@ -92,7 +107,7 @@ def web_command(
     with database.connect() as first:  # fails now, with the usual message, if it cannot
         where = config.describe(first.info.dsn)
     stopping = threading.Event()
-    app = make_app(Settings(where, token, base), database.reconnect, stopping)
+    app = make_app(Settings(where, token, base, allow_actions), database.reconnect, stopping)
     listening = _listen(host, port)
     bound_host, bound_port = listening.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host

@@ -96,6 +96,12 @@ COLUMNS: dict[str, Column] = {
     "allows": Column("text", 0, 24),
     "held_back": Column("whole", 0),
     "waiting": Column("whole", 0),
+    # actions: who and on what may be cut; when, what and how many stay.
+    "at": Column("time", 0),
+    "actor": Column("text", 0, 12),
+    "action": Column("whole", 0),
+    "target": Column("text", 0, 16),
+    "changed": Column("whole", 0),
 }
 # How times are shown, longest first: as everywhere, then in UTC without
 # the year, then without the seconds.

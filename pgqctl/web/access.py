@@ -90,3 +90,21 @@ def authorized(token: str | None, authorization: str | None) -> bool:
             return False
         given = decoded.partition(":")[2]
     return secrets.compare_digest(given.encode(), token.encode())
+
+
+def actor(authorization: str | None, client: str) -> str:
+    """Who asked for an action, as the record keeps it: the user name given
+    to basic authentication (the token is shared: the name is what each
+    person says they are) or `token` for a bearer token, `local` without a
+    token, then the address the request came from. Never the token."""
+    scheme, _, value = (authorization or "").partition(" ")
+    name = "local"
+    if scheme.lower() == "bearer":
+        name = "token"
+    elif scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            decoded = ""
+        name = decoded.partition(":")[0].strip()[:64] or "basic"
+    return f"{name}@{client}"

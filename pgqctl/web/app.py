@@ -23,13 +23,20 @@ import psycopg
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import QueryParams
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from pgqctl import admin, db
+from pgqctl import actions, admin, db
 from pgqctl.durations import parse_duration
 from pgqctl.errors import BadInput, NotFound, PgqctlError, TimedOut
 from pgqctl.jobs import STATUS_NAMES
@@ -38,6 +45,7 @@ from pgqctl.output.doctor import doctor_lines
 from pgqctl.output.why import message as why_sentence
 from pgqctl.text import CELL_ESCAPES, ONE_LINE_ESCAPES, format_seconds, human, printable, size
 from pgqctl.web import access, pages
+from pgqctl.web.acting import Acting, Refused
 from pgqctl.web.live import Shared
 from pgqctl.web.pool import Pool
 
@@ -51,6 +59,26 @@ class Settings:
     where: str  # the database, as `config.describe` names it (no password)
     token: str | None = None
     base_path: str = ""  # "" or "/path", no trailing slash
+    actions: bool = False  # --allow-actions: the buttons that change the queue
+
+
+# What a page says after an action sent it there (`?done=`): fixed texts,
+# never what the request said.
+NOTICES = {
+    "retried": "Retried: the job is pending again, due now, with one more try.",
+    "ran": "The job is due now: the next free worker takes it.",
+    "cancelled": "Cancelled. A worker running it stops it within a moment.",
+    "unchanged": "Nothing changed: the job's status changed meanwhile (see below).",
+    "paused": "Paused: workers claim none of this queue's jobs until it is resumed.",
+    "resumed": "Resumed: workers claim its jobs again.",
+    "not_paused": "Nothing changed: the queue was not paused.",
+}
+# The job actions, by the last part of their path.
+JOB_ACTIONS = {
+    "retry": (actions.retry, "retried"),
+    "run-now": (actions.run_now, "ran"),
+    "cancel": (actions.cancel, "cancelled"),
+}
 
 
 def templates() -> Environment:
@@ -104,6 +132,24 @@ def make_app(
         html = env.get_template(name).render(base=base, where=settings.where, **values)
         return HTMLResponse(html, status_code=status)
 
+    def write(change: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run an action on a borrowed connection; never again on failure
+        (unlike a read, it may have committed)."""
+        with pool.borrow() as conn:
+            return change(conn, *args, **kwargs)
+
+    acting = Acting(settings.actions, lambda: read(actions.read_only_reason))
+
+    async def acts() -> Any:
+        return await run_in_threadpool(acting.state)
+
+    async def checked(request: Request) -> tuple[dict[str, str], bytes, str]:
+        """A request to act: its form's fields and body, and who sent it."""
+        body = await request.body()
+        fields = await run_in_threadpool(acting.checked_form, request.headers, body)
+        client = request.client.host if request.client else "unknown"
+        return fields, body, access.actor(request.headers.get("authorization"), client)
+
     def read(page: Callable[..., Any], *args: Any) -> Any:
         conn = None
         try:
@@ -125,13 +171,21 @@ def make_app(
             view = read(pages.overview)
         except FAILURES as exc:
             return env.get_template("problem.html").render(message=_said(exc)[1])
-        return env.get_template("overview_live.html").render(base=base, view=view)
+        return env.get_template("overview_live.html").render(
+            base=base, view=view, acts=acting.state()
+        )
 
     live = Shared(overview_fragment, LIVE_EVERY_SECONDS)
 
     async def overview(request: Request) -> Response:
         fragment = await run_in_threadpool(live.latest)
-        return render("overview.html", fragment=fragment, page="overview")
+        return render(
+            "overview.html",
+            fragment=fragment,
+            page="overview",
+            notice=NOTICES.get(request.query_params.get("done", "")),
+            notice_queue=request.query_params.get("queue", ""),
+        )
 
     async def overview_events(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
@@ -154,6 +208,8 @@ def make_app(
             page="jobs",
             jobs=page,
             shown=shown,
+            acts=await acts(),
+            act_query=_with(shown),
             statuses=STATUS_NAMES,
             next_query=_with(shown, before=page.next_before) if page.next_before else None,
             first_query=_with(shown) if before is not None else None,
@@ -164,7 +220,79 @@ def make_app(
         found = await run_in_threadpool(read, pages.job_page, job_id)
         if found is None:
             raise NotFound(f"no job {job_id}: it may have been purged")
-        return render("job.html", page="jobs", view=found)
+        return render(
+            "job.html",
+            page="jobs",
+            view=found,
+            acts=await acts(),
+            notice=NOTICES.get(request.query_params.get("done", "")),
+        )
+
+    async def act_on_job(request: Request) -> Response:
+        job_id = _job_id(request.path_params["job_id"])
+        verb = request.path_params["verb"]
+        if verb not in JOB_ACTIONS:
+            raise NotFound(f"no action {verb!r}: one of {', '.join(JOB_ACTIONS)}")
+        _, _, actor = await checked(request)
+        change, said = JOB_ACTIONS[verb]
+        done = await run_in_threadpool(write, change, job_id, actor)
+        if not done.changed and done.left is None:
+            raise NotFound(f"no job {job_id}: it may have been purged")
+        notice = said if done.changed else "unchanged"
+        return RedirectResponse(f"{base}/jobs/{job_id}?done={notice}", status_code=303)
+
+    async def act_on_queue(request: Request) -> Response:
+        verb = request.path_params["verb"]
+        if verb not in ("pause", "resume"):
+            raise NotFound(f"no action {verb!r}: pause or resume")
+        fields, _, actor = await checked(request)
+        queue = fields.get("queue", "")
+        if not queue or "\x00" in queue:
+            raise BadInput("which queue? The form names none")
+        change = actions.pause if verb == "pause" else actions.resume
+        done = await run_in_threadpool(write, change, queue, actor)
+        notice = {"pause": "paused", "resume": "resumed"}[verb] if done.changed else "not_paused"
+        where = urlencode({"done": notice, "queue": queue})
+        return RedirectResponse(f"{base}/?{where}", status_code=303)
+
+    async def confirm_matching(request: Request) -> Response:
+        action = request.query_params.get("action", "")
+        found, _, shown = _job_filter(request.query_params)
+        ids = await run_in_threadpool(read, actions.preview, action, found)
+        return render(
+            "confirm.html",
+            page="jobs",
+            action=action,
+            verb=action.removesuffix("_matching"),
+            ids=ids,
+            most=actions.MOST_MATCHING,
+            batch=actions.BATCH,
+            shown=shown,
+            fields=_fields(shown),
+            back=_with(shown),
+            acts=await acts(),
+        )
+
+    async def act_on_matching(request: Request) -> Response:
+        fields, body, actor = await checked(request)
+        action = fields.get("action", "")
+        most = _number(fields.get("count", ""), "a count of jobs", actions.MOST_MATCHING)
+        found, _, shown = _job_filter(QueryParams(body.decode("utf-8")))
+        target = {k: v for k, v in shown.items() if v not in ("", [])}
+        action_id, _ = await run_in_threadpool(
+            lambda: write(actions.act_on_matching, action, found, actor, most=most, target=target)
+        )
+        return RedirectResponse(f"{base}/actions?done={action_id}", status_code=303)
+
+    async def action_log(request: Request) -> Response:
+        done = request.query_params.get("done", "")
+        found = await run_in_threadpool(read, actions.recent)
+        return render(
+            "actions.html",
+            page="actions",
+            actions=found,
+            done=int(done) if done.isascii() and done.isdigit() else None,
+        )
 
     async def attempt(request: Request) -> Response:
         job_id = _job_id(request.path_params["job_id"])
@@ -208,6 +336,11 @@ def make_app(
         Route("/jobs", jobs),
         Route("/jobs/{job_id}", job),
         Route("/jobs/{job_id}/attempts/{attempt}", attempt),
+        Route("/jobs/{job_id}/{verb}", act_on_job, methods=["POST"]),
+        Route("/queues/{verb}", act_on_queue, methods=["POST"]),
+        Route("/act", confirm_matching),
+        Route("/act", act_on_matching, methods=["POST"]),
+        Route("/actions", action_log),
         Route("/workers", workers),
         Route("/schedules", schedule_list),
         Route("/doctor", doctor),
@@ -296,6 +429,8 @@ def _said(exc: BaseException) -> tuple[int, str]:
         return 400, str(exc)
     if isinstance(exc, NotFound):
         return 404, str(exc)
+    if isinstance(exc, Refused):
+        return 403, str(exc)
     if isinstance(exc, TimedOut):
         return 504, str(exc)
     if isinstance(exc, (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)):
@@ -349,6 +484,16 @@ def _field(query: Any, name: str) -> str:
     if "\x00" in value:
         raise BadInput(f"{name} holds a NUL character, which no job's {name} can hold")
     return value
+
+
+def _fields(shown: dict[str, Any]) -> list[tuple[str, str]]:
+    """The jobs page's filter as (name, value) pairs, for a form's hidden fields."""
+    return [
+        (name, one)
+        for name, value in shown.items()
+        for one in (value if isinstance(value, list) else [value])
+        if one not in (None, "")
+    ]
 
 
 def _with(shown: dict[str, Any], **more: Any) -> str:
