@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from pgqctl import admin, attempts, control, doctor, monitor, registry, schedules, why
+from pgqctl import admin, attempts, control, doctor, flow, monitor, registry, schedules, why
 from pgqctl.db import atomic
 from pgqctl.jobs import Job
+from pgqctl.output.limits import limit_cells
 from pgqctl.rows import named_rows
 
 # The overview's window: the jobs finished and the chart's minutes.
@@ -47,6 +48,8 @@ class Overview:
     minutes: list[Minute]
     active_workers: int
     stale_workers: int
+    # Each flow limit (`pgqctl limit`) as `limit list` says it.
+    limits: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def peak(self) -> int:
@@ -67,6 +70,7 @@ def overview(conn: Any) -> Overview:
         fleet = registry.list_workers(conn)
         minutes = [Minute(**row) for row in named_rows(conn, "web_minutes", {"window": HOUR})]
         (now,) = named_rows(conn, "web_now", {})
+        found_limits = flow.limits(conn)
     names = sorted(set(figures) | set(pauses))
     rows = []
     for name in names:
@@ -83,7 +87,12 @@ def overview(conn: Any) -> Overview:
         )
     active = sum(1 for w in fleet if w.state == "active")
     return Overview(
-        now["now"], rows, _every_minute(minutes, now["now"]), active, len(fleet) - active
+        now["now"],
+        rows,
+        _every_minute(minutes, now["now"]),
+        active,
+        len(fleet) - active,
+        [limit_cells(lim) for lim in found_limits],
     )
 
 

@@ -360,3 +360,29 @@ def test_the_health_check_tells_nothing_when_the_database_is_gone(server_dsn: st
     with TestClient(app, base_url="http://localhost") as web:
         response = web.get("/healthz")
     assert (response.status_code, response.text) == (503, "unavailable\n")
+
+
+def test_the_overview_shows_each_limit_and_what_it_holds_back(
+    dsn: str, conn: psycopg.Connection[Any], web: TestClient
+) -> None:
+    assert (
+        run_cli("limit", "set", "--kind", "report", "--concurrency", "1", "--dsn", dsn).exit_code
+        == 0
+    )
+    # Its only seat taken, as a claim takes it: the two due jobs are held back.
+    conn.execute(
+        "INSERT INTO jobs (kind, payload) SELECT 'report', '{}' FROM generate_series(1, 3)"
+    )
+    conn.execute(
+        "WITH c AS (SELECT ids FROM pgqctl_claim_limited(NULL, NULL, 1)) "
+        "UPDATE jobs SET status = 'running', attempts = attempts + 1, seated = true, "
+        "locked_by = 'vm:1:0', locked_until = now() + interval '5 minutes' "
+        "FROM c WHERE jobs.id = ANY(c.ids)"
+    )
+    row = re.search(r"<table class=\"limits\">.*?<tbody>(.*?)</tbody>", web.get("/").text, re.S)
+    assert row is not None
+    cells = [
+        re.sub(r"<[^>]+>", "", c).strip()
+        for c in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    ]
+    assert cells[:4] == ["kind report", "concurrency 1", "1/1", "2"], cells

@@ -142,3 +142,56 @@ def test_without_the_token_the_browser_is_refused(
     page = right.new_page()
     assert page.goto(url + "/jobs").status == 200
     assert page.locator("h1, table.jobs").count() >= 1
+
+
+def test_pause_and_resume_a_queue_then_cancel_a_running_job_and_see_it_end(
+    dsn: str,
+    conn: psycopg.Connection[Any],
+    browser: Any,
+    start_pgqctl: Any,
+    start_worker: Any,
+    tmp_path: Path,
+) -> None:
+    (job_id,) = insert_jobs(conn, [sh("sleep 600")])
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    _, url = serve(start_pgqctl, dsn, "--allow-actions", "--token-file", str(token_file))
+    context = browser.new_context(http_credentials={"username": "ana", "password": TOKEN})
+    page = context.new_page()
+    page.goto(url + "/")
+    row = page.locator("table.queues tbody tr", has_text="default")
+    with page.expect_navigation():
+        row.get_by_role("button", name="Pause").click()
+    assert "Paused: workers claim none" in page.inner_text("p.notice")
+    page.wait_for_function(
+        "() => document.querySelector('table.queues tbody tr')?.textContent"
+        ".includes('paused from the web page by ana@')",
+        timeout=10_000,
+    )
+    worker = start_worker(dsn, "--concurrency", "1")
+    page.wait_for_timeout(1500)  # a paused queue: the worker claims nothing
+    assert conn.execute("SELECT status FROM jobs WHERE id = %s", (job_id,)).fetchone() == (
+        "pending",
+    )
+    with page.expect_navigation():
+        page.locator("table.queues tbody tr", has_text="default").get_by_role(
+            "button", name="Resume"
+        ).click()
+    assert "Resumed" in page.inner_text("p.notice")
+
+    page.goto(f"{url}/jobs/{job_id}")
+    for _ in range(100):  # the job starts on the worker
+        if page.locator("h1 .status").inner_text() == "running":
+            break
+        page.wait_for_timeout(200)
+        page.reload()
+    assert page.locator("h1 .status").inner_text() == "running"
+    with page.expect_navigation():
+        page.get_by_role("button", name="Cancel").click()
+    assert page.locator("h1 .status").inner_text() == "cancelled"
+    assert "Cancelled" in page.inner_text("p.notice")
+    worker.wait_for_log(f"job {job_id} cancelled")  # its worker stopped the process
+    page.goto(url + "/actions")
+    log = page.inner_text("table.actions-log tbody")
+    assert [line.split("\t")[2] for line in log.splitlines()] == ["cancel", "resume", "pause"]
+    assert all("ana@" in line for line in log.splitlines())

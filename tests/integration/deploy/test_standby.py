@@ -162,3 +162,26 @@ def test_worker_stops_when_its_primary_becomes_a_standby(
     assert code == 1, worker.log
     messages = "\n".join(str(record.get("message", "")) for record in worker.events())
     assert len(standby_lines(messages)) == 1, worker.log
+
+
+def test_the_web_page_with_actions_allowed_stays_read_only_on_a_standby(
+    replicated: Replicated,
+) -> None:
+    pytest.importorskip("starlette", reason="needs pgqctl[web]")
+    pytest.importorskip("httpx2", reason="needs httpx2 (pgqctl[test])")
+    from starlette.testclient import TestClient
+
+    from pgqctl import db
+    from pgqctl.web.app import Settings, make_app
+
+    app = make_app(
+        Settings("the replica", None, "", actions=True),
+        lambda: db.open_queue(replicated.replica_dsn, schema="public"),
+    )
+    failed = replicated.failed_id
+    with TestClient(app, base_url="http://localhost", follow_redirects=False) as web:
+        page = web.get(f"/jobs/{failed}").text
+        assert "read-only: the database is a standby, which takes no writes" in page
+        assert "Retry" not in page
+        refused = web.post(f"/jobs/{failed}/retry", data={"form_token": "x" * 43})
+    assert refused.status_code == 403 and "standby" in refused.text
