@@ -392,13 +392,15 @@ def select_jobs(
     order: str = "newest",
     limit: int | None = 50,
     before: int | None = None,
+    floor: int | None = None,
 ) -> list[Job]:
     """The jobs `found` matches, in `order`, at most `limit` (None: all);
-    newest first, those whose id is below `before` (the next page's)."""
+    newest first, those whose id is below `before` (the next page's) and
+    at least `floor`."""
     name = _list_query(found, order)
     if before is not None and order != "newest":
         raise ValueError("pages follow one another newest first only")
-    params = {**found.params(), "limit": limit, "before": before}
+    params = {**found.params(), "limit": limit, "before": before, "floor": floor}
     return [Job.from_row(row) for row in named_rows(conn, name, params)]
 
 
@@ -413,7 +415,7 @@ def stream_jobs(
         cur.itersize = batch
         cur.execute(
             with_job_columns(query(name)),
-            {**READ_PARAMS, **found.params(), "limit": None, "before": None},
+            {**READ_PARAMS, **found.params(), "limit": None, "before": None, "floor": None},
         )
         for row in cur:
             yield Job.from_row(row)

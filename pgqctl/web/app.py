@@ -210,6 +210,7 @@ def make_app(
             shown=shown,
             acts=await acts(),
             act_query=_with(shown),
+            search_span=pages.SEARCH_SPAN,
             statuses=STATUS_NAMES,
             next_query=_with(shown, before=page.next_before) if page.next_before else None,
             first_query=_with(shown) if before is not None else None,

@@ -94,6 +94,8 @@ WHERE (%(statuses)s::text[] IS NULL
   AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
   -- A page after the first (keyset paging): the jobs below the last id shown.
   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+  -- A search bounded to the ids from `floor` (the web page's: see pages.py).
+  AND (%(floor)s::bigint IS NULL OR id >= %(floor)s::bigint)
 -- Newest first. The CASE folds to a constant (and drops out) when done jobs
 -- may match: the primary key is walked backwards. When only pending,
 -- running or failed jobs may, it forces a sort of the matching rows, which

@@ -7,6 +7,10 @@
 -- The database's clock, which every age on a page is measured against.
 SELECT now() AS now;
 
+-- name: web_id_range
+-- The lowest and highest job ids, from the two ends of the primary key.
+SELECT min(id) AS lowest, max(id) AS highest FROM jobs;
+
 -- name: web_minutes
 -- The last `window` seconds minute by minute: the jobs done and failed in
 -- each (one range of jobs_finished_idx per status: the window's rows only,

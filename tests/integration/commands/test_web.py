@@ -386,3 +386,51 @@ def test_the_overview_shows_each_limit_and_what_it_holds_back(
         for c in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
     ]
     assert cells[:4] == ["kind report", "concurrency 1", "1/1", "2"], cells
+
+
+def test_an_error_text_search_through_the_history_reads_a_bounded_span_a_page(
+    dsn: str, conn: psycopg.Connection[Any], web: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: a search for an error text that matched nothing read the whole
+    history for one page (1.24 s at 9.8 M done jobs, bench/web_bench.py)."""
+    from pgqctl.web import pages
+
+    monkeypatch.setattr(pages, "SEARCH_SPAN", 1000)
+    conn.execute(
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error) "
+        "SELECT 'k', '{}', 'done', 2, now(), "
+        "       CASE WHEN i IN (100, 2900) THEN 'exit 3: needle' END "
+        "FROM generate_series(1, 3000) AS i"
+    )
+    shown: list[list[int]] = []
+    searched: list[str] = []
+    path = "/jobs?error=needle"
+    while path:
+        page = web.get(path).text
+        shown.append([int(i) for i in re.findall(r'<td class="n"><a href="/jobs/(\d+)">', page)])
+        found = re.search(r"This page searched jobs (\d+) to (\d+)", page)
+        assert found, page
+        searched.append(f"{found[1]}-{found[2]}")
+        older = re.search(r'<a href="(/jobs\?[^"]+)">Older jobs', page)
+        path = older[1].replace("&amp;", "&") if older else ""
+    assert searched == ["2001-3000", "1001-2000", "1-1000"]
+    assert shown == [[2900], [], [100]]
+
+    with db.connect(dsn, schema="public") as c:
+        explained = plan_of(
+            c,
+            query("job_list").replace("{job}", "id"),
+            {
+                "statuses": None,
+                "queues": None,
+                "kinds": None,
+                "ids": None,
+                "since": None,
+                "error": "matches nothing",
+                "before": 3001,
+                "floor": 2001,
+                "limit": 51,
+            },
+            "custom",
+        )
+    assert rows_read(explained, "jobs") <= 1000, json.dumps(explained, indent=1)
