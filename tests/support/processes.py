@@ -68,8 +68,10 @@ def _record(line: str) -> dict[str, Any]:
 def _hangup_as_by_default() -> None:
     # A suite run under nohup ignores SIGHUP, and a worker keeps an ignored
     # SIGHUP as it inherits it (as nohup asks): its processes here get the
-    # default, as under a shell, so that SIGHUP tests judge the worker.
+    # default, as under a shell, so that SIGHUP tests judge the worker. The
+    # same for SIGINT, which a suite started in the background ignores.
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class PgqctlProcess:

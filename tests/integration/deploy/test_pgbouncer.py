@@ -30,6 +30,7 @@ import pytest
 from psycopg import sql
 
 import pgqctl as pgqctl_api
+from tests.conftest import ctrl_c_at_default
 from tests.support.processes import PgqctlProcess, start_pgqctl, trouble, wait_all
 from tests.support.servers import (
     REPO_ROOT,
@@ -197,6 +198,7 @@ def _watch(pooled: str, watchers: int, snapshots: int) -> list[tuple[bool, int, 
             text=True,
             cwd=REPO_ROOT,
             env=clean_env(),
+            preexec_fn=ctrl_c_at_default,
         )
         for _ in range(watchers)
     ]
