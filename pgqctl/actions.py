@@ -168,18 +168,22 @@ def _requeue_one(
 def cancel(conn: Connection, job_id: int, actor: str) -> Done:
     """A pending or running job cancelled; a running one's worker stops it."""
     with conn.transaction():
-        done = admin.cancel(
-            conn, admin.CancelSelection(ids=(job_id,)), reason=_reason("cancelled", actor)
-        )
+        done = admin.cancel(conn, admin.CancelSelection(ids=(job_id,)), reason=_reason(actor))
         if done.jobs:
             record(conn, actor, "cancel", {"job": job_id}, len(done.jobs))
     return Done(len(done.jobs), done.left.get(job_id))
 
 
 def pause(conn: Connection, queue: str, actor: str) -> Done:
-    """Pause a queue until resumed."""
+    """Pause a queue until resumed; a queue paused already (by anyone, for
+    any reason and time) is left as it is: Done(0, "paused")."""
     with conn.transaction():
-        control.pause(conn, [queue], reason=_reason("paused", actor))
+        if any(p.queue == queue for p in control.paused(conn)):
+            return Done(0, "paused")
+        unknown = control.unknown_queues(conn, [queue])
+        if unknown:
+            raise BadInput(f"{unknown[0].message()}: it has no job and no pause now")
+        control.pause(conn, [queue], reason=_reason(actor))
         record(conn, actor, "pause", {"queue": queue}, 0)
     return Done(1)
 
@@ -193,8 +197,10 @@ def resume(conn: Connection, queue: str, actor: str) -> Done:
     return Done(len(resumed.resumed))
 
 
-def _reason(done: str, actor: str) -> str:
-    return f"{done} from the web page by {actor}"
+def _reason(actor: str) -> str:
+    """Why a job was cancelled or a queue paused, as last_error and the
+    pause's reason say it after `cancelled: ` or `paused: `."""
+    return f"from the web page by {actor}"
 
 
 # --- the jobs a filter matches -------------------------------------------------------
@@ -224,25 +230,28 @@ def act_on_matching(
     conn: Connection,
     action: str,
     found: admin.JobFilter,
+    ids: Sequence[int],
     actor: str,
     *,
-    most: int,
     target: dict[str, Any],
     pause: Callable[[float], None] = time.sleep,
 ) -> tuple[int, int]:
-    """Requeue or cancel the jobs `found` matches now, at most `most` (the
-    count the operator confirmed), newest first, in batches of BATCH jobs
-    each in a transaction of its own with its part of the record; (the
-    action's id in the record, jobs changed). `target` is the filter as the
-    record keeps it."""
-    ids = preview(conn, action, found)[: max(0, most)]
+    """Requeue or cancel the jobs `ids` (those the operator confirmed, from
+    `preview`) that are still in a status the action takes for `found`, in
+    batches of BATCH, each in a transaction of its own with its part of the
+    record; (the action's id in the record, jobs changed). A job that
+    matches the filter only since the confirmation is left alone. `target`
+    is the filter as the record keeps it."""
+    if len(ids) > MOST_MATCHING:
+        raise BadInput(f"at most {MOST_MATCHING:,} jobs an action: confirm fewer")
+    statuses = matching_filter(action, found).statuses
     action_id = 0
     changed = 0
     for start in range(0, max(len(ids), 1), BATCH):
         batch = ids[start : start + BATCH]
         last = start + BATCH >= len(ids)
         with conn.transaction():
-            n = _change(conn, action, batch, actor) if batch else 0
+            n = _change(conn, action, batch, statuses, actor) if batch else 0
             if not action_id:
                 action_id = record(conn, actor, action, target, n, finished=last)
             else:
@@ -253,11 +262,77 @@ def act_on_matching(
     return action_id, changed
 
 
-def _change(conn: Connection, action: str, ids: Sequence[int], actor: str) -> int:
+def _change(
+    conn: Connection, action: str, ids: Sequence[int], statuses: tuple[str, ...], actor: str
+) -> int:
     if action == "requeue_matching":
-        statuses = MATCHING_STATUSES[action]
         return len(admin.requeue(conn, admin.Selection(statuses=statuses, ids=tuple(ids))).jobs)
     cancelled = admin.cancel(
-        conn, admin.CancelSelection(ids=tuple(ids)), reason=_reason("cancelled", actor)
+        conn, admin.CancelSelection(ids=tuple(ids), statuses=statuses), reason=_reason(actor)
     )
     return len(cancelled.jobs)
+
+
+# --- how an action's target reads ------------------------------------------------------
+
+# The filter's fields as the jobs page labels them.
+FILTER_LABELS = {
+    "status": "status",
+    "queue": "queue",
+    "kind": "kind",
+    "error": "error holding",
+    "id": "id",
+    "since": "created within",
+}
+
+
+def filter_text(fields: dict[str, Any]) -> str:
+    """A filter in words: `status failed or cancelled, queue mail`."""
+    parts = []
+    for name, label in FILTER_LABELS.items():
+        value = fields.get(name)
+        if value in (None, "", []):
+            continue
+        shown = " or ".join(value) if isinstance(value, list) else str(value)
+        parts.append(f"{label} {shown}")
+    return ", ".join(parts) or "every job"
+
+
+def target_text(target: dict[str, Any]) -> str:
+    """What an action was done on, in words: `job 17`, `queue mail`, or
+    `jobs with status failed, queue mail`."""
+    if "job" in target:
+        return f"job {target['job']}"
+    if "queue" in target:
+        return f"queue {target['queue']}"
+    return f"jobs with {filter_text(target.get('filter', {}))}"
+
+
+def id_ranges(ids: Sequence[int]) -> str:
+    """Ids as a form carries them: `3-9,12,40-41` (in any order given)."""
+    parts: list[str] = []
+    ordered = sorted(set(ids))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_id_ranges(text: str) -> list[int]:
+    """The ids of `id_ranges`, newest first; BadInput for anything else or
+    more than MOST_MATCHING."""
+    ids: list[int] = []
+    for part in text.split(",") if text else []:
+        low, _, high = part.partition("-")
+        digits = [low, high] if high else [low]
+        if not all(d.isascii() and d.isdigit() for d in digits):
+            raise BadInput("the form's job ids are not ids: reload the page and confirm again")
+        first, last = int(low), int(high or low)
+        if last < first or last >= 2**63 or len(ids) + last - first >= MOST_MATCHING:
+            raise BadInput(f"the form names more than {MOST_MATCHING:,} jobs, or a bad range")
+        ids.extend(range(first, last + 1))
+    return sorted(ids, reverse=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from pgqctl import actions
@@ -60,8 +58,8 @@ def actions_command(database: Database, since: float | None, limit: int, fmt: st
                 {
                     "at": a.at,
                     "actor": a.actor,
-                    "action": a.action + ("" if a.finished else " (stopped)"),
-                    "target": json.dumps(a.target, sort_keys=True, ensure_ascii=False),
+                    "action": a.action + ("" if a.finished else " (stopped before its end)"),
+                    "target": actions.target_text(a.target),
                     "changed": a.jobs,
                 }
                 for a in found
@@ -71,5 +69,7 @@ def actions_command(database: Database, since: float | None, limit: int, fmt: st
         )
     else:
         emit_rows([a.as_record() for a in found], actions.FIELDS, fmt)
-    if not found:
+    if not found and since is not None:
+        say("no actions within that time: leave out --since to see the older ones")
+    elif not found:
         say("no actions recorded: `pgqctl web --allow-actions` records what is done there")

@@ -63,15 +63,18 @@ class Settings:
 
 
 # What a page says after an action sent it there (`?done=`): fixed texts,
-# never what the request said.
+# never what the request said (but a status, checked, and a queue's name,
+# escaped by the template between the two parts).
 NOTICES = {
     "retried": "Retried: the job is pending again, due now, with one more try.",
-    "ran": "The job is due now: the next free worker takes it.",
-    "cancelled": "Cancelled. A worker running it stops it within a moment.",
-    "unchanged": "Nothing changed: the job's status changed meanwhile (see below).",
-    "paused": "Paused: workers claim none of this queue's jobs until it is resumed.",
-    "resumed": "Resumed: workers claim its jobs again.",
-    "not_paused": "Nothing changed: the queue was not paused.",
+    "ran": "Run now: the job is due now.",
+    "cancelled": "Cancelled: a worker running it stops it within a moment.",
+}
+QUEUE_NOTICES = {
+    "paused": ("Queue ", " paused: workers claim none of its jobs until it is resumed."),
+    "resumed": ("Queue ", " resumed: workers claim its jobs again."),
+    "not_paused": ("Nothing changed: queue ", " was not paused."),
+    "already_paused": ("Nothing changed: queue ", " was paused already."),
 }
 # The job actions, by the last part of their path.
 JOB_ACTIONS = {
@@ -96,6 +99,7 @@ def templates() -> Environment:
         text=lambda v: shown_text(v, CELL_ESCAPES),
         size=lambda n: "" if n is None else size(int(n)),
         why_sentence=why_sentence,
+        target_text=actions.target_text,
         doctor_lines=doctor_lines,
         zip_timeline=lambda tried: list(zip(tried, timeline_rows(tried), strict=True)),
         streams=lambda attempt: [
@@ -183,8 +187,9 @@ def make_app(
             "overview.html",
             fragment=fragment,
             page="overview",
-            notice=NOTICES.get(request.query_params.get("done", "")),
+            notice=QUEUE_NOTICES.get(request.query_params.get("done", "")),
             notice_queue=request.query_params.get("queue", ""),
+            acts=await acts(),
         )
 
     async def overview_events(request: Request) -> Response:
@@ -226,7 +231,7 @@ def make_app(
             page="jobs",
             view=found,
             acts=await acts(),
-            notice=NOTICES.get(request.query_params.get("done", "")),
+            notice=_job_notice(request.query_params),
         )
 
     async def act_on_job(request: Request) -> Response:
@@ -239,8 +244,9 @@ def make_app(
         done = await run_in_threadpool(write, change, job_id, actor)
         if not done.changed and done.left is None:
             raise NotFound(f"no job {job_id}: it may have been purged")
-        notice = said if done.changed else "unchanged"
-        return RedirectResponse(f"{base}/jobs/{job_id}?done={notice}", status_code=303)
+        kept = {"done": "unchanged", "status": done.left or ""}
+        where = urlencode({"done": said} if done.changed else kept)
+        return RedirectResponse(f"{base}/jobs/{job_id}?{where}", status_code=303)
 
     async def act_on_queue(request: Request) -> Response:
         verb = request.path_params["verb"]
@@ -252,7 +258,11 @@ def make_app(
             raise BadInput("which queue? The form names none")
         change = actions.pause if verb == "pause" else actions.resume
         done = await run_in_threadpool(write, change, queue, actor)
-        notice = {"pause": "paused", "resume": "resumed"}[verb] if done.changed else "not_paused"
+        live.expire()  # the overview shows the change, not the read before it
+        if done.changed:
+            notice = {"pause": "paused", "resume": "resumed"}[verb]
+        else:
+            notice = "already_paused" if verb == "pause" else "not_paused"
         where = urlencode({"done": notice, "queue": queue})
         return RedirectResponse(f"{base}/?{where}", status_code=303)
 
@@ -260,15 +270,18 @@ def make_app(
         action = request.query_params.get("action", "")
         found, _, shown = _job_filter(request.query_params)
         ids = await run_in_threadpool(read, actions.preview, action, found)
+        taken = actions.matching_filter(action, found).statuses
         return render(
             "confirm.html",
             page="jobs",
             action=action,
             verb=action.removesuffix("_matching"),
             ids=ids,
+            id_ranges=actions.id_ranges(ids),
             most=actions.MOST_MATCHING,
             batch=actions.BATCH,
-            shown=shown,
+            described=actions.filter_text({**shown, "status": list(taken)}),
+            taken=taken,
             fields=_fields(shown),
             back=_with(shown),
             acts=await acts(),
@@ -277,22 +290,27 @@ def make_app(
     async def act_on_matching(request: Request) -> Response:
         fields, body, actor = await checked(request)
         action = fields.get("action", "")
-        most = _number(fields.get("count", ""), "a count of jobs", actions.MOST_MATCHING)
+        ids = actions.parse_id_ranges(fields.get("ids", ""))
         found, _, shown = _job_filter(QueryParams(body.decode("utf-8")))
-        target = {k: v for k, v in shown.items() if v not in ("", [])}
+        taken = actions.matching_filter(action, found).statuses
+        target = {"filter": {k: v for k, v in {**shown, "status": list(taken)}.items() if v}}
         action_id, _ = await run_in_threadpool(
-            lambda: write(actions.act_on_matching, action, found, actor, most=most, target=target)
+            lambda: write(actions.act_on_matching, action, found, ids, actor, target=target)
         )
+        live.expire()
         return RedirectResponse(f"{base}/actions?done={action_id}", status_code=303)
 
     async def action_log(request: Request) -> Response:
         done = request.query_params.get("done", "")
         found = await run_in_threadpool(read, actions.recent)
+        done_id = int(done) if done.isascii() and done.isdigit() else None
+        just = next((a for a in found if a.id == done_id), None)
         return render(
             "actions.html",
             page="actions",
             actions=found,
-            done=int(done) if done.isascii() and done.isdigit() else None,
+            done=done_id,
+            notice=None if just is None else _action_notice(just),
         )
 
     async def attempt(request: Request) -> Response:
@@ -485,6 +503,25 @@ def _field(query: Any, name: str) -> str:
     if "\x00" in value:
         raise BadInput(f"{name} holds a NUL character, which no job's {name} can hold")
     return value
+
+
+def _job_notice(query: Any) -> str | None:
+    """What a job's page says after an action sent it there."""
+    done = query.get("done", "")
+    if done == "unchanged":
+        status = query.get("status", "")
+        now = f"the job is {status} now" if status in STATUS_NAMES else "see below"
+        return f"Nothing changed: {now}."
+    return NOTICES.get(done)
+
+
+def _action_notice(done: actions.Action) -> str | None:
+    """What the Actions page says of an action on matching jobs just done."""
+    if done.action not in actions.MATCHING_STATUSES:
+        return None
+    verb = "Requeued" if done.action == "requeue_matching" else "Cancelled"
+    jobs = f"{done.jobs:,} job{'' if done.jobs == 1 else 's'}"
+    return f"{verb} {jobs}: {actions.target_text(done.target)}."
 
 
 def _fields(shown: dict[str, Any]) -> list[tuple[str, str]]:

@@ -32,3 +32,8 @@ class Shared(Generic[T]):
                 self._value = self._make()
                 self._made = time.monotonic()
             return self._value
+
+    def expire(self) -> None:
+        """The next `latest` makes a new value (something changed it)."""
+        with self._lock:
+            self._made = float("-inf")

@@ -128,11 +128,12 @@ def test_retry_run_now_and_cancel_change_the_job_and_are_recorded(
     assert gone.headers["location"] == f"/jobs/{later}?done=cancelled"
     row = job(conn, later)
     assert row["status"] == "cancelled"
-    assert row["last_error"] == "cancelled: cancelled from the web page by local@testclient"
+    assert row["last_error"] == "cancelled: from the web page by local@testclient"
 
     # Again, on a job that can no longer be cancelled: nothing changes, and it says so.
     again = web.post(f"/jobs/{later}/cancel", data={"form_token": form_token(web.get("/").text)})
-    assert again.headers["location"] == f"/jobs/{later}?done=unchanged"
+    assert again.headers["location"] == f"/jobs/{later}?done=unchanged&status=cancelled"
+    assert "Nothing changed: the job is cancelled now." in web.get(again.headers["location"]).text
     log = recorded(dsn)
     assert [(a["action"], a["target"], a["jobs"], a["actor"]) for a in reversed(log)] == [
         ("retry", {"job": failed}, 1, "local@testclient"),
@@ -142,7 +143,7 @@ def test_retry_run_now_and_cancel_change_the_job_and_are_recorded(
     assert all(a["finished"] for a in log)
     human = run_cli("actions", "--dsn", dsn, "--format", "plain")
     assert human.exit_code == 0
-    assert re.search(r"local@testclient\s+cancel\s+\{\"job\": \d+\}\s+1", human.stdout)
+    assert re.search(r"local@testclient\s+cancel\s+job \d+\s+1\n", human.stdout), human.stdout
 
 
 def test_cancel_stops_a_running_job_on_its_worker(
@@ -167,9 +168,16 @@ def test_pause_and_resume_a_queue_from_the_overview(
     paused = post(web, "/queues/pause", queue=HOSTILE)
     assert paused.status_code == 303
     shown = web.get(paused.headers["location"]).text
-    assert "Paused: workers claim none of this queue" in shown and HOSTILE not in shown
+    assert " paused: workers claim none of its jobs" in shown and HOSTILE not in shown
     reason = conn.execute("SELECT reason FROM paused_queues WHERE queue = %s", (HOSTILE,))
-    assert reason.fetchone() == ("paused from the web page by local@testclient",)
+    assert reason.fetchone() == ("from the web page by local@testclient",)
+    # Paused meanwhile by someone else: a Pause from an older page leaves that pause.
+    conn.execute("UPDATE paused_queues SET reason = 'maintenance window'")
+    again = post(web, "/queues/pause", queue=HOSTILE)
+    assert "done=already_paused" in again.headers["location"]
+    assert "was paused already" in web.get(again.headers["location"]).text
+    reason = conn.execute("SELECT reason FROM paused_queues WHERE queue = %s", (HOSTILE,))
+    assert reason.fetchone() == ("maintenance window",)
 
     post(web, "/queues/resume", queue=HOSTILE)
     assert conn.execute("SELECT count(*) FROM paused_queues").fetchone() == (0,)
@@ -188,9 +196,10 @@ def test_requeue_what_a_filter_matches_after_a_confirmation_with_its_count(
     others = failed_jobs(conn, 5, kind="report")
     confirm = web.get("/act?action=requeue_matching&kind=import&status=failed")
     assert confirm.status_code == 200
-    assert "<strong>1,200</strong> jobs" in confirm.text
+    assert "<strong>1,200</strong> failed jobs" in confirm.text
     fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', confirm.text))
-    assert fields["count"] == "1200" and fields["kind"] == "import"
+    assert fields["ids"] == f"{min(matching)}-{max(matching)}" and fields["kind"] == "import"
+    assert "The filter, as this action takes it: status failed, kind import." in confirm.text
     assert conn.execute("SELECT count(*) FROM jobs WHERE status = 'pending'").fetchone() == (0,)
 
     done = web.post("/act", data=fields)
@@ -204,29 +213,36 @@ def test_requeue_what_a_filter_matches_after_a_confirmation_with_its_count(
     assert {job(conn, i)["status"] for i in others} == {"failed"}
     [entry] = recorded(dsn)
     assert (entry["action"], entry["jobs"], entry["finished"]) == ("requeue_matching", 1200, True)
-    assert entry["target"] == {"kind": "import", "status": ["failed"]}
-    assert "1,200" in web.get(done.headers["location"]).text
+    assert entry["target"] == {"filter": {"kind": "import", "status": ["failed"]}}
+    shown = web.get(done.headers["location"]).text
+    assert "Requeued 1,200 jobs: jobs with status failed, kind import." in shown
 
 
-def test_a_confirmed_count_bounds_the_action_when_more_match_by_then(
+def test_an_action_on_matching_jobs_takes_only_the_jobs_confirmed(
     dsn: str, conn: psycopg.Connection[Any], web: TestClient
 ) -> None:
     failed_jobs(conn, 30, kind="import")
+    nothing = web.get("/act?action=cancel_matching&kind=import").text
+    assert "No job that this can cancel matches" in nothing
+    confirmed = insert_jobs(conn, [sh("true")] * 30, kind="import")
     confirm = web.get("/act?action=cancel_matching&kind=import").text
-    assert "No job that this can cancel matches" in confirm
-    insert_jobs(conn, [sh("true")] * 30, kind="import")
-    fields = {"form_token": form_token(web.get("/").text), "action": "cancel_matching"}
-    done = web.post("/act", data={**fields, "kind": "import", "count": "10"})
-    assert done.status_code == 303
-    counted = conn.execute(
-        "SELECT status, count(*) FROM jobs WHERE kind = 'import' GROUP BY 1 ORDER BY 1"
-    ).fetchall()
-    assert counted == [("cancelled", 10), ("failed", 30), ("pending", 20)]
-    # The newest ten, as the jobs page lists them first.
-    newest = conn.execute(
-        "SELECT id FROM jobs WHERE kind = 'import' AND status <> 'failed' ORDER BY id DESC LIMIT 10"
-    ).fetchall()
-    assert {job(conn, i)["status"] for (i,) in newest} == {"cancelled"}
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', confirm))
+    # Before the click: one confirmed job ends, and ten new ones match.
+    conn.execute(
+        "UPDATE jobs SET status = 'done', finished_at = now() WHERE id = %s", (confirmed[0],)
+    )
+    later = insert_jobs(conn, [sh("true")] * 10, kind="import")
+    assert web.post("/act", data=fields).status_code == 303
+    assert {job(conn, i)["status"] for i in confirmed[1:]} == {"cancelled"}
+    assert job(conn, confirmed[0])["status"] == "done"
+    assert {job(conn, i)["status"] for i in later} == {"pending"}
+    [entry] = recorded(dsn)
+    assert (entry["jobs"], entry["target"]) == (
+        29,
+        {"filter": {"kind": "import", "status": ["pending", "running"]}},
+    )
+    forged = web.post("/act", data={**fields, "ids": "1-20000"})
+    assert forged.status_code == 400 and "more than 10,000 jobs" in forged.text
 
 
 def test_an_action_on_matching_jobs_goes_in_batches_with_a_pause_between(
@@ -245,13 +261,14 @@ def test_an_action_on_matching_jobs_goes_in_batches_with_a_pause_between(
         pauses.append(seconds)
 
     with db.open_queue(dsn, schema="public") as q:
+        found = JobFilter(kinds=("import",))
         action_id, changed = actions.act_on_matching(
             q,
             "requeue_matching",
-            JobFilter(kinds=("import",)),
+            found,
+            actions.preview(q, "requeue_matching", found),
             "ops@10.0.0.1",
-            most=1200,
-            target={"kind": "import"},
+            target={"filter": {"kind": "import"}},
             pause=pause,
         )
     assert changed == 1200 and action_id > 0

@@ -162,10 +162,10 @@ def test_pause_and_resume_a_queue_then_cancel_a_running_job_and_see_it_end(
     row = page.locator("table.queues tbody tr", has_text="default")
     with page.expect_navigation():
         row.get_by_role("button", name="Pause").click()
-    assert "Paused: workers claim none" in page.inner_text("p.notice")
+    assert "paused: workers claim none" in page.inner_text("p.notice")
     page.wait_for_function(
         "() => document.querySelector('table.queues tbody tr')?.textContent"
-        ".includes('paused from the web page by ana@')",
+        ".includes('paused: from the web page by ana@')",
         timeout=10_000,
     )
     worker = start_worker(dsn, "--concurrency", "1")
@@ -177,7 +177,7 @@ def test_pause_and_resume_a_queue_then_cancel_a_running_job_and_see_it_end(
         page.locator("table.queues tbody tr", has_text="default").get_by_role(
             "button", name="Resume"
         ).click()
-    assert "Resumed" in page.inner_text("p.notice")
+    assert "resumed: workers claim its jobs again" in page.inner_text("p.notice")
 
     page.goto(f"{url}/jobs/{job_id}")
     for _ in range(100):  # the job starts on the worker
@@ -189,7 +189,7 @@ def test_pause_and_resume_a_queue_then_cancel_a_running_job_and_see_it_end(
     with page.expect_navigation():
         page.get_by_role("button", name="Cancel").click()
     assert page.locator("h1 .status").inner_text() == "cancelled"
-    assert "Cancelled" in page.inner_text("p.notice")
+    assert "Cancelled: a worker running it stops it" in page.inner_text("p.notice")
     worker.wait_for_log(f"job {job_id} cancelled")  # its worker stopped the process
     page.goto(url + "/actions")
     log = page.inner_text("table.actions-log tbody")
