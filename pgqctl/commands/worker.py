@@ -201,6 +201,25 @@ class SqlSpec(KindSpec):
     help="Run COMMAND for jobs of KIND, with the payload as JSON on stdin (repeatable).",
 )
 @click.option(
+    "--serve",
+    "serve",
+    type=HandlerSpec(),
+    multiple=True,
+    envvar="PGQCTL_SERVE",
+    metavar="KIND=COMMAND",
+    help="Start COMMAND once per slot and keep it running: each job of KIND is a JSON "
+    "line on its stdin, answered by a result line on its stdout (see `Resident "
+    "handlers` in the docs; repeatable).",
+)
+@click.option(
+    "--max-jobs-per-process",
+    type=COUNT,
+    default=None,
+    metavar="N",
+    help="With --serve: retire a resident process after N jobs (its stdin closed), "
+    "and start a new one.",
+)
+@click.option(
     "--sql",
     "sql_handlers",
     type=SqlSpec(),
@@ -303,6 +322,8 @@ def worker_command(
     max_jobs: int | None,
     allow_shell: bool,
     handlers: tuple[tuple[str, tuple[str, ...]], ...],
+    serve: tuple[tuple[str, tuple[str, ...]], ...],
+    max_jobs_per_process: int | None,
     sql_handlers: tuple[tuple[str, str], ...],
     policy_file: str | None,
     handlers_only: bool,
@@ -321,7 +342,9 @@ def worker_command(
     needs --allow-shell; with --handler KIND=COMMAND, jobs of KIND run
     COMMAND with their payload as JSON on stdin; with --sql KIND=STATEMENT,
     jobs of KIND run STATEMENT ($1: the payload) and are marked done in the
-    same transaction, no process started. A policy (--policy FILE,
+    same transaction, no process started; with --serve KIND=COMMAND,
+    COMMAND is started once per slot and kept running, and each job of KIND
+    is a JSON line on its stdin answered by a line on its stdout. A policy (--policy FILE,
     --handlers-only, --allow-program, --allow-env) narrows what may run: a
     job it refuses fails at once, saying which rule refused it. Exit 0: done; anything
     else: retried with exponential backoff until max_attempts, then failed.
@@ -360,6 +383,7 @@ def worker_command(
         pgqctl worker --concurrency 4 --prefetch 4
         pgqctl worker --queue emails --handler 'send_receipt=bin/send-receipt' --burst
         pgqctl worker --sql 'create_invoice=CALL create_invoice($1)'
+        pgqctl worker --serve 'thumbnail=python3 thumbnails.py' --concurrency 4
         pgqctl worker --kind report --timeout 10m --log-format json
         pgqctl worker --policy /etc/pgqctl/policy.toml
         pgqctl worker --allow-program /usr/local/lib/jobs/ --handler 'mail=/usr/bin/mailer'
@@ -392,6 +416,8 @@ def worker_command(
         allow_shell=allow_shell,
         handlers=handlers,
         sql_handlers=sql_handlers,
+        serve=serve,
+        max_jobs_per_process=max_jobs_per_process,
         backoff=backoff,
         listen_dsn=listen_dsn,
         reap_every=None if no_reap else reap_every,

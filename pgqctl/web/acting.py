@@ -24,8 +24,9 @@ from pgqctl.errors import BadInput, PgqctlError
 # How long a check of the role's privileges and of the server's standby
 # state holds.
 RIGHTS_SECONDS = 10.0
-# The largest form the page takes: its filter fields and the token.
-FORM_BYTES = 64 * 1024
+# The largest form the page takes: its filter fields, the token, and up to
+# 10,000 job ids as ranges.
+FORM_BYTES = 256 * 1024
 FORM_TYPE = "application/x-www-form-urlencoded"
 
 

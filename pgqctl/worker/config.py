@@ -98,6 +98,11 @@ class WorkerConfig:
     # --sql KIND=STATEMENT: the kinds whose work is one statement, run with
     # the job's "done" in one transaction (pgqctl/sql_jobs.py).
     sql_handlers: tuple[tuple[str, str], ...] = ()
+    # --serve KIND=COMMAND: the kinds whose COMMAND is started once and fed
+    # their jobs as lines (pgqctl/resident.py), and how many jobs a process
+    # takes before it is retired (None: no limit).
+    serve: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    max_jobs_per_process: int | None = None
     backoff: float = 2.0
     # A direct (or session-pooled) connection used only to LISTEN, when the
     # DSN goes through a transaction pooler.
@@ -156,6 +161,16 @@ class WorkerConfig:
         for kind in kinds:
             if kinds.count(kind) > 1:
                 raise BadInput(f"--handler given twice for kind {kind!r}: keep one")
+        served = [kind for kind, _ in self.serve]
+        for kind in served:
+            if served.count(kind) > 1:
+                raise BadInput(f"--serve given twice for kind {kind!r}: keep one")
+            if kind in kinds or kind in dict(self.sql_handlers):
+                raise BadInput(
+                    f"kind {kind!r} has a --serve and a --handler or --sql: give it one of them"
+                )
+        if self.max_jobs_per_process is not None and self.max_jobs_per_process < 1:
+            raise BadInput("--max-jobs-per-process must be at least 1")
         if self.policy is not None:
             for kind, _ in self.policy.handlers:
                 if kind in kinds:
@@ -165,6 +180,7 @@ class WorkerConfig:
                     )
             # The programs handlers run are the operator's, checked once here.
             self.policy.check_handlers(self.handler_map.items(), os.environ)
+            self.policy.check_handlers(self.serve, os.environ)
 
     @functools.cached_property
     def handler_map(self) -> Mapping[str, tuple[str, ...]]:

@@ -1,6 +1,8 @@
 """Where a claimed job runs: a child process (`runner.Supervisor`, watched
-by the guard that stops jobs if this worker dies) or, for a kind given to
---sql, a statement on a connection of its own (`sql_jobs.SqlJobs`).
+by the guard that stops jobs if this worker dies), for a kind given to
+--sql, a statement on a connection of its own (`sql_jobs.SqlJobs`), or, for
+a kind given to --serve, a line to a process kept running
+(`resident.ResidentJobs`).
 
 The executor turns a claimed job into what runs it and hands it on; each
 job's end comes back as one `Finished`, put on the loop's event queue by
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
-from pgqctl import db, payload, runner, sql_jobs
+from pgqctl import db, payload, resident, runner, sql_jobs
 from pgqctl.guard import Guard
 from pgqctl.rows import Unreadable
 from pgqctl.worker.config import TERM_GRACE, WorkerConfig, output_keep
@@ -56,6 +58,7 @@ class Executor:
             if config.sql_handlers
             else None
         )
+        self.resident: resident.ResidentJobs | None = None
         self._guard_lost_said = False
 
     def check(self, conn: db.QueueConnection) -> None:
@@ -75,12 +78,25 @@ class Executor:
             term_grace=TERM_GRACE,
             guard=self.guard,
         )
+        if self.config.serve:
+            self.resident = resident.ResidentJobs(
+                dict(self.config.serve),
+                {**self.environ, "PGQCTL_JOB_SCHEMA": self.config.schema},
+                on_started=self._child_started,
+                on_done=self._resident_done,
+                guard=self.guard,
+                term_grace=TERM_GRACE,
+                max_jobs_per_process=self.config.max_jobs_per_process,
+                keep=self.output_keep,
+            )
 
     def close(self) -> None:
         """Stop watching (after the loop stopped its jobs) and let go of the
         SQL jobs' connections."""
         if self.children is not None:
             self.children.close(timeout=TERM_GRACE + 1)
+        if self.resident is not None:
+            self.resident.close()
         if self.guard is not None:
             self.guard.close(timeout=TERM_GRACE + 1)
         if self.sql is not None:
@@ -124,6 +140,22 @@ class Executor:
                     payload=json.dumps(job.payload),
                     timeout=c.timeout,
                     stop=running.stop,
+                )
+                return
+            if self.resident is not None and job.kind in self.resident:
+                self.resident.submit(
+                    running,
+                    request={
+                        "id": job.id,
+                        "attempt": job.tries,
+                        "claim": job.attempts,
+                        "kind": job.kind,
+                        "queue": job.queue,
+                        "payload": job.payload,
+                    },
+                    timeout=c.timeout,  # the payload is the handler's, as for --handler
+                    stop=running.stop,
+                    on_line=self.say.forwarder(job.id),
                 )
                 return
             command = payload.command_for_job(
@@ -178,6 +210,11 @@ class Executor:
         self._post(
             Finished(key, result.outcome, committed=result.committed, fenced_out=result.fenced_out)
         )
+
+    def _resident_done(self, key: object, result: resident.ResidentResult) -> None:
+        """A resident handler's job ended (called on its thread): post it, waking the loop."""
+        assert isinstance(key, Running)
+        self._post(Finished(key, result.outcome, retry_after=result.retry_after))
 
     def _child_done(
         self, key: object, outcome: runner.Outcome, error: BaseException | None

@@ -33,6 +33,8 @@ class Finished:
     # found no longer running (nothing committed). Nothing left to report.
     committed: bool = False
     fenced_out: bool = False
+    # Seconds until the retry a resident handler asked for (None: the backoff's).
+    retry_after: float | None = None
     at: float = field(default_factory=time.monotonic)  # when it ended
 
 
@@ -123,7 +125,9 @@ class Outbox:
         elif outcome.stopped:  # only a shutdown stops a child whose lease we hold
             report.handed_back.append(finished)
         else:
-            delay = backoff_delay(job.tries, self.backoff)
+            delay = finished.retry_after
+            if delay is None:
+                delay = backoff_delay(job.tries, self.backoff)
             report.fails.append(
                 (finished, Failure(job.id, job.attempts, outcome.last_error(), delay))
             )
