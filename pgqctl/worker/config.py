@@ -179,8 +179,7 @@ class WorkerConfig:
                         "--handler: keep one"
                     )
             # The programs handlers run are the operator's, checked once here.
-            self.policy.check_handlers(self.handler_map.items(), os.environ)
-            self.policy.check_handlers(self.serve, os.environ)
+            self.policy.check_handlers([*self.handler_map.items(), *self.serve], os.environ)
 
     @functools.cached_property
     def handler_map(self) -> Mapping[str, tuple[str, ...]]:

@@ -17,6 +17,7 @@ import psycopg
 from tests.conftest import alive, gone, run_cli
 from tests.support.jobrows import insert_jobs, job
 from tests.support.processes import start_worker, wait_until
+from tests.support.servers import REPO_ROOT
 
 __all__ = ["start_worker"]  # a fixture
 
@@ -170,24 +171,40 @@ def test_a_killed_worker_leaves_no_handler_running(
     assert gone(pid, 30)
 
 
-def test_a_shell_handler_with_a_while_read_loop(
+def readme_block(language: str) -> str:
+    """The README's resident handler in `language` (its code block after `In ...`)."""
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text.split("## Resident handlers", 1)[1].split("\n## ", 1)[0]
+    found = re.search(rf"```{language}\n(.*?)```", section, re.S)
+    assert found, f"no {language} block in the README's Resident handlers"
+    return found.group(1)
+
+
+def test_the_readmes_python_and_shell_handlers_run_as_they_are(
     dsn: str, conn: psycopg.Connection[Any], start_worker: Any, tmp_path: Path
 ) -> None:
-    script = tmp_path / "handler.sh"
-    script.write_text(
-        "#!/bin/sh\n"
-        "while read -r line; do\n"
-        "  id=$(printf '%s\\n' \"$line\" | sed 's/.*\"id\": *\\([0-9]*\\).*/\\1/')\n"
-        '  echo "shell handled $id" >&2\n'
-        '  printf \'{"id": %s, "status": "done"}\\n\' "$id"\n'
-        "done\n"
+    python = tmp_path / "thumbnails.py"
+    python.write_text(readme_block("python"))
+    shell = tmp_path / "handler.sh"
+    shell.write_text(readme_block("sh"))
+    os.chmod(shell, 0o755)
+    pictures = insert_jobs(conn, [{"image": f"{n}.png"} for n in range(5)], kind="thumbnail")
+    broken = insert_jobs(conn, [{"no": "image"}], kind="thumbnail", max_attempts=1)
+    shelled = insert_jobs(conn, [{"n": n} for n in range(5)], kind="sh")
+    worker = start_worker(
+        dsn,
+        "--burst",
+        "--serve",
+        f"thumbnail={sys.executable} {python}",
+        "--serve",
+        f"sh={shell}",
     )
-    os.chmod(script, 0o755)
-    ids = insert_jobs(conn, [{"n": n} for n in range(5)], kind="sh")
-    worker = start_worker(dsn, "--burst", "--serve", f"sh={script}")
     assert worker.finish() == 0, worker.log
-    assert {job(conn, i)["status"] for i in ids} == {"done"}
-    assert f"job {ids[3]} | shell handled {ids[3]}" in worker.log
+    assert {job(conn, i)["status"] for i in pictures + shelled} == {"done"}
+    assert f"job {pictures[2]} | thumbnail of 2.png" in worker.log
+    assert f"job {shelled[3]} | handling job {shelled[3]}" in worker.log
+    failed = job(conn, broken[0])
+    assert (failed["status"], failed["last_error"].splitlines()[0]) == ("failed", "'image'")
 
 
 def test_a_kind_served_and_handled_otherwise_is_refused(dsn: str) -> None:
