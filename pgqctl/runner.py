@@ -419,6 +419,9 @@ class Supervisor:
         self._guest_inside = False
         self._guest_left = 0.0  # when it last left `drive`
         self._want_back = False
+        # A wake the stand-in read while the caller was away: it was meant for
+        # the caller (an event on its queue), whose next drive returns at once.
+        self._missed_wake = False
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -472,10 +475,11 @@ class Supervisor:
                 self._baton.acquire()
             try:
                 self._want_back = False
+                missed, self._missed_wake = self._missed_wake, False
                 if self._ended:
                     time.sleep(min(max(timeout, 0.0), self.STANDBY))
                     return
-                self._turn(timeout)
+                self._turn(0.0 if missed else timeout)
             except Exception as exc:
                 self._fail(exc)
             finally:
@@ -549,7 +553,10 @@ class Supervisor:
                 return False
             self._start(submission)
         reactor = self._reactor
+        reactor.woken = False
         ended = reactor.step(timeout)
+        if reactor.woken and self._guest is not None and threading.current_thread() is self._thread:
+            self._missed_wake = True
         for child in ended:
             try:
                 outcome, error = reactor.finish(child), child.error
@@ -647,6 +654,7 @@ class _Reactor:
         self.owners: dict[int, _Child] = {}
         self.children: list[_Child] = []
         self.wake_fd, self.wake_w = _wakeup()
+        self.woken = False  # whether the last step read a wake
         self.poller.register(self.wake_fd, select.POLLIN)
         # How many of our children each Stop serves: unsubscribe with the last.
         self.stops: dict[Stop, int] = {}
@@ -746,6 +754,7 @@ class _Reactor:
         return [c for c in self.children if c.complete]
 
     def _woken(self) -> None:
+        self.woken = True
         with contextlib.suppress(BlockingIOError):
             os.read(self.wake_fd, _READ_SIZE)
         for child in self.children:

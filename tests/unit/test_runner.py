@@ -1047,3 +1047,21 @@ def test_open_files_needed_counts_every_descriptor_a_running_child_holds() -> No
     assert len(outcomes) == children and all(outcome.succeeded for outcome in outcomes)
     assert held == children * 4
     assert runner.open_files_needed(children) - runner.open_files_needed(0) >= held
+
+
+def test_a_wake_the_stand_in_read_while_the_caller_was_away_returns_its_next_drive() -> None:
+    """Was: an event posted from another thread while the worker's loop was
+    between two drives (a resident handler's or a SQL job's result) could be
+    read by the stand-in, and the loop then waited its whole timeout (up to
+    the poll interval, seconds) before it saw the job end."""
+    children = runner.Supervisor(lambda key, outcome, error: None)
+    try:
+        children.drive(0.0)  # this thread drives from now on
+        time.sleep(runner.Supervisor.STANDBY * 3)  # away: the stand-in watches
+        children.wake()  # an event for this thread's queue
+        time.sleep(runner.Supervisor.STANDBY * 3)  # read by the stand-in
+        began = time.monotonic()
+        children.drive(10.0)
+        assert time.monotonic() - began < 5.0
+    finally:
+        children.close(timeout=5)
