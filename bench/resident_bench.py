@@ -12,11 +12,14 @@ to its exit, on three sides:
   completes each job with a statement and starts no process: the worker's
   own cost of a job, the most a handler could reach.
 
-CPU per job counts the worker and every process it ran. Each round runs
+With --imports, the handler imports those modules as it starts (a script's
+usual start: `--imports asyncio,decimal,email.mime.multipart,http.client,logging`),
+on both sides. CPU per job counts the worker and every process it ran. Each round runs
 every side once, in an order that rotates from round to round; each ratio
 is taken within a round, then summarised.
 
     python bench/resident_bench.py [--dsn DSN] [--jobs 2000] [--concurrency 4] [--rounds 3]
+                                   [--imports MODULE,...]
 
 Without --dsn it uses PGQCTL_TEST_DSN, else an embedded PostgreSQL; either
 way a database of its own, dropped at the end. Not a test: nothing here
@@ -69,15 +72,16 @@ def run_side(dsn: str, side: str, jobs: int, concurrency: int, tmp: Path) -> Dra
 
 
 def main() -> None:
-    args = drain_arguments(__doc__ or "")
+    args = drain_arguments(__doc__ or "", more=[("--imports", "modules the handler imports")])
+    imports = "".join(f"import {m}\n" for m in (args.imports or "").split(",") if m)
     with (
         throwaway_db.server(args.dsn) as server_dsn,
         throwaway_db.database(server_dsn) as dsn,
         tempfile.TemporaryDirectory(prefix="pgqctl-resident-bench-") as tmp_name,
     ):
         tmp = Path(tmp_name)
-        (tmp / "per_job.py").write_text(PER_JOB)
-        (tmp / "resident.py").write_text(RESIDENT)
+        (tmp / "per_job.py").write_text(imports + PER_JOB)
+        (tmp / "resident.py").write_text(imports + RESIDENT)
         for side in SIDES:  # warm up
             run_side(dsn, side, min(100, args.jobs), args.concurrency, tmp)
         load_before = load()
@@ -88,7 +92,8 @@ def main() -> None:
     say("done")
     print(
         f"# {args.rounds} rounds; one `pgqctl worker --burst --concurrency {args.concurrency}` "
-        f"draining {args.jobs:,} jobs of a Python handler that does nothing, per side"
+        f"draining {args.jobs:,} jobs of a Python handler that does nothing, per side; "
+        f"it imports: {args.imports or 'nothing'}"
     )
     print(f"# {os.cpu_count()} CPUs; load {load_before} before, {load_after} after")
     rates = {side: [args.jobs / d.seconds for d in runs[side]] for side in SIDES}

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -198,9 +198,12 @@ def check_drained(dsn: str, side: str, jobs: int) -> None:
         raise RuntimeError(f"{side}: invoices (orders, rows) {invoiced}, expected {want}")
 
 
-def drain_arguments(doc: str) -> argparse.Namespace:
-    """The options of a bench of burst worker drains: --dsn, --jobs, --concurrency, --rounds."""
+def drain_arguments(doc: str, more: Sequence[tuple[str, str]] = ()) -> argparse.Namespace:
+    """The options of a bench of burst worker drains: --dsn, --jobs, --concurrency,
+    --rounds, and `more` text options (name, help)."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    for name, help_text in more:
+        parser.add_argument(name, help=help_text)
     parser.add_argument("--dsn", help="server to create the bench database in")
     parser.add_argument("--jobs", type=int, default=5_000, help="jobs per drain")
     parser.add_argument("--concurrency", type=int, default=4, help="the worker's --concurrency")
