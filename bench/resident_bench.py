@@ -36,7 +36,7 @@ from pathlib import Path
 import psycopg
 import throwaway_db
 from report import say, summary
-from sql_job_bench import Drain, drain_arguments, in_rounds, timed_worker
+from sql_job_bench import Drain, check_all_done, drain_arguments, in_rounds, timed_worker
 from worker_bench import load
 
 FILL = """
@@ -64,10 +64,7 @@ def run_side(dsn: str, side: str, jobs: int, concurrency: int, tmp: Path) -> Dra
     command = [sys.executable, "-m", "pgqctl", "worker", "--dsn", dsn, "--burst"]
     command += ["--concurrency", str(concurrency), *handler]
     drain = timed_worker(command, tmp / "worker.log", None, side)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FILTER (WHERE status = 'done') FROM jobs").fetchone()
-    if row != (jobs,):
-        raise RuntimeError(f"{side}: {row} of {jobs} jobs done")
+    check_all_done(dsn, side, jobs)
     return drain
 
 

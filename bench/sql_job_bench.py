@@ -182,17 +182,23 @@ def timed_worker(command: list[str], log: Path, postmaster: int | None, side: st
     )
 
 
-def check_drained(dsn: str, side: str, jobs: int) -> None:
-    """Every job done, and for `invoice` one invoice per order: a figure of a
-    drain that did not do its work would mean nothing."""
+def check_all_done(dsn: str, side: str, jobs: int) -> None:
+    """Every one of the `jobs` jobs done: a figure of a drain that did not
+    do its work would mean nothing."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'done'), count(*) FROM jobs"
         ).fetchone()
-        invoices = conn.execute("SELECT count(DISTINCT order_id), count(*) FROM invoices")
-        invoiced = invoices.fetchone()
     if row != (jobs, jobs):
         raise RuntimeError(f"{side}: {row[0] if row else 0} of {jobs} jobs done")
+
+
+def check_drained(dsn: str, side: str, jobs: int) -> None:
+    """Every job done, and for `invoice` one invoice per order."""
+    check_all_done(dsn, side, jobs)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        invoices = conn.execute("SELECT count(DISTINCT order_id), count(*) FROM invoices")
+        invoiced = invoices.fetchone()
     want = (jobs, jobs) if side == "invoice" else (0, 0)
     if invoiced != want:
         raise RuntimeError(f"{side}: invoices (orders, rows) {invoiced}, expected {want}")

@@ -122,13 +122,21 @@ def test_a_timeout_kills_the_handler_and_the_next_job_gets_a_new_one(
     assert used[ids[0]] != used[ids[1]] and gone(used[ids[0]], 10)
 
 
-def test_cancel_kills_the_handler_running_the_job(
+def running_handler(
     dsn: str, conn: psycopg.Connection[Any], start_worker: Any, tmp_path: Path
-) -> None:
+) -> tuple[Any, int, int]:
+    """A worker whose handler runs a job of ten minutes: (the worker, the
+    job's id, the handler's pid)."""
     [job_id] = insert_jobs(conn, [{"sleep": 600}], kind="work")
     worker = start_worker(dsn, "--concurrency", "1", "--serve", handler(tmp_path))
     wait_until(lambda: job_id in pids(worker.log), 30, "the job to start")
-    pid = pids(worker.log)[job_id]
+    return worker, job_id, pids(worker.log)[job_id]
+
+
+def test_cancel_kills_the_handler_running_the_job(
+    dsn: str, conn: psycopg.Connection[Any], start_worker: Any, tmp_path: Path
+) -> None:
+    worker, job_id, pid = running_handler(dsn, conn, start_worker, tmp_path)
     assert run_cli("cancel", "--id", str(job_id), "--dsn", dsn).exit_code == 0
     worker.wait_for_log(f"job {job_id} cancelled")
     assert gone(pid, 10)
@@ -161,10 +169,7 @@ def test_max_jobs_per_process_recycles_the_handler(
 def test_a_killed_worker_leaves_no_handler_running(
     dsn: str, conn: psycopg.Connection[Any], start_worker: Any, tmp_path: Path
 ) -> None:
-    [job_id] = insert_jobs(conn, [{"sleep": 600}], kind="work")
-    worker = start_worker(dsn, "--concurrency", "1", "--serve", handler(tmp_path))
-    wait_until(lambda: job_id in pids(worker.log), 30, "the job to start")
-    pid = pids(worker.log)[job_id]
+    worker, _, pid = running_handler(dsn, conn, start_worker, tmp_path)
     assert alive(pid)
     worker.proc.kill()  # kill -9: its guard stops the handler's group
     worker.proc.wait()
