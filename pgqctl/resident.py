@@ -218,13 +218,12 @@ class ResidentJobs:
 
         assert proc.proc.stdin is not None and proc.proc.stdout is not None
         assert proc.proc.stderr is not None
-        try:
-            proc.proc.stdin.write(line.encode() + b"\n")
-        except BrokenPipeError:
-            self._reap(proc)
-            self._failed(kind)
-            error = f"the resident handler had exited ({proc.exit_text()}) before job {job_id}"
-            return ResidentResult(ended(error=error)), False
+        # The line goes out as the handler reads it, in the same wait as its
+        # answer: one that does not read is stopped by the timeout or a stop
+        # like one that does not answer (a line is up to the payload's size).
+        outgoing = memoryview(line.encode() + b"\n")
+        in_fd = proc.proc.stdin.fileno()
+        os.set_blocking(in_fd, False)
         out_fd, err_fd = proc.proc.stdout.fileno(), proc.proc.stderr.fileno()
         partial = b""
         buffered = proc.pending
@@ -266,7 +265,15 @@ class ResidentJobs:
                 self._kill(proc)
                 return ResidentResult(ended(timed_out=True)), False
             wait = TICK if left is None else min(TICK, left)
-            ready, _, _ = select.select([out_fd, err_fd], [], [], wait)
+            writing = [in_fd] if outgoing else []
+            ready, can_write, _ = select.select([out_fd, err_fd], writing, [], wait)
+            if can_write:
+                try:
+                    outgoing = outgoing[os.write(in_fd, outgoing[:65536]) :]
+                except BlockingIOError:
+                    pass
+                except BrokenPipeError:
+                    outgoing = memoryview(b"")  # it exited: its stdout ends next
             if err_fd in ready:
                 partial = self._read_err(err_fd, stderr, on_line, partial)
             if out_fd in ready:

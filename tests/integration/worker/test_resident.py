@@ -126,6 +126,22 @@ def test_a_timeout_kills_the_handler_and_the_next_job_gets_a_new_one(
     assert used[ids[0]] != used[ids[1]] and gone(used[ids[0]], 10)
 
 
+def test_a_handler_that_reads_nothing_is_stopped_by_the_timeout(
+    dsn: str, conn: psycopg.Connection[Any], start_worker: Any, tmp_path: Path
+) -> None:
+    # A line far larger than a pipe holds, to a handler that never reads it.
+    deaf = tmp_path / "deaf.py"
+    deaf.write_text("import time\ntime.sleep(600)\n")
+    [job_id] = insert_jobs(conn, [{"blob": "x" * 300_000}], kind="deaf", max_attempts=1)
+    worker = start_worker(
+        dsn, "--burst", "--timeout", "1s", "--serve", f"deaf={sys.executable} {deaf}"
+    )
+    assert worker.finish() == 0, worker.log
+    row = job(conn, job_id)
+    assert (row["status"], row["last_error"][:19]) == ("failed", "timed out after 1s")
+    assert gone(pids(worker.log)[job_id], 10)
+
+
 def running_handler(
     dsn: str, conn: psycopg.Connection[Any], start_worker: Any, tmp_path: Path
 ) -> tuple[Any, int, int]:
