@@ -183,7 +183,8 @@ def pause(conn: Connection, queue: str, actor: str) -> Done:
         unknown = control.unknown_queues(conn, [queue])
         if unknown:
             raise BadInput(f"{unknown[0].message()}: it has no job and no pause now")
-        control.pause(conn, [queue], reason=_reason(actor))
+        # Checked just above, in words for the page (not the command's --force).
+        control.pause(conn, [queue], reason=_reason(actor), force=True)
         record(conn, actor, "pause", {"queue": queue}, 0)
     return Done(1)
 

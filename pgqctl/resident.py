@@ -161,7 +161,6 @@ class ResidentJobs:
         stop: runner.Stop,
         on_line: Callable[[str], None] | None,
     ) -> None:
-        started = time.monotonic()
         kind = str(request["kind"])
         try:
             proc = self._take(kind, stop)
@@ -175,9 +174,11 @@ class ResidentJobs:
             self._on_done(key, ResidentResult(outcome))
             return
         self._on_started(key, proc.pid)
+        # The job's time starts once its process is there, after any restart pause.
+        started = time.monotonic()
         deadline = None if timeout is None else time.time() + timeout
         line = json.dumps({"v": PROTOCOL, **request, "deadline": deadline}, default=str)
-        stderr = runner._Stream(self._keep)  # what is kept of it, as for a job's process
+        stderr = runner.KeptStream(self._keep)  # what is kept of it, as for a job's process
         try:
             result, keep_process = self._exchange(
                 proc, line, request["id"], started, timeout, stop, stderr, on_line
@@ -198,7 +199,7 @@ class ResidentJobs:
         started: float,
         timeout: float | None,
         stop: runner.Stop,
-        stderr: Any,
+        stderr: runner.KeptStream,
         on_line: Callable[[str], None] | None,
     ) -> tuple[ResidentResult, bool]:
         """Send the job, read until its result; (the result, whether the
@@ -315,7 +316,11 @@ class ResidentJobs:
         return None
 
     def _read_err(
-        self, fd: int, stderr: Any, on_line: Callable[[str], None] | None, partial: bytes
+        self,
+        fd: int,
+        stderr: runner.KeptStream,
+        on_line: Callable[[str], None] | None,
+        partial: bytes,
     ) -> bytes:
         chunk = os.read(fd, 65536)
         if not chunk:
@@ -329,7 +334,11 @@ class ResidentJobs:
         return partial
 
     def _drain(
-        self, fd: int, stderr: Any, on_line: Callable[[str], None] | None, partial: bytes
+        self,
+        fd: int,
+        stderr: runner.KeptStream,
+        on_line: Callable[[str], None] | None,
+        partial: bytes,
     ) -> None:
         """What the job wrote to stderr before its result, read to the end."""
         while select.select([fd], [], [], 0)[0]:

@@ -784,8 +784,8 @@ class _Child:
         self.key = key
         self.term_grace = reactor.term_grace
         self.deadline = None if command.timeout is None else started + command.timeout
-        self.stdout = _Stream(keep)
-        self.stderr = _Stream(keep)
+        self.stdout = KeptStream(keep)
+        self.stderr = KeptStream(keep)
         self.tail = bytearray()  # of both streams, in the order read
         self.output_bytes = 0
         # What `on_line` may still get, and what it got; once the cap is
@@ -1039,7 +1039,7 @@ class _Child:
 
     # -- output and input -------------------------------------------------------
 
-    def _read(self, stream: _Stream) -> None:
+    def _read(self, stream: KeptStream) -> None:
         bulk = self.capped and stream.bulk
         try:
             chunk = os.read(stream.fd, _BULK_READ_SIZE if bulk else _OUTPUT_READ_SIZE)
@@ -1053,7 +1053,7 @@ class _Child:
         if self.capped and not bulk and len(chunk) == _OUTPUT_READ_SIZE:
             stream.go_bulk()
 
-    def _drain(self, stream: _Stream) -> None:
+    def _drain(self, stream: KeptStream) -> None:
         """Read what is already in one output pipe, then stop reading it."""
         if stream.fd < 0:
             return
@@ -1067,14 +1067,14 @@ class _Child:
                 return
             self._keep(stream, chunk)
 
-    def _keep(self, stream: _Stream, chunk: bytes) -> None:
+    def _keep(self, stream: KeptStream, chunk: bytes) -> None:
         self.output_bytes += len(chunk)
         _keep_last(self.tail, chunk, 0, TAIL_BYTES)
         stream.keep(chunk)
         if not self.capped:
             self._lines(stream, chunk)
 
-    def _lines(self, stream: _Stream, chunk: bytes) -> None:
+    def _lines(self, stream: KeptStream, chunk: bytes) -> None:
         data = stream.partial + chunk if stream.partial else chunk
         stream.partial = b""
         start = 0
@@ -1149,7 +1149,7 @@ class _Child:
             self._close(fd)
 
 
-class _Stream:
+class KeptStream:
     """One output pipe of a child (its stdout or its stderr): its fd while
     open, what is kept of it, and its line in progress for `on_line`."""
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from urllib.parse import parse_qs
+from urllib.parse import parse_qsl
 
 from pgqctl.errors import BadInput, PgqctlError
 
@@ -70,10 +70,10 @@ class Acting:
             return State(False, f"read-only: {why_not}", self.form_token)
         return State(True, None, self.form_token)
 
-    def checked_form(self, headers: Mapping[str, str], body: bytes) -> dict[str, str]:
-        """The fields of a request to act, once it is known to come from
-        this page and actions are allowed; Refused otherwise. `headers`:
-        the request's, with lower-case names."""
+    def checked_form(self, headers: Mapping[str, str], body: bytes) -> list[tuple[str, str]]:
+        """The fields of a request to act, as (name, value) pairs in order,
+        once it is known to come from this page and actions are allowed;
+        Refused otherwise. `headers`: the request's, with lower-case names."""
         # Browsers say whether a request comes from another site; a proxy
         # in front leaves the header as it is (unlike Host and the scheme).
         if headers.get("sec-fetch-site", "same-origin") in ("cross-site", "same-site"):
@@ -83,17 +83,16 @@ class Acting:
         if len(body) > FORM_BYTES:
             raise BadInput("the form is too large")
         try:
-            pairs = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
         except UnicodeDecodeError:
             raise BadInput("the form is not UTF-8") from None
-        fields = {name: values[-1] for name, values in pairs.items()}
         state = self.state()
         if not state.allowed:
             raise Refused(state.why_not or "read-only")
-        given = fields.get("form_token", "")
+        given = next((value for name, value in reversed(pairs) if name == "form_token"), "")
         if not secrets.compare_digest(given.encode(), self.form_token.encode()):
             raise Refused(
                 "the form's token is missing or stale (the page was served by an earlier "
                 "run of pgqctl web): reload the page and try again"
             )
-        return fields
+        return pairs

@@ -147,12 +147,12 @@ def make_app(
     async def acts() -> Any:
         return await run_in_threadpool(acting.state)
 
-    async def checked(request: Request) -> tuple[dict[str, str], bytes, str]:
-        """A request to act: its form's fields and body, and who sent it."""
+    async def checked(request: Request) -> tuple[QueryParams, str]:
+        """A request to act: its form's fields, and who sent it."""
         body = await request.body()
-        fields = await run_in_threadpool(acting.checked_form, request.headers, body)
+        pairs = await run_in_threadpool(acting.checked_form, request.headers, body)
         client = request.client.host if request.client else "unknown"
-        return fields, body, access.actor(request.headers.get("authorization"), client)
+        return QueryParams(pairs), access.actor(request.headers.get("authorization"), client)
 
     def read(page: Callable[..., Any], *args: Any) -> Any:
         conn = None
@@ -239,7 +239,7 @@ def make_app(
         verb = request.path_params["verb"]
         if verb not in JOB_ACTIONS:
             raise NotFound(f"no action {verb!r}: one of {', '.join(JOB_ACTIONS)}")
-        _, _, actor = await checked(request)
+        _, actor = await checked(request)
         change, said = JOB_ACTIONS[verb]
         done = await run_in_threadpool(write, change, job_id, actor)
         if not done.changed and done.left is None:
@@ -252,7 +252,7 @@ def make_app(
         verb = request.path_params["verb"]
         if verb not in ("pause", "resume"):
             raise NotFound(f"no action {verb!r}: pause or resume")
-        fields, _, actor = await checked(request)
+        fields, actor = await checked(request)
         queue = fields.get("queue", "")
         if not queue or "\x00" in queue:
             raise BadInput("which queue? The form names none")
@@ -288,10 +288,10 @@ def make_app(
         )
 
     async def act_on_matching(request: Request) -> Response:
-        fields, body, actor = await checked(request)
+        fields, actor = await checked(request)
         action = fields.get("action", "")
         ids = actions.parse_id_ranges(fields.get("ids", ""))
-        found, _, shown = _job_filter(QueryParams(body.decode("utf-8")))
+        found, _, shown = _job_filter(fields)
         taken = actions.matching_filter(action, found).statuses
         target = {"filter": {k: v for k, v in {**shown, "status": list(taken)}.items() if v}}
         action_id, _ = await run_in_threadpool(
@@ -536,9 +536,4 @@ def _fields(shown: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _with(shown: dict[str, Any], **more: Any) -> str:
     """The query string of the jobs page for `shown` and `more`."""
-    pairs: list[tuple[str, Any]] = []
-    for name, value in {**shown, **more}.items():
-        for one in value if isinstance(value, list) else [value]:
-            if one not in (None, ""):
-                pairs.append((name, one))
-    return urlencode(pairs)
+    return urlencode(_fields({**shown, **more}))
