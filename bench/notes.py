@@ -67,15 +67,14 @@ SHORTFALLS: dict[str, str] = {
         "payload per claimed row, a JSON object per reported job), or more jobs per "
         "exchange when more slots are free."
     ),
-    "purge.claim_stall/batch_time": (
+    "purge.claim_p99_during/quiet": (
         "the purge takes only finished rows, FOR UPDATE SKIP LOCKED, and claims read only "
-        "the pending partial index, so the workers are not meant to wait on its row locks; "
-        "compare purge.claim_stall_max with purge.claim_quiet_max (the longest exchange "
-        "the same workers saw in the second before the purge) and purge.claim_p99_during "
-        "to tell a purge effect from the machine's noise. What the workers do share with "
-        "the purge: each worker commit must flush WAL that already holds a batch's "
-        "deletions, and on 2 cores the purge's backend competes with them for CPU. What "
-        "would close it: a pause between batches (or a smaller --batch-size) so worker "
-        "commits do not queue behind a batch's WAL, then a measurement on a quiet machine."
+        "the pending partial index, so the workers do not wait on its row locks; what they "
+        "share is the server: each worker commit flushes WAL that may already hold a "
+        "batch's deletions, and on 2 cores the purge's backend competes with them for CPU. "
+        "The purge rests as long as each batch took (--pause auto); compare "
+        "purge.claim_quiet_p50 across runs: when the machine's other tenants push the quiet "
+        "exchanges up, the ratio moves with them. What would close it: a longer --pause or "
+        "a smaller --batch-size, and a measurement on a quiet machine."
     ),
 }

@@ -705,9 +705,10 @@ def purge(
     *,
     batch_size: int = 10_000,
     on_batch: Callable[[int], None] | None = None,
+    pause: float | None = 0.0,
 ) -> int:
     """Delete every row the plan matches, batch by batch; the number deleted."""
-    return in_batches(lambda size: purge_batch(conn, plan, size), batch_size, on_batch)
+    return in_batches(lambda size: purge_batch(conn, plan, size), batch_size, on_batch, pause=pause)
 
 
 def purge_statuses(choices: Sequence[str]) -> list[str]:

@@ -170,7 +170,10 @@ def purge(
     *,
     batch_size: int = 10_000,
     on_batch: Callable[[int], None] | None = None,
+    pause: float | None = 0.0,
 ) -> int:
     """Delete the attempts that finished before `cutoff`, whatever their job
     (their own retention), batch by batch; how many went."""
-    return in_batches(lambda size: purge_batch(conn, cutoff, size), batch_size, on_batch)
+    return in_batches(
+        lambda size: purge_batch(conn, cutoff, size), batch_size, on_batch, pause=pause
+    )

@@ -28,6 +28,7 @@ import functools
 import os
 import re
 import shlex
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -245,19 +246,31 @@ def reason(exc: BaseException) -> str:
 
 
 def in_batches(
-    batch: Callable[[int], int], batch_size: int, on_batch: Callable[[int], None] | None = None
+    batch: Callable[[int], int],
+    batch_size: int,
+    on_batch: Callable[[int], None] | None = None,
+    *,
+    pause: float | None = 0.0,
 ) -> int:
     """Run `batch(batch_size)` (one short transaction, returning how many rows
     it took) until a batch takes fewer than a full one: nothing unlocked is
-    left. The rows taken in all."""
+    left. The rows taken in all.
+
+    Between batches it rests `pause` seconds, or with None as long as the last
+    batch took: a batch's WAL and CPU are what the workers' commits queue
+    behind, so resting as long as it ran leaves them the server half the time.
+    """
     done = 0
     while True:
+        began = time.monotonic()
         n = batch(batch_size)
+        took = time.monotonic() - began
         done += n
         if on_batch and n:
             on_batch(n)
         if n < batch_size:
             return done
+        time.sleep(took if pause is None else pause)
 
 
 def atomic(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:

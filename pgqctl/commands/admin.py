@@ -16,6 +16,7 @@ from pgqctl.commands.options import (
     AGE,
     COUNT,
     DURATION,
+    DURATION_OR_AUTO,
     JOB_ID,
     Database,
     command,
@@ -711,6 +712,15 @@ def _statuses(names: Sequence[str], last: str = "and") -> str:
     show_default=True,
     help="Rows deleted per transaction.",
 )
+@click.option(
+    "--pause",
+    type=DURATION_OR_AUTO,
+    default="auto",
+    show_default=True,
+    metavar="DURATION|auto",
+    help="Rest between batches. auto rests as long as the last batch took, so the "
+    "workers' commits never queue behind the purge for long; 0 deletes flat out.",
+)
 @selection_option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @format_options
 @click.pass_context
@@ -721,6 +731,7 @@ def purge_command(
     older_than: float,
     attempts_older_than: float | None,
     batch_size: int,
+    pause: float | None,
     dry_run: bool,
     fmt: str,
 ) -> None:
@@ -775,12 +786,14 @@ def purge_command(
         if purge_jobs:
             total = admin.purge_count(conn, plan) if sys.stderr.isatty() else None
             with progress(total, f"deleting {what}") as advance:
-                result["deleted"] = admin.purge(conn, plan, batch_size=batch_size, on_batch=advance)
+                result["deleted"] = admin.purge(
+                    conn, plan, batch_size=batch_size, on_batch=advance, pause=pause
+                )
         if cutoff is not None:
             total = attempts.purge_count(conn, cutoff) if sys.stderr.isatty() else None
             with progress(total, f"deleting {old_attempts}") as advance:
                 result["attempts_deleted"] = attempts.purge(
-                    conn, cutoff, batch_size=batch_size, on_batch=advance
+                    conn, cutoff, batch_size=batch_size, on_batch=advance, pause=pause
                 )
     emit_result(result, fmt)
     if purge_jobs:

@@ -324,26 +324,31 @@ JOB_ID = JobId()
 
 class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
     """`30s`, `5m`, `2h`, `1d`, `1w`, `250ms`, `1h30m` or seconds, as a float
-    number of seconds. An `age` (how long ago) needs a unit."""
+    number of seconds. An `age` (how long ago) needs a unit. With `auto`, the
+    word auto is None: the command chooses as it goes."""
 
     name = "duration"
 
-    def __init__(self, *, age: bool = False) -> None:
+    def __init__(self, *, age: bool = False, auto: bool = False) -> None:
         self.age = age
+        self.auto = auto
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> float:
+    ) -> Any:  # float, or None for auto
         if isinstance(value, (int, float)):  # a default given in code
             return float(value)
+        if self.auto and (value is None or str(value).strip().lower() == "auto"):
+            return None
         try:
             # Click's message already names the option.
             return parse_duration(str(value), what="", age=self.age)
         except BadInput as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(f"{exc}, or auto" if self.auto else str(exc), param, ctx)
 
 
 DURATION = Duration()
+DURATION_OR_AUTO = Duration(auto=True)
 # How long ago: `purge --older-than 7` could mean days as well as seconds.
 AGE = Duration(age=True)
 # A count the database stores or compares as a 32-bit integer.

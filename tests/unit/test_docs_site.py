@@ -87,6 +87,8 @@ def named_pages() -> list[tuple[str, str, str]]:
         for path in sorted((ROOT / top).rglob("*")):
             if not path.is_file() or path.suffix not in {".py", ".md", ".toml", ".yaml", ""}:
                 continue
+            if any(part.startswith(".") for part in path.relative_to(ROOT).parts):
+                continue  # a virtualenv (bench/.venv) holds other projects' files
             text = path.read_text(encoding="utf-8", errors="replace")
             for match in NAMED.finditer(text):
                 where = path.relative_to(ROOT).as_posix()

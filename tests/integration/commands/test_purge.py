@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import psycopg
@@ -75,3 +76,28 @@ def test_a_jobs_attempts_go_with_it_and_have_a_retention_of_their_own(
     assert both == {"deleted": 1, "attempts_deleted": 1}
     assert attempt_rows(conn) == [(live, 2)]
     assert [r[0] for r in conn.execute("SELECT id FROM jobs ORDER BY id")] == [retried, live]
+
+
+def test_purge_rests_between_batches_as_told(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    add_jobs(conn, 10, status="done", attempts=1, finished_at=ago("1 day"))
+
+    began = time.monotonic()
+    result = run_cli("purge", "--batch-size", "4", "--pause", "0.4s", "--json", "--dsn", dsn)
+    took = time.monotonic() - began
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == {"deleted": 10}
+    # Two full batches, each followed by a rest; the third (2 rows) ends it.
+    assert took >= 0.8
+
+    bad = run_cli("purge", "--pause", "soon", "--dsn", dsn)
+    assert bad.exit_code == 2
+    assert "--pause" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_purge_by_default_paces_itself_and_still_deletes_everything(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    add_jobs(conn, 30, status="done", attempts=1, finished_at=ago("1 day"))
+    assert cli_json(dsn, "purge", "--batch-size", "7") == {"deleted": 30}
+    assert cli_json(dsn, "purge", "--batch-size", "7", "--pause", "auto") == {"deleted": 0}
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
