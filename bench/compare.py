@@ -118,12 +118,14 @@ def main() -> int:
 
 # Run after the comparison by `--results-md`, their output kept whole: the
 # worker's figures against the bare loop and the pool (each ratio with its
-# target), a worker near its capacity while a session holds the horizon, and
-# SQL handler jobs against `true` jobs.
+# target), a worker near its capacity while a session holds the horizon,
+# SQL handler jobs against `true` jobs, and resident handlers against a
+# process per job.
 EXTRAS = (
     ("worker_bench.py", "--only", "figures"),
     ("horizon_bench.py",),
     ("sql_job_bench.py",),
+    ("resident_bench.py",),
 )
 
 
