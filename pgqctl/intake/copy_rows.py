@@ -41,6 +41,7 @@ _NO_KEY = "\\N"
 # How a COPY row without a unique key ends: a load none of whose rows has a
 # key takes the plain INSERT, with no ON CONFLICT to pay for.
 _KEYLESS_END = "\t\\N\n"
+_TAB = "\t"
 # The tabs of a row without a limit key, between n and the job's fields but
 # limit_key; one with a key has one more. Values are escaped (copy_text):
 # every tab in a row is a separator.
@@ -50,6 +51,34 @@ _PLAIN_TABS = len(NewJob._fields) - 1
 def has_key(row: str) -> bool:
     """Whether the row's job has a unique key (its last field, whatever the row's shape)."""
     return not row.endswith(_KEYLESS_END)
+
+
+def all_keyless(text: str, rows: int) -> bool:
+    """Whether none of `rows` rows, joined into `text`, has a unique key:
+    one count in C (a line end is only ever a row's end)."""
+    return text.count(_KEYLESS_END) == rows
+
+
+# The run_at and delay fields of a job due at once, the default (NULL, 0).
+# Only run_at, limit_key and unique_key may be \N, and only unique_key, last,
+# may be followed by a line end: this matches once in a row at most.
+_DUE_NOW = "\t\\N\t0.0\t"
+
+
+def all_due_now(text: str, rows: int) -> bool:
+    """Whether each of `rows` rows, joined into `text`, is of a job due at
+    once (neither run_at nor a delay given)."""
+    return text.count(_DUE_NOW) == rows
+
+
+def direct_text(ids: Iterable[int], rows: list[str]) -> str:
+    """Rows of jobs due at once without a unique key (all_due_now,
+    all_keyless), made the text of jobs_copy_direct: each row's number
+    makes way for its id, and the fields jobs has no column for go (run_at
+    and delay, so that the column's default applies, and the unique key).
+    Rows with the limit_key field (with_limit_key_column) keep it."""
+    text = "".join([f"{i}{row[row.index(_TAB) :]}" for i, row in zip(ids, rows, strict=True)])
+    return text.replace(_DUE_NOW, _TAB).replace(_KEYLESS_END, "\n")
 
 
 def has_limit_keys(text: str, rows: int) -> bool:

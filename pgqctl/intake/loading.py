@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from pgqctl.errors import BadInput
 from pgqctl.intake.copy_rows import (
-    has_key,
+    all_due_now,
+    all_keyless,
+    direct_text,
     has_limit_keys,
     job_row,
     row_columns,
@@ -198,7 +200,7 @@ def insert_rows(
 ) -> Ids:
     """Insert jobs given as COPY rows (`read_rows`, `job_row`); return their ids in order.
 
-    Rows stream through COPY in chunks, so ``rows`` may be a lazy iterator
+    Rows stream to the server in chunks, so ``rows`` may be a lazy iterator
     that validates as it goes: an exception it raises aborts the transaction.
     ``on_progress`` gets the number of jobs sent so far, now and then.
 
@@ -209,20 +211,19 @@ def insert_rows(
     statements: the table's statement trigger sends the same one each time,
     and PostgreSQL delivers a transaction's duplicates once.
 
-    COPY stages rows in a temporary table; a role without the TEMP privilege
-    inserts them from arrays instead, chunk by chunk (slower, same result).
-    A chunk in which no job has a unique key takes the plain INSERT; one with
-    keys, the INSERT ... ON CONFLICT DO NOTHING of `Unique`.
+    Each chunk takes the quickest way open to it (`_Loader`): COPY straight
+    into jobs, with ids drawn first, for a role that may draw from the id
+    sequence and a chunk whose jobs have no unique key and are due at once;
+    else COPY into a temporary table and INSERT ... SELECT; else, for a role
+    without the TEMP privilege, an INSERT from arrays. All give the same rows.
     """
     check_on_conflict(on_conflict)
     table = jobs_table(schema)
-    with _own_transaction(conn, on_conflict):
-        with cursor(conn) as cur:
-            run(cur, query("role_may_create_temp"))
-            (may_stage,) = cur.fetchone() or (False,)
-        if may_stage:
-            return _insert_by_copy(conn, rows, table, on_progress, on_conflict, where)
-        return _insert_by_arrays(conn, rows, table, on_progress, on_conflict, where)
+    with _own_transaction(conn, on_conflict), cursor(conn) as cur:
+        run(cur, query("jobs_load_privileges"), {"table": table.as_string(conn)})
+        may_stage, sequence = cur.fetchone() or (False, None)
+        loader = _Loader(cur, table, Unique(cur, table, on_conflict, where), may_stage, sequence)
+        return _load_chunks(rows, loader.load, on_progress)
 
 
 @contextmanager
@@ -259,31 +260,24 @@ def _insert_from_arrays(
         return [row[0] for row in cur.fetchall()]
 
 
-def _insert_by_copy(
-    conn: psycopg.Connection[Any],
+def _load_chunks(
     rows: Iterable[str],
-    table: sql.Identifier,
+    load: Callable[[list[str]], tuple[list[int], list[bool]]],
     on_progress: Callable[[int], None] | None,
-    on_conflict: str,
-    where: Callable[[int], str],
 ) -> Ids:
-    # COPY has no RETURNING: each chunk is staged in a temporary table and
-    # moved with INSERT ... SELECT ... RETURNING id. A thread loads one chunk
-    # while this one reads and validates the next, so that the client's and
-    # the server's work overlap (psycopg releases the GIL while it waits).
+    # A thread loads one chunk while this one reads and validates the next,
+    # so that the client's and the server's work overlap (psycopg releases
+    # the GIL while it waits).
     from concurrent.futures import ThreadPoolExecutor
 
-    insert = statement("jobs_insert_loaded", table)
     ids = Ids()
-    with cursor(conn) as cur, ThreadPoolExecutor(1) as loader:
-        unique = Unique(cur, table, on_conflict, where)
-        run(cur, query("jobs_load_create"))
+    with ThreadPoolExecutor(1) as loader:
         loading: Future[tuple[list[int], list[bool]]] | None = None
         sent = 0
         for chunk in _chunks(rows, CHUNK_JOBS):
             if loading is not None:
                 ids.add(*loading.result())
-            loading = loader.submit(_load_chunk, cur, chunk, insert, unique)
+            loading = loader.submit(load, chunk)
             sent += len(chunk)
             if on_progress is not None:
                 on_progress(sent)
@@ -292,50 +286,76 @@ def _insert_by_copy(
     return ids
 
 
-def _insert_by_arrays(
-    conn: psycopg.Connection[Any],
-    rows: Iterable[str],
-    table: sql.Identifier,
-    on_progress: Callable[[int], None] | None,
-    on_conflict: str,
-    where: Callable[[int], str],
-) -> Ids:
-    """COPY rows inserted from arrays, a chunk a statement: no temporary table."""
-    insert = statement("jobs_insert_arrays", table)
-    ids = Ids()
-    with cursor(conn) as cur:
-        unique = Unique(cur, table, on_conflict, where)
-        for chunk in _chunks(rows, CHUNK_JOBS):
-            if any(map(has_key, chunk)):
-                ids.add(*unique.insert_rows(chunk))
-            else:
-                run(cur, insert, row_columns(chunk))
-                # Ids are drawn in the order of the rows; RETURNING's order is not promised.
-                ids.extend(sorted(row[0] for row in cur.fetchall()))
-            if on_progress is not None:
-                on_progress(len(ids))
-    return ids
+class _Loader:
+    """Loads one chunk of COPY rows the quickest way open to it (see insert_rows)."""
 
+    def __init__(
+        self,
+        cur: psycopg.Cursor[Any],
+        table: sql.Identifier,
+        unique: Unique,
+        may_stage: bool,
+        sequence: int | None,
+    ) -> None:
+        self.cur, self.table, self.unique = cur, table, unique
+        self.may_stage, self.sequence = may_stage, sequence
+        self.staging = False  # whether the staging table is there yet
 
-def _load_chunk(
-    cur: psycopg.Cursor[Any], rows: list[str], insert: sql.Composed, unique: Unique
-) -> tuple[list[int], list[bool]]:
-    # Emptied first: the table may hold the rows of an earlier chunk, or of
-    # an earlier load in the same transaction that stopped half way.
-    run(cur, query("jobs_load_truncate"))
-    text = "".join(rows)
-    # Only a chunk with limit keys copies the column (and fills it in the
-    # rows without one); in the others the staged column stays NULL.
-    copied = "jobs_load_copy"
-    if has_limit_keys(text, len(rows)):
-        text, copied = "".join(with_limit_key_column(rows)), "jobs_load_copy_limited"
-    with cur.copy(query(copied)) as copy:
-        copy.write(text)
-    if any(map(has_key, rows)):
-        run(cur, statement("jobs_insert_loaded_unique", unique.table))
-        return unique.resolve(rows, cur.fetchall())
-    run(cur, insert)
-    return [row[0] for row in cur.fetchall()], []
+    def load(self, rows: list[str]) -> tuple[list[int], list[bool]]:
+        """The chunk's ids in order, and whether each job was there already."""
+        text = "".join(rows)
+        limited = has_limit_keys(text, len(rows))
+        if limited:
+            rows = with_limit_key_column(rows)
+        keyless = all_keyless(text, len(rows))
+        if self.sequence is not None and keyless and all_due_now(text, len(rows)):
+            return self._copy_direct(rows, limited), []
+        if self.may_stage:
+            return self._copy_staged(rows, limited, keyless)
+        return self._from_arrays(rows, keyless)
+
+    def _copy_direct(self, rows: list[str], limited: bool) -> list[int]:
+        """COPY straight into jobs: no staging, nothing returned but the ids
+        drawn for the rows first."""
+        cur = self.cur
+        run(cur, query("jobs_draw_ids"), {"sequence": self.sequence, "count": len(rows)})
+        ids = [row[0] for row in cur.fetchall()]
+        text = direct_text(ids, rows)
+        copied = "jobs_copy_direct_limited" if limited else "jobs_copy_direct"
+        with cur.copy(statement(copied, self.table)) as copy:
+            copy.write(text)
+        return ids
+
+    def _copy_staged(
+        self, rows: list[str], limited: bool, keyless: bool
+    ) -> tuple[list[int], list[bool]]:
+        """COPY into the staging table, then INSERT ... SELECT ... RETURNING id
+        (COPY has none)."""
+        cur = self.cur
+        if not self.staging:
+            run(cur, query("jobs_load_create"))
+            self.staging = True
+        # Emptied first: the table may hold the rows of an earlier chunk, or of
+        # an earlier load in the same transaction that stopped half way.
+        run(cur, query("jobs_load_truncate"))
+        # Only a chunk with limit keys copies the column; in the others the
+        # staged column stays NULL.
+        copied = "jobs_load_copy_limited" if limited else "jobs_load_copy"
+        with cur.copy(query(copied)) as copy:
+            copy.write("".join(rows))
+        if keyless:
+            run(cur, statement("jobs_insert_loaded", self.table))
+            return [row[0] for row in cur.fetchall()], []
+        run(cur, statement("jobs_insert_loaded_unique", self.table))
+        return self.unique.resolve(rows, cur.fetchall())
+
+    def _from_arrays(self, rows: list[str], keyless: bool) -> tuple[list[int], list[bool]]:
+        """The rows inserted from arrays, in one statement: no temporary table."""
+        if not keyless:
+            return self.unique.insert_rows(rows)
+        run(self.cur, statement("jobs_insert_arrays", self.table), row_columns(rows))
+        # Ids are drawn in the order of the rows; RETURNING's order is not promised.
+        return sorted(row[0] for row in self.cur.fetchall()), []
 
 
 def _chunks(rows: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -3,10 +3,21 @@
 -- psycopg placeholder; queries are unqualified: each transaction names the
 -- schema first (settings_set_local, sql/queries/db.sql).
 
--- name: role_may_create_temp
--- Whether this role may create the temporary table a COPY load stages rows
--- in (the TEMP privilege on the database). One row.
-SELECT has_database_privilege(current_database(), 'TEMP');
+-- name: jobs_load_privileges
+-- How this role may load many jobs, in one row: whether it may create the
+-- temporary table a COPY load stages rows in (the TEMP privilege on the
+-- database), and the sequence of jobs.id if it may draw ids from it
+-- (USAGE or UPDATE; NULL if not), which a COPY straight into jobs needs.
+-- %(table)s is the table's name as SQL spells it (schema-qualified or not).
+SELECT has_database_privilege(current_database(), 'TEMP'),
+       CASE WHEN has_sequence_privilege(s, 'USAGE') OR has_sequence_privilege(s, 'UPDATE')
+            THEN s::regclass::oid END
+FROM (SELECT pg_get_serial_sequence(%(table)s, 'id') AS s) AS t;
+
+-- name: jobs_draw_ids
+-- %(count)s new ids from the sequence of jobs.id (%(sequence)s, its oid),
+-- for a COPY straight into jobs; increasing, one row each.
+SELECT nextval(%(sequence)s::oid::regclass) FROM generate_series(1, %(count)s);
 
 -- name: transaction_open
 -- Only to begin the caller's transaction on a connection outside autocommit
@@ -83,6 +94,17 @@ FROM STDIN;
 COPY pg_temp.pgqctl_enqueue_load (n, kind, payload, queue, priority, max_attempts, run_at, delay,
                                   limit_key, unique_key)
 FROM STDIN;
+
+-- name: jobs_copy_direct
+-- Jobs straight into jobs, with ids drawn by jobs_draw_ids: a chunk whose
+-- jobs have no unique key and are due at once (run_at, the default: now()).
+-- It fires the same triggers as any INSERT (the one notification included).
+COPY {jobs} (id, kind, payload, queue, priority, max_attempts) FROM STDIN;
+
+-- name: jobs_copy_direct_limited
+-- jobs_copy_direct for a chunk in which some jobs have a limit key (\N for
+-- a job without one).
+COPY {jobs} (id, kind, payload, queue, priority, max_attempts, limit_key) FROM STDIN;
 
 -- name: jobs_insert_loaded
 -- The staged rows into jobs, in file order. One row (the id) per job.
