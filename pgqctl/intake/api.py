@@ -17,7 +17,7 @@ pgqctl/limits.py are checked with the rest, before anything is sent.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
 from pgqctl.errors import BadInput
@@ -146,8 +146,11 @@ def enqueue_many(
     (required), ``payload``, ``queue``, ``priority``, ``run_at``, ``delay``,
     ``max_attempts``, ``unique_key``, ``limit_key``; or ``kinds``, a list,
     instead of ``kind``, for one job per kind (their ids in its order, in the
-    place of the mapping's). All are validated before anything is sent; a
-    bad one raises BadInput naming its index. A job whose unique key is held
+    place of the mapping's). A bad one raises BadInput naming its index,
+    and nothing is inserted: in the caller's transaction, all are validated
+    before anything is sent, and the transaction is left as it was; in
+    autocommit mode, jobs stream to the server as they are validated, and
+    the call's own transaction is rolled back. A job whose unique key is held
     (by a job in the queue, or by an earlier one of these) gets the holder's
     id under ``on_conflict="skip"`` (the list's ``existing`` holds their
     positions); under ``"error"`` nothing is inserted and DuplicateJob (or
@@ -168,16 +171,25 @@ def enqueue_many(
             valid += made
             numbers += (row_number(number, position) for position in range(len(made)))
         return insert_jobs(conn, valid, schema=schema, on_conflict=on_conflict, numbers=numbers)
-    # Made into COPY rows now, so that loading them is all the work left.
+    rows = _record_rows(records, limit)
+    if not conn.autocommit:
+        # In the caller's transaction: all checked before anything is sent,
+        # so that a bad job leaves that transaction as it was. In autocommit
+        # mode the call's own transaction is rolled back instead, and jobs
+        # go to the server while the next ones are checked.
+        rows = iter(list(rows))
+    return insert_rows(conn, rows, schema=schema, on_conflict=on_conflict)
+
+
+def _record_rows(records: list[Mapping[str, Any]], limit: int) -> Iterator[str]:
+    """The COPY rows of enqueue_many's records, lazily; BadInput names the first bad one."""
     fast = simple_defaults(None, limit)
-    rows = []
     for number, record in enumerate(records, start=1):
         try:
             row = None if fast is None else simple_record_row(number, record, fast)
             if row is None and isinstance(record, (dict, Mapping)) and "kinds" in record:
-                rows += record_rows(number, record, None, limit)
+                yield from record_rows(number, record, None, limit)
                 continue
-            rows.append(row or job_row(number, job_from_record(record, max_payload_bytes=limit)))
+            yield row or job_row(number, job_from_record(record, max_payload_bytes=limit))
         except BadInput as exc:
             raise BadInput(f"jobs[{number - 1}]: {exc}") from None
-    return insert_rows(conn, rows, schema=schema, on_conflict=on_conflict)

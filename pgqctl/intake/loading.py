@@ -286,6 +286,9 @@ def _load_chunks(
     return ids
 
 
+_PIECE_JOBS = 1000
+
+
 class _Loader:
     """Loads one chunk of COPY rows the quickest way open to it (see insert_rows)."""
 
@@ -319,11 +322,17 @@ class _Loader:
         drawn for the rows first."""
         cur = self.cur
         run(cur, query("jobs_draw_ids"), {"sequence": self.sequence, "count": len(rows)})
-        ids = [row[0] for row in cur.fetchall()]
-        text = direct_text(ids, rows)
+        row = cur.fetchone()
+        assert row is not None  # an aggregate's one row
+        first, last, drawn = row
+        ids = list(range(first, last + 1)) if drawn is None else drawn
         copied = "jobs_copy_direct_limited" if limited else "jobs_copy_direct"
         with cur.copy(statement(copied, self.table)) as copy:
-            copy.write(text)
+            # Piece by piece: the server starts on the first rows while the
+            # next ones are made.
+            for start in range(0, len(rows), _PIECE_JOBS):
+                end = start + _PIECE_JOBS
+                copy.write(direct_text(ids[start:end], rows[start:end]))
         return ids
 
     def _copy_staged(

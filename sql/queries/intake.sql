@@ -16,8 +16,16 @@ FROM (SELECT pg_get_serial_sequence(%(table)s, 'id') AS s) AS t;
 
 -- name: jobs_draw_ids
 -- %(count)s new ids from the sequence of jobs.id (%(sequence)s, its oid),
--- for a COPY straight into jobs; increasing, one row each.
-SELECT nextval(%(sequence)s::oid::regclass) FROM generate_series(1, %(count)s);
+-- for a COPY straight into jobs. One row: the first and the last, and, only
+-- when they are not every id between (another session drew some of those
+-- meanwhile), all of them in order: a run of ids costs the client nothing
+-- to read.
+WITH drawn AS (
+    SELECT nextval(%(sequence)s::oid::regclass) AS id FROM generate_series(1, %(count)s)
+)
+SELECT min(id), max(id),
+       CASE WHEN max(id) - min(id) + 1 <> count(*) THEN array_agg(id ORDER BY id) END
+FROM drawn;
 
 -- name: transaction_open
 -- Only to begin the caller's transaction on a connection outside autocommit

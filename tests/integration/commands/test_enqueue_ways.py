@@ -22,6 +22,7 @@ import pytest
 from psycopg import sql
 
 import pgqctl
+from pgqctl.errors import BadInput
 from tests.conftest import run_cli
 from tests.support.servers import REPO_ROOT, Roles, clean_env, dbname_of, roles
 
@@ -193,3 +194,27 @@ def test_two_loads_at_once_each_get_their_own_ids_in_order(dsn: str, tmp_path: P
             stored[kind].append((job_id, i))
     for name, ids in zip("ab", printed, strict=True):
         assert stored[name] == [(job_id, i) for i, job_id in enumerate(ids)]
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_a_bad_job_deep_in_a_big_list_enqueues_nothing_and_wakes_nobody(
+    producer: str, dsn: str, autocommit: bool
+) -> None:
+    jobs: list[dict[str, Any]] = [{"kind": "k", "payload": {"i": i}} for i in range(30_000)]
+    jobs[24_999] = {"kind": "k", "payload": {"i": "a\x00b"}}
+    with (
+        psycopg.connect(dsn, autocommit=True) as listener,
+        psycopg.connect(producer, autocommit=autocommit) as app,
+    ):
+        listener.execute("LISTEN pgqctl_jobs")
+        with pytest.raises(BadInput, match=r"^jobs\[24999\]: payload contains a NUL character"):
+            pgqctl.enqueue_many(app, jobs)
+        # Nothing sent in the caller's transaction; in autocommit mode, the
+        # call's own transaction rolled back. Either way the connection is
+        # as it was, and usable.
+        assert app.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert pgqctl.enqueue_many(app, jobs[:300])
+        app.commit()
+        assert len(list(listener.notifies(timeout=0.5))) == 1
+        (count,) = listener.execute("SELECT count(*) FROM jobs").fetchone() or (None,)
+    assert count == 300
