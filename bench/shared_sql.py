@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.seed import SEED_CLAIM
 
-__all__ = ["HISTORY", "LIVE_SET", "REEXPIRE", "SEED_CLAIM", "SEED_DONE"]
+__all__ = ["HISTORY", "HISTORY_SPREAD", "LIVE_SET", "REEXPIRE", "SEED_CLAIM", "SEED_DONE"]
 
 # The seed's lease claim (LIMIT 1), as the tests run it, and its fenced
 # report: the plain-SQL loop that pgqctl's worker is compared with.
@@ -39,6 +39,22 @@ SELECT 'q' || i %% 3, 'bench', '{"argv": ["true"]}', 'done', 1,
        now() - interval '30 days' + i * interval '1 millisecond',
        now() - interval '30 days' + i * interval '1 millisecond' + interval '2 seconds'
 FROM generate_series(1, %(n)s) AS i
+"""
+# Finished rows, `n` of them, as a queue that ran leaves them: finished
+# evenly over `span`, the newest `end` ago, each created 2 s before it
+# finished, ids in the order of time. One INSERT ... SELECT, so that 10
+# million rows load in a minute or two. `n`, `span` and `end` are parameters.
+HISTORY_SPREAD = """
+INSERT INTO jobs (queue, kind, payload, status, attempts,
+                  run_at, created_at, claimed_at, finished_at)
+SELECT 'q' || i %% 3, 'bench', '{"argv": ["true"]}', 'done', 1,
+       t - interval '2 seconds', t - interval '2 seconds', t - interval '1 second', t
+FROM (
+    SELECT i,
+           now() - %(end)s::interval
+           - (%(n)s::bigint - i) * (%(span)s::interval / %(n)s::bigint) AS t
+    FROM generate_series(1, %(n)s::bigint) AS i
+) AS finished
 """
 # Puts back the expired leases a real reap took, untimed, before each reap.
 REEXPIRE = """
