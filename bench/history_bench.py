@@ -22,10 +22,12 @@ The figures for history at scale (target: each ratio <= 1.2):
   WorkerPath sends it, in jobs/s of the exchanges' time, the sides taking
   turns exchange by exchange (ratio: time with over time without); the
   drained jobs are deleted and the tables vacuumed afterwards, untimed;
-- `stats`, `list --since 1h`, `list --status done` (its first page),
-  `check` and `metrics` (the text a scrape gets): each the command run in
-  this process through pgqctl's entry point, as a user gets it (connecting,
-  the queries and the output included; the interpreter's start-up not);
+- `stats`, `list --since 1h`, `list --since 1h --kind rare` (a kind with
+  no job: fewer matches than a page), `list --status done` (its first
+  page), `check` and `metrics` (the text a scrape gets): each the command
+  run in this process through pgqctl's entry point, as a user gets it
+  (connecting, the queries and the output included; the interpreter's
+  start-up not);
 - purge: after the rounds, `purge --older-than D --pause 0` of one day of
   the history (the oldest, a thirtieth of it), once a round, the table
   vacuumed between, untimed: seconds and rows (target: under 1 s);
@@ -39,9 +41,10 @@ per statement as in one CLI invocation (target: each ratio <= 2): `leases`,
 each call), `requeue --dry-run --failed`, `list --status failed`, `stats`.
 
 Where the time goes: after the rounds, on the history's side, the plans the
-server ran for `list --since 1h`, `list --status done` and one purge batch
-(rolled back) go to stderr, from auto_explain with timing and buffers (left
-out with --no-explain, or when the server cannot load auto_explain).
+server ran for `list --since 1h` (and with `--kind rare`), `list --status
+done` and one purge batch (rolled back) go to stderr, from auto_explain with
+timing and buffers (left out with --no-explain, or when the server cannot
+load auto_explain).
 
     python bench/history_bench.py [--dsn DSN] [--history 1000000] [--rounds 5]
         [--calls 20] [--command-calls 5] [--drain 5000] [--no-explain]
@@ -117,6 +120,9 @@ ORDER BY pg_relation_size(i.oid) DESC, i.relname
 COMMANDS: dict[str, tuple[str, ...]] = {
     "pgqctl stats": ("stats",),
     "pgqctl list --since 1h": ("list", "--since", "1h"),
+    # A filter that matches less than a page: the list looks through
+    # everything older for more, unless something bounds it.
+    "pgqctl list --since 1h --kind rare": ("list", "--since", "1h", "--kind", "rare"),
     "pgqctl list --status done": ("list", "--status", "done"),
     "pgqctl check": ("check",),
     "pgqctl metrics": ("metrics",),
@@ -499,6 +505,9 @@ def explain(side: Side, loaded_at: dt.datetime) -> None:
     plan = admin.purge_plan(conn, ["done"], older_than(conn, loaded_at, 1))
     calls: dict[str, Callable[[], Any]] = {
         "list --since 1h": lambda: list_first_page(conn, admin.JobFilter(since=3600.0)),
+        "list --since 1h --kind rare": lambda: list_first_page(
+            conn, admin.JobFilter(kinds=("rare",), since=3600.0)
+        ),
         "list --status done": lambda: list_first_page(conn, admin.JobFilter(statuses=("done",))),
         "one purge batch of day 1 (rolled back)": lambda: purge_batch_rolled_back(conn, plan),
     }
