@@ -207,7 +207,9 @@ def enqueue_procrastinate(cfg: dict[str, Any]) -> None:
 
 def drain_pgqctl(cfg: dict[str, Any]) -> None:
     """pgqctl's own claim-and-complete functions, no child process per job."""
-    with pgqctl_adapter.WorkerPath(cfg["dsn"], slots=cfg["slots"]) as path:
+    with pgqctl_adapter.WorkerPath(
+        cfg["dsn"], slots=cfg["slots"], prefetch=cfg.get("prefetch", 0)
+    ) as path:
         last = ready_then_go(cfg)
         jobs = path.exchange([])
         done = 0

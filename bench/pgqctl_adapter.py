@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
@@ -63,30 +64,43 @@ def enqueue(conn: psycopg.Connection[Any], kind: str, payload: Mapping[str, Any]
 class WorkerPath:
     """What one worker process does per batch, minus the child processes.
 
-    ``exchange(done)`` is the worker's one round trip (``claims.exchange``):
-    report the finished jobs done, fenced, and claim up to ``slots`` due jobs
-    under a lease, in one statement, as the worker does when all its slots
-    come free.
+    ``exchange(done)`` is the worker's one round trip (``claims.exchange``) as
+    `pgqctl worker --concurrency SLOTS --prefetch PREFETCH` sends it when its
+    jobs have all ended: report them done, fenced, and claim up to ``slots``
+    + ``prefetch`` due jobs under a lease, the first ``slots`` for its slots,
+    the rest for its local queue. It connects as the worker does (its
+    transaction-local settings: generic plans, timeouts, no JIT; its libpq
+    keepalives) and walks the claim index from its floor as the worker does
+    (``claims.Floors``). Attempts are not recorded: the worker with
+    ``--no-history``.
     """
 
     LEASE_S = 300.0  # the worker's default lease
 
-    def __init__(self, dsn: str, *, slots: int, schema: str = "public") -> None:
+    def __init__(self, dsn: str, *, slots: int, prefetch: int = 0, schema: str = "public") -> None:
         self.claims = _claims()
-        self.slots = slots
-        self.worker = f"bench:{os.getpid()}"
         from pgqctl import db
+        from pgqctl.worker import CONNECTION_PARAMS, SESSION_SETTINGS
 
-        self.conn = db.connect(dsn, schema=schema)
+        self.slots = list(range(slots))
+        self.prefetch = prefetch
+        self.worker = f"bench:{os.getpid()}"
+        self.floors = self.claims.Floors()
+        self.conn = db.connect(dsn, schema=schema, settings=SESSION_SETTINGS, **CONNECTION_PARAMS)
 
     def exchange(self, done: list[Any]) -> list[Any]:
+        sent = time.monotonic()
         changed = self.claims.exchange(
             self.conn,
             done=[job.held for job in done],
-            claim=self.slots,
+            claim=len(self.slots) + self.prefetch,
+            slots=self.slots,
+            prefetch=self.prefetch,
             lease=self.LEASE_S,
             worker=self.worker,
+            floor=self.floors.floor(sent),
         )
+        self.floors.claimed(sent, changed.last_claimed)
         if len(changed.done) != len(done):
             raise RuntimeError("a fenced report matched fewer jobs than it reported")
         jobs: list[Any] = changed.claimed

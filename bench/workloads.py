@@ -226,6 +226,11 @@ class Drain:
         Ratio("drain.pgqctl/procrastinate", "drain.pgqctl", "drain.procrastinate", (">=", 20)),
         Ratio("drain.pgqctl/pgqueuer_psycopg", "drain.pgqctl", "drain.pgqueuer_psycopg"),
         Ratio("drain.pgqctl/seed_loop", "drain.pgqctl", "drain.seed_loop"),
+        Ratio(
+            "drain.pgqctl_no_prefetch/pgqueuer_asyncpg",
+            "drain.pgqctl_no_prefetch",
+            "drain.pgqueuer_asyncpg",
+        ),
     )
 
     def setup(self, env: Env, record: Record) -> None:
@@ -234,12 +239,16 @@ class Drain:
         record.note(
             f"drain: {self.n} no-op jobs, {sizes.drain_workers} worker processes, each taking "
             f"up to {sizes.slots} jobs at once (pgqueuer batch_size, procrastinate "
-            "concurrency, pgqctl slots); the seed loop takes one job per claim."
+            "concurrency, pgqctl slots); pgqctl's exchange as `pgqctl worker --concurrency "
+            f"{sizes.slots} --prefetch {sizes.slots} --no-history` sends it (up to "
+            f"{2 * sizes.slots} jobs claimed per exchange; drain.pgqctl_no_prefetch: "
+            f"--prefetch 0, up to {sizes.slots}); the seed loop takes one job per claim."
         )
 
     def run_round(self, env: Env, record: Record, round_no: int) -> None:
         contenders = [
             "pgqctl",
+            "pgqctl_no_prefetch",
             "pgqueuer_asyncpg",
             "pgqueuer_psycopg",
             "procrastinate",
@@ -258,10 +267,12 @@ class Drain:
         sizes = env.sizes
         dsn = env.dsns["pgqctl"]
         config: dict[str, Any] = {"dsn": dsn, "slots": sizes.slots}
-        if name == "pgqctl":
+        if name.startswith("pgqctl"):
             env.require_api("claims")
             load_pgqctl_jobs(dsn, "public", self.n, {})
             action = "drain_pgqctl"
+            # The worker's --prefetch: as many jobs ahead as it has slots.
+            config["prefetch"] = 0 if name == "pgqctl_no_prefetch" else sizes.slots
         elif name == "seed_loop":
             load_pgqctl_jobs(dsn, SEED_SCHEMA, self.n, {})
             action, config["schema"] = "drain_seed", SEED_SCHEMA

@@ -36,9 +36,11 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.adapt import Transformer
+from psycopg.pq.abc import PGresult
 
-from pgqctl import limits
-from pgqctl.attempts import Record, record_attempts
+from pgqctl import db, limits
+from pgqctl.attempts import Record, record_attempts, record_params
 from pgqctl.db import QueueConnection
 from pgqctl.jobs import Held, Job
 from pgqctl.registry import Beat, Beaten
@@ -214,21 +216,25 @@ def exchange(
         if beat is not None:
             beaten = conn.execute(query("worker_beat"), beat.params()).fetchone()
     else:
-        # A transaction of its own, sent with its settings in one round trip.
-        with conn.pipeline():
-            conn.execute(query("transaction_begin"))
-            conn.execute(query("settings_set_local"), conn.settings_params())
-            if records:
-                # Before the statement: it may claim a job that one of them
-                # ended (a retry due at once), which must not make it late.
-                record_attempts(conn, records, now)
-            cur = conn.execute(statement, params)
-            if beat is not None:
-                beat_cur = conn.execute(query("worker_beat"), beat.params())
-            conn.execute(query("transaction_commit"))
-        rows = cur.fetchall()
+        # A transaction of its own, sent with its settings in one round trip
+        # through libpq (db.pipelined): no cursor, no per-statement Python.
+        statements: list[db.Statement] = [
+            (query("transaction_begin"), None),
+            (query("settings_set_local"), conn.settings_params()),
+        ]
+        if records:
+            # Before the statement: it may claim a job that one of them
+            # ended (a retry due at once), which must not make it late.
+            statements.append((query("attempt_record"), record_params(records, now)))
+        statements.append((statement, params))
         if beat is not None:
-            beaten = beat_cur.fetchone()
+            statements.append((query("worker_beat"), beat.params()))
+        statements.append((query("transaction_commit"), None))
+        results = db.pipelined(conn, statements)
+        answer = results[-3] if beat is not None else results[-2]
+        rows = _loaded(conn, answer)
+        if beat is not None:
+            beaten = _loaded(conn, results[-2])[0]
     result = Exchanged(beaten=None if beaten is None else Beaten(*beaten))
     for row in rows:
         part, job_id, queue, kind, payload, attempts, max_attempts, handbacks, status, run_at = row
@@ -361,6 +367,14 @@ def _exchange_with(claim: str) -> str:
         .replace("{seated}", query("worker_exchange_seated") if limited else "")
         .replace("{wake}", query("worker_exchange_wake") if limited else "")
     )
+
+
+def _loaded(conn: Conn, result: PGresult) -> list[tuple[Any, ...]]:
+    """A result's rows as tuples, loaded as a cursor would (the connection's
+    loaders: a time past a datetime is a FarTime)."""
+    loader = Transformer(conn)
+    loader.set_pgresult(result)
+    return loader.load_rows(0, result.ntuples, tuple)
 
 
 def _names(names: Sequence[str]) -> list[str] | None:

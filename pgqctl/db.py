@@ -24,18 +24,21 @@ SQL may write one in any job's row) as a `FarTime` rather than failing.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 import re
+import select
 import shlex
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.adapt import Buffer, Dumper, Loader
+from psycopg.pq.abc import PGresult
 
 from pgqctl import config
 from pgqctl.errors import (
@@ -83,6 +86,8 @@ class QueueConnection(psycopg.Connection[Any]):
     # Who and where, kept to explain errors after the connection is closed.
     role: str = ""
     where: str = ""
+    # The statements `pipelined` prepared on this connection: text -> name.
+    prepared: dict[bytes, bytes]
 
     @contextmanager
     def transaction(
@@ -196,6 +201,7 @@ def connect(
     conn.role = conn.info.user
     conn.where = f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}"
     conn.local_settings = tuple((settings or {}).items())
+    conn.prepared = {}
     try:
         # Before anything else: with prepared statements off from the first one.
         conn.prepare_threshold = None
@@ -231,6 +237,135 @@ def open_queue(
         conn.close()
         raise
     return conn
+
+
+Statement = tuple[str, "Mapping[str, Any] | None"]
+
+
+def pipelined(conn: QueueConnection, statements: Sequence[Statement]) -> list[PGresult]:
+    """Send `statements` (SQL blocks and their parameters) in one round trip
+    through libpq's pipeline, and return each one's result; raise the first
+    error among them. The worker's exchange sends four or more statements
+    thousands of times a second, where psycopg's cursors cost the client
+    more than the server's work: here each parameter is its text, encoded
+    once, and the server infers its type from the statement (as for an
+    untyped literal); a statement is prepared on its first use unless a
+    pooler stands between (see the module's doc), and no cursor is made.
+
+    The connection must be idle and out of a pipeline. Anything else than a
+    statement's error (a lost connection, an interrupt) leaves it closed: its
+    transaction, if any, is then rolled back by the server."""
+    pgconn = conn.pgconn
+    codec = conn.info.encoding
+    # What the pipeline holds, in order: a Parse (the statement's text and
+    # its name) or None for a statement run.
+    sent: list[tuple[bytes, bytes] | None] = []
+    with conn.lock:
+        pgconn.enter_pipeline_mode()
+        try:
+            for text, params in statements:
+                command, names = _numbered(text)
+                values = [_text_param(params[n], codec) for n in names] if params else None
+                if conn.pooled:
+                    pgconn.send_query_params(command, values)
+                else:
+                    name = conn.prepared.get(command)
+                    if name is None:
+                        parses = sum(what is not None for what in sent)
+                        name = b"pgqctl_%d" % (len(conn.prepared) + parses)
+                        pgconn.send_prepare(name, command)
+                        sent.append((command, name))
+                    pgconn.send_query_prepared(name, values)
+                sent.append(None)
+            pgconn.pipeline_sync()
+            answers = _results(pgconn)
+            pgconn.exit_pipeline_mode()
+        except BaseException:
+            conn.close()
+            raise
+    results = []
+    for what, answer in zip(sent, answers, strict=True):
+        if what is None:
+            results.append(answer)
+        elif answer.status == psycopg.pq.ExecStatus.COMMAND_OK:
+            conn.prepared[what[0]] = what[1]
+    for result in answers:
+        if result.status == psycopg.pq.ExecStatus.FATAL_ERROR:
+            if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+                conn.rollback()
+            raise psycopg.errors.error_from_result(result, encoding=codec)
+    return results
+
+
+def _results(pgconn: Any) -> list[PGresult]:
+    """Flush the pipeline, then read one result per statement (a statement's
+    last, or its error; a statement after an error is answered
+    PIPELINE_ABORTED) up to the sync."""
+    sock = pgconn.socket
+    while pgconn.flush():
+        readable, _, _ = select.select([sock], [sock], [])
+        if readable:
+            pgconn.consume_input()
+    results: list[PGresult] = []
+    last = None
+    while True:
+        while pgconn.is_busy():
+            select.select([sock], [], [])
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:  # the end of one statement's results
+            if last is not None:
+                results.append(last)
+            last = None
+        elif result.status == psycopg.pq.ExecStatus.PIPELINE_SYNC:
+            return results
+        else:
+            last = result
+
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+
+
+@functools.cache
+def _numbered(text: str) -> tuple[bytes, tuple[str, ...]]:
+    """A block's text with $1, $2... for its %(name)s placeholders (as
+    psycopg sends it), and the names in that order."""
+    names: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return "%"
+        return f"${names.setdefault(match.group(1), len(names) + 1)}"
+
+    return _PLACEHOLDER.sub(number, text).encode(), tuple(names)
+
+
+def _text_param(value: Any, codec: str) -> bytes | None:
+    """A parameter as PostgreSQL's text input of its type."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode(codec)
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    if isinstance(value, (int, float)):
+        return repr(value).encode()
+    if isinstance(value, (list, tuple)):
+        return _array_text(value).encode(codec)
+    if isinstance(value, FarTime):
+        return value.text.encode()
+    if isinstance(value, datetime.datetime):
+        return value.isoformat().encode()
+    raise TypeError(f"no text form for a parameter of type {type(value).__name__}")
+
+
+def _array_text(values: Sequence[Any]) -> str:
+    # Every element quoted, its quotes and backslashes escaped: any text is safe.
+    quoted = (
+        "NULL" if v is None else '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    )
+    return "{" + ",".join(quoted) + "}"
 
 
 def reason(exc: BaseException) -> str:
