@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 # temporary table, whose few milliseconds of setup pay off only in bulk.
 COPY_MIN_JOBS = 200
 CHUNK_JOBS = 10_000
+CHUNKS_AHEAD = 2
+# A chunk going straight into jobs is written this many rows at a time.
+_PIECE_JOBS = 1000
 FIRST_CHUNK_JOBS = 500
 # A bulk load read before its transaction keeps this much in memory, the
 # rest in a temporary file.
@@ -265,28 +268,34 @@ def _load_chunks(
     load: Callable[[list[str]], tuple[list[int], list[bool]]],
     on_progress: Callable[[int], None] | None,
 ) -> Ids:
-    # A thread loads one chunk while this one reads and validates the next,
-    # so that the client's and the server's work overlap (psycopg releases
-    # the GIL while it waits).
+    # A thread loads the chunks while this one reads and validates the next
+    # ones, up to CHUNKS_AHEAD of them, so that the client's and the
+    # server's work overlap (psycopg releases the GIL while it waits) and
+    # neither waits on the other for a chunk that was slower than the rest.
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     ids = Ids()
+    loading: deque[Future[tuple[list[int], list[bool]]]] = deque()
     with ThreadPoolExecutor(1) as loader:
-        loading: Future[tuple[list[int], list[bool]]] | None = None
-        sent = 0
-        for chunk in _chunks(rows, CHUNK_JOBS):
-            if loading is not None:
-                ids.add(*loading.result())
-            loading = loader.submit(load, chunk)
-            sent += len(chunk)
-            if on_progress is not None:
-                on_progress(sent)
-        if loading is not None:
-            ids.add(*loading.result())
+        try:
+            sent = 0
+            for chunk in _chunks(rows, CHUNK_JOBS):
+                if len(loading) == CHUNKS_AHEAD:
+                    ids.add(*loading.popleft().result())
+                loading.append(loader.submit(load, chunk))
+                sent += len(chunk)
+                if on_progress is not None:
+                    on_progress(sent)
+            while loading:
+                ids.add(*loading.popleft().result())
+        except BaseException:
+            # A bad row, or a failed chunk: the load stops here, and the
+            # chunks not started yet never go.
+            for future in loading:
+                future.cancel()
+            raise
     return ids
-
-
-_PIECE_JOBS = 1000
 
 
 class _Loader:
