@@ -1,7 +1,8 @@
 """Inserting checked jobs in the caller's transaction: a few from arrays in
-one INSERT, more through COPY (or from arrays, chunk by chunk, for a role
-without the TEMP privilege), and `load`, a JSON-lines input read and
-inserted in one transaction."""
+one INSERT, more in chunks through COPY (straight into jobs, or through a
+staging table, or from arrays for a role without the TEMP privilege: see
+`insert_rows`), and `load`, a JSON-lines input read and inserted in one
+transaction."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ if TYPE_CHECKING:
     from pgqctl.policy import Policy
 
 
-# Below this many jobs, one INSERT from arrays; from it on, COPY into a
-# temporary table, whose few milliseconds of setup pay off only in bulk.
+# Below this many jobs, one INSERT from arrays; from it on, chunks through
+# COPY, whose few round trips of setup pay off only in bulk.
 COPY_MIN_JOBS = 200
 CHUNK_JOBS = 10_000
 CHUNKS_AHEAD = 2
