@@ -7,8 +7,11 @@ are free slots (plus the room left in its local queue, with --prefetch). One
 statement is one round trip and one commit, and costs the client about half
 of what the same five updates cost pipelined (bench/worker_bench.py measures
 the whole path). Batches travel as JSON arrays: serializing them is far
-cheaper than adapting Python lists to PostgreSQL arrays. Its claim is the
-one for the worker's --queue and --kind (``worker_claim_*``, put in place by
+cheaper than adapting Python lists to PostgreSQL arrays. The statement goes
+out with its transaction's BEGIN, settings and COMMIT in one pipeline of
+libpq's (`db.pipelined`: parameters as text, no cursor): an exchange that
+reports and claims nothing cost the client 450 us through psycopg's cursors
+in a pipeline, 140 us so. Its claim is the one for the worker's --queue and --kind (``worker_claim_*``, put in place by
 `exchange_statement`), so that each worker's statement holds only the claim
 it runs. A worker of every queue walks from a floor (`Floor`, kept by
 `Floors`): where its claims stood a second before, so that the entries of

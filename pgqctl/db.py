@@ -301,16 +301,19 @@ def _results(pgconn: Any) -> list[PGresult]:
     """Flush the pipeline, then read one result per statement (a statement's
     last, or its error; a statement after an error is answered
     PIPELINE_ABORTED) up to the sync."""
-    sock = pgconn.socket
+    # poll, not select: a worker with many children's pipes open may hold
+    # the socket above select's limit of 1024 descriptors.
+    writing, reading = select.poll(), select.poll()
+    writing.register(pgconn.socket, select.POLLIN | select.POLLOUT)
+    reading.register(pgconn.socket, select.POLLIN)
     while pgconn.flush():
-        readable, _, _ = select.select([sock], [sock], [])
-        if readable:
+        if any(events & select.POLLIN for _, events in writing.poll()):
             pgconn.consume_input()
     results: list[PGresult] = []
     last = None
     while True:
         while pgconn.is_busy():
-            select.select([sock], [], [])
+            reading.poll()
             pgconn.consume_input()
         result = pgconn.get_result()
         if result is None:  # the end of one statement's results
