@@ -471,7 +471,7 @@ def figures_rounds(dsn: str, rounds: int, jobs: int, workdir: Path, quick: bool)
         show_ratio(
             f"cpu_own {mine}/{base} (true)",
             [a.own / b.own for a, b in zip(runs[mine], runs[base], strict=True)],
-            "<=1.3",
+            "<=1.5",
         )
 
 

@@ -29,6 +29,10 @@ from collections.abc import Mapping
 from pgqctl.hardening import make_undumpable
 from pgqctl.worklog import WorkLog
 
+# Groups per message: "-PGID\n" is at most 9 bytes (pid_max is 2**22), so a
+# message stays within PIPE_BUF (4096 on Linux, 512 at the least POSIX allows).
+_GROUPS_PER_WRITE = 48
+
 
 class Guard:
     """The worker's end of the pipe. `started` and `ended` are called by
@@ -62,8 +66,10 @@ class Guard:
     def started(self, pgid: int) -> None:
         self._send(b"+%d\n" % pgid)
 
-    def ended(self, pgid: int) -> None:
-        self._send(b"-%d\n" % pgid)
+    def ended(self, *pgids: int) -> None:
+        """Groups about to be reaped: one write for many."""
+        for i in range(0, len(pgids), _GROUPS_PER_WRITE):
+            self._send(b"".join(b"-%d\n" % pgid for pgid in pgids[i : i + _GROUPS_PER_WRITE]))
 
     def close(self, timeout: float = 2.0) -> None:
         """After the children have been reaped: let the guard exit (it has
@@ -79,7 +85,7 @@ class Guard:
             self._proc.wait()
 
     def _send(self, message: bytes) -> None:
-        # A line is far below PIPE_BUF: each write is whole or not at all.
+        # At most PIPE_BUF bytes: each write is whole or not at all.
         if self.lost:
             return
         try:

@@ -139,6 +139,9 @@ def command_for_payload(
     True it checks a payload before it is stored: what it rejects then, no
     worker can run but one with a handler for `kind`.
     """
+    if type(payload) is dict and len(payload) == 1 and _plain_argv(payload.get("argv")):
+        # {"argv": [...]} alone, the most common: nothing else to read.
+        return Command(tuple(payload["argv"]), timeout=default_timeout)
     if not isinstance(payload, dict):
         raise PayloadRejected(
             f"payload is {_json_type(payload)}, not an object: enqueue "
@@ -209,13 +212,8 @@ def check_payload(payload: Mapping[str, object], kind: str) -> None:
     or says what is wrong (tests check that both agree).
     """
     argv = payload.get("argv")
-    if type(argv) is list and argv and type(argv[0]) is str and argv[0]:
-        try:
-            # Every word a string (join raises TypeError for any other), no NUL.
-            words = "\0" not in "".join(argv)
-        except TypeError:
-            words = False
-        if words and (
+    if _plain_argv(argv):
+        if (
             len(payload) == 1  # {"argv": [...]} alone, the most common
             or ("shell" not in payload and _KNOWN_KEYS.issuperset(payload) and _options(payload))
         ):
@@ -246,6 +244,18 @@ def check_policy(payload: object, kind: str, policy: Policy) -> None:
         policy=policy,
         environ=os.environ,
     )
+
+
+def _plain_argv(argv: object) -> bool:
+    """Whether `argv` plainly follows the rules: a list of strings, the
+    first not empty, no NUL; False when unsure."""
+    if type(argv) is not list or not argv or type(argv[0]) is not str or not argv[0]:
+        return False
+    try:
+        # Every word a string (join raises TypeError for any other), no NUL.
+        return "\0" not in "".join(argv)
+    except TypeError:
+        return False
 
 
 def _options(payload: Mapping[str, object]) -> bool:

@@ -28,8 +28,24 @@ LOG_OUTPUT_BYTES = 64 * 1024
 # attempt: its first half and its last half, so a traceback at the end is
 # kept however much came before it; 32 kB an attempt at the most.
 KEEP_OUTPUT_BYTES = 16 * 1024
-# One encoder for every line: json.dumps with options builds a new one per call.
+# One encoder for every line: json.dumps with options builds a new one per
+# call, and so does JSONEncoder.encode (its C part): the C encoder is made
+# once here. Log fields are plain data, never circular: no markers.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+_MAKE_ENCODER = getattr(json.encoder, "c_make_encoder", None)  # not in typeshed
+_C_ENCODER = (
+    None
+    if _MAKE_ENCODER is None
+    else _MAKE_ENCODER(
+        None, str, json.encoder.encode_basestring, None, ": ", ", ", False, False, True
+    )
+)
+
+
+def _encode(record: dict[str, Any]) -> str:
+    if _C_ENCODER is None:
+        return _ENCODER.encode(record)
+    return "".join(_C_ENCODER(record, 0))
 
 
 class WorkLog:
@@ -47,7 +63,7 @@ class WorkLog:
         ts = timestamp(time.time())
         if self._json:
             record = {"ts": ts, "event": event, **fields, "message": message}
-            line = _ENCODER.encode(record)
+            line = _encode(record)
         else:
             # A job's output shown as it is could recolour the operator's
             # terminal, overwrite the "job N |" prefix or split the line.

@@ -240,6 +240,12 @@ def job_peak_memory(outcome: runner.Outcome) -> int | None:
     Linux starts a child's count at the peak of the process it came from, so
     a peak no higher than this worker's own says only "at most that much"."""
     peak = outcome.max_rss_bytes
-    if peak is None or peak <= runner.own_peak_memory():
+    # Our own peak only grows: read it again only for a child above the last reading.
+    if peak is None or peak <= _OWN_PEAK[0]:
         return None
-    return peak
+    _OWN_PEAK[0] = runner.own_peak_memory()
+    return peak if peak > _OWN_PEAK[0] else None
+
+
+# This process's peak memory as last read (a system call).
+_OWN_PEAK = [0]
