@@ -9,9 +9,9 @@ Measures, each round on an emptied table:
   b. the Python API, `pgqctl.enqueue_many(conn, jobs)` in autocommit mode,
      for --jobs jobs, as a role that may draw from the id sequence (COPY
      straight into jobs);
-  s. the same as a role without that privilege (the application role of
-     docs/operating.md: rows staged in a temporary table), when the bench
-     may create roles;
+  s. the same as a role without that privilege (rows staged in a temporary
+     table; the application role of docs/operating.md, Roles), when the
+     bench may create roles;
   r. the database's own limit: a raw psycopg `COPY jobs (kind, payload)`
      of the same jobs, each payload made JSON text in the timed part,
      nothing checked and nothing returned;
