@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
+
+from tests.conftest import run_cli
 
 
 def add_jobs(conn: psycopg.Connection[Any], n: int = 1, **columns: Any) -> list[int]:
@@ -86,3 +89,16 @@ def statuses(conn: psycopg.Connection[Any]) -> dict[str, int]:
 def sh(script: str, *args: str) -> dict[str, list[str]]:
     """An argv payload running a shell script (no --allow-shell needed)."""
     return {"argv": ["sh", "-c", script, "sh", *args]}
+
+
+def enqueue_file_unheard(
+    dsn: str, path: Path, lines: list[str], *, producer: str | None = None
+) -> tuple[Any, list[Any]]:
+    """Write `lines` to `path`, load it with `pgqctl enqueue --file` as
+    `producer` (else `dsn`), and return the CLI's result and the wake-ups a
+    listener on `dsn` heard: a load that fails must wake nobody."""
+    path.write_text("\n".join(lines) + "\n")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN pgqctl_jobs")
+        result = run_cli("enqueue", "--file", str(path), "--dsn", producer or dsn)
+        return result, list(listener.notifies(timeout=0.5))

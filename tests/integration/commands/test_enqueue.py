@@ -18,7 +18,7 @@ import pytest
 
 from pgqctl.intake import loading
 from tests.conftest import random_name, run_cli
-from tests.support.jobrows import snapshot
+from tests.support.jobrows import enqueue_file_unheard, snapshot
 from tests.unit.test_enqueue_rows import COMMON, GENERAL
 
 # --- payloads checked where they are written -------------------------------------------
@@ -337,11 +337,8 @@ def test_bad_line_500_of_1000_exits_2_naming_it_and_inserts_nothing(
     lines = [json.dumps({"kind": "n", "payload": {"i": i}}) for i in range(1000)]
     lines[499] = '{"kind": "n", "payload": {"i": 499}'
     path = tmp_path / "jobs.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    with psycopg.connect(dsn, autocommit=True) as listener:
-        listener.execute("LISTEN pgqctl_jobs")
-        result = run_cli("enqueue", "--file", str(path), "--dsn", dsn)
-        assert list(listener.notifies(timeout=0.5)) == []
+    result, heard = enqueue_file_unheard(dsn, path, lines)
+    assert heard == []
     assert result.exit_code == 2
     assert result.stderr == (
         f"pgqctl: error: {path}, line 500: invalid JSON: Expecting ',' delimiter at column 36; "

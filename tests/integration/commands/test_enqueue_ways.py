@@ -24,6 +24,7 @@ from psycopg import sql
 import pgqctl
 from pgqctl.errors import BadInput
 from tests.conftest import run_cli
+from tests.support.jobrows import enqueue_file_unheard
 from tests.support.servers import REPO_ROOT, Roles, clean_env, dbname_of, roles
 
 __all__ = ["roles"]
@@ -148,13 +149,10 @@ def test_a_bad_line_deep_in_a_big_file_enqueues_nothing_and_wakes_nobody(
     # Some 20 chunks have gone to the server when line 25,000 is read.
     lines = [json.dumps({"kind": "k", "payload": {"i": i}}) for i in range(30_000)]
     lines[24_999] = '{"kind": "k", "priority": "high"}'
-    path = tmp_path / "jobs.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    with psycopg.connect(dsn, autocommit=True) as listener:
-        listener.execute("LISTEN pgqctl_jobs")
-        result = run_cli("enqueue", "--file", str(path), "--dsn", producer)
-        assert list(listener.notifies(timeout=0.5)) == []
-        (count,) = listener.execute("SELECT count(*) FROM jobs").fetchone() or (None,)
+    result, heard = enqueue_file_unheard(dsn, tmp_path / "jobs.jsonl", lines, producer=producer)
+    assert heard == []
+    with psycopg.connect(dsn) as c:
+        (count,) = c.execute("SELECT count(*) FROM jobs").fetchone() or (None,)
     assert result.exit_code == 2
     assert "line 25000: priority must be an integer" in result.stderr
     assert "nothing was enqueued" in result.stderr
