@@ -11,12 +11,13 @@ cheaper than adapting Python lists to PostgreSQL arrays. The statement goes
 out with its transaction's BEGIN, settings and COMMIT in one pipeline of
 libpq's (`db.pipelined`: parameters as text, no cursor): an exchange that
 reports and claims nothing cost the client 450 us through psycopg's cursors
-in a pipeline, 140 us so. Its claim is the one for the worker's --queue and --kind (``worker_claim_*``, put in place by
-`exchange_statement`), so that each worker's statement holds only the claim
-it runs. A worker of every queue walks from a floor (`Floor`, kept by
-`Floors`): where its claims stood a second before, so that the entries of
-jobs already claimed, which vacuum cannot remove while the xmin horizon is
-held, are not walked again by every claim.
+in a pipeline, 140 us so. Its claim is the one for the worker's --queue and
+--kind (``worker_claim_*``, put in place by `exchange_statement`), so that
+each worker's statement holds only the claim it runs. A worker of every
+queue walks from a floor (`Floor`, kept by `Floors`): where its claims stood
+a second before, so that the entries of jobs already claimed, which vacuum
+cannot remove while the xmin horizon is held, are not walked again by every
+claim.
 
 A heartbeat (`registry.Beat`, the worker's row in ``workers``) rides in
 the pipeline of an exchange when one is due (`exchange(beat=...)`: no
