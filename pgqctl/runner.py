@@ -1202,13 +1202,8 @@ class _Child:
         return r, w
 
     def _forget(self, fd: int) -> None:
-        # The reactor's forget and our _close, inline: three times per job.
-        reactor = self.reactor
-        if reactor.owners.pop(fd, None) is not None:
-            reactor.poller.unregister(fd)
-        if fd in self.fds:
-            self.fds.discard(fd)
-            os.close(fd)
+        self.reactor.forget(fd)
+        self._close(fd)
 
     def _close(self, fd: int) -> None:
         if fd in self.fds:

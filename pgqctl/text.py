@@ -12,7 +12,7 @@ import decimal
 import json
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -185,3 +185,31 @@ def shell_word(value: str) -> str:
         escape(c) if not c.isprintable() else "\\" + c if c in "\\'" else c for c in value
     )
     return f"$'{escaped}'"
+
+
+def quick_encoder(encoder: json.JSONEncoder) -> Callable[[Any], str]:
+    """`encoder.encode`, for a hot loop: its C encoder made once rather than
+    per call (json builds one per call), and without the check for circular
+    references, so it is only for plain data. Plain `encode` where Python
+    has no C encoder."""
+    make = getattr(json.encoder, "c_make_encoder", None)  # not in typeshed
+    if make is None or encoder.indent is not None:
+        return encoder.encode
+    strings = (
+        json.encoder.encode_basestring_ascii
+        if encoder.ensure_ascii
+        else json.encoder.encode_basestring
+    )
+    chunks = make(
+        None,
+        encoder.default,
+        strings,
+        None,
+        encoder.key_separator,
+        encoder.item_separator,
+        encoder.sort_keys,
+        encoder.skipkeys,
+        encoder.allow_nan,
+    )
+    join = "".join
+    return lambda value: join(chunks(value, 0))

@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any, TextIO
 
-from pgqctl.text import LINE_ESCAPES, format_seconds, printable
+from pgqctl.text import LINE_ESCAPES, format_seconds, printable, quick_encoder
 
 LOG_FORMATS = ("text", "json")
 # Of each job's output, what a worker logs by default: enough for a job's
@@ -28,24 +28,9 @@ LOG_OUTPUT_BYTES = 64 * 1024
 # attempt: its first half and its last half, so a traceback at the end is
 # kept however much came before it; 32 kB an attempt at the most.
 KEEP_OUTPUT_BYTES = 16 * 1024
-# One encoder for every line: json.dumps with options builds a new one per
-# call, and so does JSONEncoder.encode (its C part): the C encoder is made
-# once here. Log fields are plain data, never circular: no markers.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
-_MAKE_ENCODER = getattr(json.encoder, "c_make_encoder", None)  # not in typeshed
-_C_ENCODER = (
-    None
-    if _MAKE_ENCODER is None
-    else _MAKE_ENCODER(
-        None, str, json.encoder.encode_basestring, None, ": ", ", ", False, False, True
-    )
-)
-
-
-def _encode(record: dict[str, Any]) -> str:
-    if _C_ENCODER is None:
-        return _ENCODER.encode(record)
-    return "".join(_C_ENCODER(record, 0))
+# One encoder for every line, its C part made once: log fields are plain
+# data, never circular.
+_encode = quick_encoder(json.JSONEncoder(ensure_ascii=False, default=str))
 
 
 class WorkLog:

@@ -263,28 +263,15 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(","
 encode = _ENCODER.encode
 
 
-def _quick_encoder() -> Callable[[Any], str]:
-    """`encode` for a bulk load's payloads: the same C encoder, made once
-    rather than per call, and without the check for circular references (a
-    circular payload then raises RecursionError, and make_job, which
-    checks, names the problem). Plain `encode` where there is no C encoder."""
-    from json import encoder
+def quick_encode() -> Callable[[Any], str]:
+    """`encode` for a bulk load's payloads, made once a load: a circular
+    payload then raises RecursionError, and make_job, which checks, names
+    the problem. (Imported here: pgqctl.text is not needed to import pgqctl.)"""
+    from pgqctl.text import quick_encoder
 
-    make = getattr(encoder, "c_make_encoder", None)  # not in typeshed
-    if make is None:
-        return encode
-    chunks = make(
-        None, _ENCODER.default, encoder.encode_basestring, None, ":", ",", False, False, False
-    )
-    join = "".join
-
-    def quick_encode(value: Any) -> str:
-        return join(chunks(value, 0))
-
-    return quick_encode
+    return quick_encoder(_ENCODER)
 
 
-quick_encode = _quick_encoder()
 DECODER = json.JSONDecoder(
     # Python accepts NaN and Infinity; JSON and PostgreSQL do not.
     parse_constant=lambda name: _reject(f"{name} is not a JSON value"),

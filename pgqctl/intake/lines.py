@@ -182,6 +182,7 @@ class _Defaults(NamedTuple):
     short_payload: int
     short_line: int
     names: dict[str, str]  # kinds found good, as COPY fields
+    encode: Callable[[Any], str]  # a payload's JSON text (fields.quick_encode)
 
 
 def simple_defaults(
@@ -212,6 +213,7 @@ def simple_defaults(
         short,
         min(max_payload_bytes // 5, 2 * MAX_PAYLOAD_DEPTH),
         {},
+        quick_encode(),
     )
 
 
@@ -276,7 +278,7 @@ def simple_record_row(number: int, record: object, defaults: _Defaults) -> str |
     if "argv" in payload or "shell" in payload:
         check_command(payload, kind)
     try:
-        text = quick_encode(payload)
+        text = defaults.encode(payload)
     except (TypeError, ValueError, RecursionError):
         return None
     # The common payload: ASCII without escapes, short. Its size in bytes is
