@@ -751,6 +751,7 @@ def purge_command(
         pgqctl purge --status failed --older-than 30d --dry-run
         pgqctl purge --attempts-older-than 3d
         pgqctl purge --status all --json
+        pgqctl purge --older-than 30d --pause 0   # flat out, in a quiet hour
     """
     given = {
         name
