@@ -766,20 +766,26 @@ class TopView:
     run_times: list[tuple[str, int, tuple[float, float, float]]] = field(default_factory=list)
     # The flow limits (`pgqctl limit`), each with what runs and waits under it.
     limits: list[flow.Limit] = field(default_factory=list)
+    # Queues an earlier frame showed: a drained queue stays on the screen at
+    # pending 0 rather than vanish the moment its last job finishes.
+    shown_before: frozenset[str] = frozenset()
 
     def queues(self) -> list[str]:
-        return sorted(set(self.counts) | set(self.finished) | set(self.paused))
+        return sorted(set(self.counts) | set(self.finished) | set(self.paused) | self.shown_before)
 
     def rate(self, queue: str, status: str) -> float:
         """Jobs of `queue` that reached `status` per second over the window."""
         return self.finished.get(queue, {}).get(status, 0) / self.window
 
 
-def top_view(conn: Connection, *, window: float, leases: int = 10) -> TopView:
+def top_view(
+    conn: Connection, *, window: float, leases: int = 10, shown_before: Iterable[str] = ()
+) -> TopView:
     """A frame of `top`, in one transaction; the rates count the jobs that
     finished within the last `window` seconds (the time since the previous
-    frame). Every read is bounded by the live jobs and that window's finished
-    ones, as `metrics`' are, never by the history."""
+    frame); the queues `shown_before` keep their rows. Every read is bounded
+    by the live jobs and that window's finished ones, as `metrics`' are,
+    never by the history."""
     with atomic(conn):
         counts = admin.counts(conn, done_bound=0)
         finished = finished_since(conn, window)
@@ -809,6 +815,7 @@ def top_view(conn: Connection, *, window: float, leases: int = 10) -> TopView:
         fleet,
         run_times,
         found_limits,
+        frozenset(shown_before),
     )
 
 

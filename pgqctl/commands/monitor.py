@@ -378,11 +378,13 @@ def top_command(database: Database, interval: float, lease_count: int) -> None:
     with database.connect() as conn:
         where = config.describe(conn.info.dsn)
         last = [time.monotonic() - interval]
+        shown: set[str] = set()
 
         def render() -> Any:
             now = time.monotonic()
             window, last[0] = max(now - last[0], 0.001), now
-            view = monitor.top_view(conn, window=window, leases=lease_count)
+            view = monitor.top_view(conn, window=window, leases=lease_count, shown_before=shown)
+            shown.update(view.queues())
             return top_render(view, where, interval)
 
         top_screen(render, interval)

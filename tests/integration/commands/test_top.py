@@ -6,6 +6,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -145,14 +146,18 @@ def test_top_shows_the_queue_move_and_q_restores_the_terminal(
 
     wait_until(seen_running, PATIENCE, "top to show jobs being done and the worker active")
     assert worker.wait(60) == 0  # type: ignore[attr-defined]
+    # The drained queue keeps its row, at 0 pending and 0 running, frame
+    # after frame (a queue with only done jobs is not in the live counts).
     try:
         wait_until(
-            lambda: (queue_row(pane.screen()) or ["", "?"])[1] == "0",
+            lambda: (queue_row(pane.screen()) or ["", "?", "?"])[1:3] == ["0", "0"],
             PATIENCE,
-            "pending to reach 0",
+            "pending and running to reach 0",
         )
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the screen:\n{pane.screen()}") from None
+    time.sleep(1.0)  # more than three refreshes later
+    assert (queue_row(pane.screen()) or ["", "?", "?"])[1:3] == ["0", "0"], pane.screen()
     # The last minute's run times of the kind: 60 attempts, each about 0.5 s.
     wait_until(
         lambda: (kind_row(pane.screen()) or ["", ""])[1] == "60",
