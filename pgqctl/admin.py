@@ -424,11 +424,11 @@ def stream_jobs(
 def count_jobs(conn: Connection, found: JobFilter) -> Matched | None:
     """How many jobs `found` matches: exactly when that is cheap (see
     LIST_COUNT_BOUND), else up to the bound; None (not counted) when done
-    jobs may match a test on the creation time or the error, which no index
-    answers: with fewer matches than the bound, the count would read every
-    done job."""
+    jobs may match a test on the error, which no index answers: with fewer
+    matches than the bound, the count would read every done job. A window
+    of creation times is read through jobs_created_brin, its ranges only."""
     live_only = found.statuses and "done" not in found.statuses
-    if not (live_only or found.ids) and (found.since is not None or found.error):
+    if not (live_only or found.ids) and found.error:
         return None
     bound = None if live_only or found.ids else LIST_COUNT_BOUND + 1
     (row,) = named_rows(conn, "job_count", {**found.params(), "bound": bound})

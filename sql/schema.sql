@@ -64,6 +64,8 @@ CREATE INDEX jobs_lease_idx ON jobs (locked_until)
     WHERE status = 'running';
 CREATE INDEX jobs_finished_idx ON jobs (status, finished_at)
     WHERE status IN ('done', 'failed', 'cancelled');
+-- Time windows (`list --since`): block ranges, a few kB (see 0015).
+CREATE INDEX jobs_created_brin ON jobs USING brin (created_at) WITH (autosummarize = on);
 -- Unique jobs: enforced here so that racing producers cannot both insert.
 -- The live statuses are named, so a later finished status stays outside.
 CREATE UNIQUE INDEX jobs_unique_key_idx ON jobs (queue, unique_key)
