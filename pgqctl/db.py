@@ -52,6 +52,12 @@ from pgqctl.fartime import FarTime
 from pgqctl.sql import migrations, query
 
 APPLICATION_NAME = "pgqctl"
+# Set in every transaction of every connection. Each statement of pgqctl's
+# is bounded by an index range or a LIMIT, so none gains from JIT
+# compilation, which the server turns on by the plan's estimate: an
+# estimate that grows with the history. A list reading 2 ms of a window
+# spent 125 ms compiling, at 100 million finished rows.
+BASE_SETTINGS = {"jit": "off"}
 CONNECT_TIMEOUT_SECONDS = 10
 # How libpq words a setting it refuses to use, e.g. 'invalid integer value
 # "abc" for connection option "port"', 'invalid sslmode value: "x"',
@@ -200,7 +206,7 @@ def connect(
     conn.schema = schema
     conn.role = conn.info.user
     conn.where = f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}"
-    conn.local_settings = tuple((settings or {}).items())
+    conn.local_settings = tuple({**BASE_SETTINGS, **(settings or {})}.items())
     conn.prepared = {}
     try:
         # Before anything else: with prepared statements off from the first one.

@@ -45,9 +45,8 @@ TIMEOUTS = Timeouts(lock=10.0, statement=30.0)
 SESSION_SETTINGS = {
     **TIMEOUTS.settings(),
     "plan_cache_mode": "force_generic_plan",
-    # No statement of the worker's gains from JIT compilation, and a plan
-    # whose estimate grows with a backlog would turn it on for every run.
-    "jit": "off",
+    # JIT is off on every pgqctl connection (db.BASE_SETTINGS): a plan whose
+    # estimate grows with a backlog would turn it on for every run.
 }
 # Retry delays: attempt n waits base * 2^(n-1), +-25% jitter, at most this.
 BACKOFF_CAP = 3600.0

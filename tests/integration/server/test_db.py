@@ -30,6 +30,29 @@ def test_the_schema_is_named_in_each_transaction_never_for_the_session(dsn: str)
     assert after == '"$user", public'
 
 
+def test_no_statement_is_jit_compiled_however_large_its_estimate(dsn: str) -> None:
+    # The server compiles a plan whose estimate passes jit_above_cost: with
+    # a long history, a bounded read of a few pages would spend 100 ms on it.
+    with db.connect(dsn, schema="public") as conn, conn.transaction():
+        conn.execute("SELECT set_config('jit_above_cost', '0', true)")
+        (jit,) = conn.execute("SELECT current_setting('jit')").fetchone() or ("",)
+        ((plan,),) = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM jobs"
+        ).fetchall()
+        (available,) = conn.execute("SELECT pg_jit_available()").fetchone() or (False,)
+    assert jit == "off"
+    assert "JIT" not in plan[0]
+    with psycopg.connect(dsn) as plain:
+        plain.execute("SET jit_above_cost = 0")
+        ((plan,),) = plain.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM jobs"
+        ).fetchall()
+    # Where the server can compile, a plain connection's plan says it did:
+    # the plan above would have said so too.
+    if available:
+        assert "JIT" in plan[0]
+
+
 def test_a_quoted_schema_name_reaches_search_path_intact(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute('CREATE SCHEMA "Odd ""name"""')
