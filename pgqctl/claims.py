@@ -100,6 +100,10 @@ class Floor:
 # start of the claim index, for the jobs due behind the floor.
 FLOOR_LAG = 1.0
 FULL_WALK_EVERY = 1.0
+# The most jobs one claim takes: the constant LIMIT under each walk of the
+# claim statements (sql/queries/claims.sql says why it is small). A worker
+# with more free slots claims again at once.
+MOST_PER_CLAIM = 1000
 
 
 class Floors:

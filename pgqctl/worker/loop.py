@@ -421,7 +421,7 @@ class Worker:
         free = self.slots.room()
         if self.config.max_jobs is not None:
             free = min(free, self.config.max_jobs - self.claimed)
-        return max(free, 0)
+        return max(min(free, claims.MOST_PER_CLAIM), 0)
 
     # ------------------------------------------------------ database work
 
@@ -703,6 +703,9 @@ class Worker:
             self.executor.launch(running)
         self.claimed += len(jobs)
         self.last_claim_short = len(jobs) < limit
+        if not self.last_claim_short and self._claim_limit():
+            # A whole claim of MOST_PER_CLAIM, and slots still free: at once.
+            self.claim_wanted = True
         self.next_due = None
 
     def _finished(self, finished: Finished) -> None:

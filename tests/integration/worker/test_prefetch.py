@@ -216,3 +216,32 @@ def test_bad_prefetch_values_exit_2(dsn: str) -> None:
     result = run_cli("worker", "--dsn", dsn, env=env)
     assert result.exit_code == 2
     assert "PGQCTL_PREFETCH" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_more_free_slots_than_one_claim_takes_are_filled_at_once(
+    dsn: str, conn: psycopg.Connection[Any], start_json_worker: Any
+) -> None:
+    # One slot and 1,500 ahead: more than one claim takes (claims.MOST_PER_CLAIM,
+    # 1,000). The jobs fall due 3 s after the worker starts, well after its
+    # first look (nothing due then) and its listener's: the claim at their
+    # due time is the first to find any. No job ends and the poll is a minute
+    # away, so the jobs past that claim are held within seconds only if a
+    # whole claim asks for the next one at once.
+    ids = insert_jobs(conn, [sleeps(120)] * 1_600)
+    conn.execute("UPDATE jobs SET run_at = now() + interval '3 seconds'")
+    worker = start_json_worker(
+        dsn, "--concurrency", "1", "--prefetch", "1500", "--poll", "60s", "--grace", "0s", *QUIET
+    )
+
+    def held() -> int:
+        row = conn.execute(
+            "SELECT count(*) FROM jobs WHERE status = 'running' AND locked_by LIKE %s",
+            (f"{HOST}:{worker.proc.pid}%",),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    wait_until(lambda: held() == 1_501, 20, "the worker to hold 1 running and 1,500 prefetched")
+    time.sleep(0.5)
+    assert held() == 1_501  # no more than its slots and prefetch
+    pending = conn.execute("SELECT min(id) FROM jobs WHERE status = 'pending'").fetchone()
+    assert pending == (ids[1_501],)  # claimed in order
