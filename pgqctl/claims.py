@@ -103,7 +103,7 @@ FULL_WALK_EVERY = 1.0
 # The most jobs one claim takes: the constant LIMIT under each walk of the
 # claim statements (sql/queries/claims.sql says why it is small). A worker
 # with more free slots claims again at once.
-MOST_PER_CLAIM = 1000
+MOST_PER_CLAIM = 100
 
 
 class Floors:

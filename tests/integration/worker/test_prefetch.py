@@ -222,7 +222,7 @@ def test_more_free_slots_than_one_claim_takes_are_filled_at_once(
     dsn: str, conn: psycopg.Connection[Any], start_json_worker: Any
 ) -> None:
     # One slot and 1,500 ahead: more than one claim takes (claims.MOST_PER_CLAIM,
-    # 1,000). The jobs fall due 3 s after the worker starts, well after its
+    # 100). The jobs fall due 3 s after the worker starts, well after its
     # first look (nothing due then) and its listener's: the claim at their
     # due time is the first to find any. No job ends and the poll is a minute
     # away, so the jobs past that claim are held within seconds only if a
