@@ -92,8 +92,10 @@ class QueueConnection(psycopg.Connection[Any]):
     # Who and where, kept to explain errors after the connection is closed.
     role: str = ""
     where: str = ""
-    # The statements `pipelined` prepared on this connection: text -> name.
+    # The statements `pipelined` prepared on this connection: text -> name;
+    # and how many names it has given (a name is never given twice).
     prepared: dict[bytes, bytes]
+    prepared_names: int = 0
 
     @contextmanager
     def transaction(
@@ -258,9 +260,23 @@ def pipelined(conn: QueueConnection, statements: Sequence[Statement]) -> list[PG
     untyped literal); a statement is prepared on its first use unless a
     pooler stands between (see the module's doc), and no cursor is made.
 
-    The connection must be idle and out of a pipeline. Anything else than a
-    statement's error (a lost connection, an interrupt) leaves it closed: its
+    The statements must be one transaction, BEGIN to COMMIT, and the
+    connection idle and out of a pipeline. Anything else than a statement's
+    error (a lost connection, an interrupt) leaves it closed: its
     transaction, if any, is then rolled back by the server."""
+    try:
+        return _pipelined(conn, statements)
+    except psycopg.errors.InvalidSqlStatementName:
+        # psycopg deallocates every statement prepared on the connection
+        # (DEALLOCATE ALL) when it rolls a transaction back while it holds
+        # prepared statements of its own, and ours go with them. The
+        # transaction stopped at the first missing one and was rolled back:
+        # nothing of it happened. Prepare them again, once.
+        conn.prepared.clear()
+        return _pipelined(conn, statements)
+
+
+def _pipelined(conn: QueueConnection, statements: Sequence[Statement]) -> list[PGresult]:
     pgconn = conn.pgconn
     codec = conn.info.encoding
     # What the pipeline holds, in order: a Parse (the statement's text and
@@ -277,8 +293,8 @@ def pipelined(conn: QueueConnection, statements: Sequence[Statement]) -> list[PG
                 else:
                     name = conn.prepared.get(command)
                     if name is None:
-                        parses = sum(what is not None for what in sent)
-                        name = b"pgqctl_%d" % (len(conn.prepared) + parses)
+                        name = b"pgqctl_%d" % conn.prepared_names
+                        conn.prepared_names += 1
                         pgconn.send_prepare(name, command)
                         sent.append((command, name))
                     pgconn.send_query_prepared(name, values)

@@ -68,3 +68,29 @@ def test_a_failed_exchange_changes_nothing_and_the_next_one_goes_through(
         got = claims.exchange(c, done=[job.held], claim=1, lease=LEASE, worker="t")
         assert got.done == {first}
         assert [j.id for j in got.claimed] == [second]
+
+
+def test_the_exchange_outlives_psycopg_deallocating_every_prepared_statement(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    # psycopg prepares a statement run often enough, and when it then rolls a
+    # transaction back it deallocates every prepared statement of the
+    # connection, the exchange's too. Was: the next exchange failed with
+    # "prepared statement pgqctl_0 does not exist", and the worker logged a
+    # lost database and reconnected (a full disk's refusals did it).
+    first, second = add(conn, "default", "x"), add(conn, "default", "x")
+    with db.connect(dsn, schema="public") as c:
+        [job] = claims.exchange(c, claim=1, lease=LEASE, worker="t").claimed
+        assert job.id == first and c.prepared
+        for _ in range(6):  # past psycopg's prepare_threshold
+            with c.transaction():
+                c.execute("SELECT 1")
+        with pytest.raises(psycopg.errors.DivisionByZero), c.transaction():
+            c.execute("SELECT 1 / 0")
+        ((left,),) = c.execute("SELECT count(*) FROM pg_prepared_statements").fetchall()
+        assert left == 0  # psycopg's DEALLOCATE ALL took the exchange's statements
+        got = claims.exchange(c, done=[job.held], claim=1, lease=LEASE, worker="t")
+        assert got.done == {first} and [j.id for j in got.claimed] == [second]
+        # Prepared again under names never given before.
+        names = {name for (name,) in c.execute("SELECT name FROM pg_prepared_statements")}
+        assert names and not names & {b"pgqctl_0".decode()}
