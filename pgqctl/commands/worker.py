@@ -183,7 +183,11 @@ class SqlSpec(KindSpec):
     show_default=True,
     help="Heartbeat in `pgqctl workers` at least this often; shown stale after three missed.",
 )
-@click.option("--burst", is_flag=True, help="Exit once no job is due and none is running.")
+@click.option(
+    "--burst",
+    is_flag=True,
+    help="Exit once no job is due (or due within a second) and none is running.",
+)
 @click.option(
     "--max-jobs",
     type=COUNT,

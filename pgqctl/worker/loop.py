@@ -117,6 +117,10 @@ from pgqctl.worklog import WorkLog
 
 # The loop wakes at least this often even with nothing to do.
 _IDLE_CAP = 60.0
+# A --burst worker waits for a job due within this many seconds (a retry with
+# a short backoff, due a moment after the claim that found nothing) rather
+# than exit and leave it pending.
+BURST_WAITS_FOR = 1.0
 
 
 def _insufficient_resources(exc: BaseException) -> bool:
@@ -332,6 +336,7 @@ class Worker:
             and not (self.outbox)
             and self.last_claim_short
             and not self.claim_wanted
+            and self.next_due is None
         )
 
     def _should_exit(self) -> bool:
@@ -551,14 +556,15 @@ class Worker:
             self.claim_wanted = True  # back in the queue and due now
 
     def _find_next_due(self) -> None:
-        """After a short claim: when is the next delayed job due? (Sleep until then.)"""
-        if self.last_claim_short and not self.config.burst and self.conn is not None:
+        """After a short claim: when is the next delayed job due? (Sleep until
+        then.) A --burst worker waits only for one due within BURST_WAITS_FOR."""
+        if self.last_claim_short and self.conn is not None:
             try:
                 due = claims.next_due(self.conn, queues=self.config.queues, kinds=self.config.kinds)
             except (psycopg.Error, PgqctlError) as exc:
                 self._connection_failed(exc)
                 return
-            if due is not None:
+            if due is not None and (not self.config.burst or due <= BURST_WAITS_FOR):
                 self.next_due = time.monotonic() + max(due, 0.0)
 
     def _check_cancel_notices(self) -> None:
