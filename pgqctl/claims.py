@@ -302,13 +302,16 @@ def _runnable(payload: dict[str, Any] | Unreadable, attempts: int) -> dict[str, 
 
 
 def next_due(conn: Conn, *, queues: Sequence[str] = (), kinds: Sequence[str] = ()) -> float | None:
-    """Seconds until the next delayed job of these queues and kinds is due; None if none."""
+    """Seconds until the next delayed job of these queues and kinds is due;
+    None if none is (a job due at 'infinity' never is)."""
     name = "job_next_due_queues" if queues else "job_next_due_kinds" if kinds else "job_next_due"
     with conn.transaction():
         row = conn.execute(
             query(name), {"queues": _names(queues), "kinds": _names(kinds)}
         ).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
+    if row is None or row[0] is None or row[0] == float("inf"):
+        return None
+    return float(row[0])
 
 
 def fence_state(conn: Conn, ids: Sequence[int]) -> dict[int, tuple[str, int]]:

@@ -298,6 +298,9 @@ SELECT ARRAY(
 -- Paused queues are skipped as the claims skip them, and the end of a pause
 -- (of a queue the worker serves) counts as a job coming due: its jobs can
 -- be claimed from then on, and nobody notifies the worker when it comes.
+-- The seconds are a difference of epochs, not of timestamps: a job due at
+-- 'infinity' (never) gives Infinity, where before PostgreSQL 17 subtracting
+-- the timestamps fails ("cannot subtract infinite timestamps").
 
 -- name: job_next_due
 -- A worker with no --queue and no --kind: jobs_claim_idx.
@@ -309,11 +312,12 @@ WITH RECURSIVE level (priority) AS (
             ORDER BY priority DESC LIMIT 1)
     FROM level AS l WHERE l.priority IS NOT NULL
 )
-SELECT extract(epoch FROM least(min((
+SELECT (extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status = 'pending' AND priority = l.priority AND run_at > now()
       AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
-    ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)) - now())::float8
+    ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)))
+    - extract(epoch FROM now()))::float8
 FROM level AS l;
 
 -- name: job_next_due_queues
@@ -333,14 +337,14 @@ WITH RECURSIVE level (queue, priority) AS (
                      ORDER BY priority DESC LIMIT 1)
     FROM level AS l WHERE l.priority IS NOT NULL
 )
-SELECT extract(epoch FROM least(min((
+SELECT (extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status IS NOT DISTINCT FROM 'pending' AND queue = l.queue
       AND priority = l.priority AND run_at > now()
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
     ORDER BY run_at LIMIT 1)),
-    (SELECT min(until) FROM paused_queues_now WHERE queue = ANY(%(queues)s::text[])))
-    - now())::float8
+    (SELECT min(until) FROM paused_queues_now WHERE queue = ANY(%(queues)s::text[]))))
+    - extract(epoch FROM now()))::float8
 FROM level AS l;
 
 -- name: job_next_due_kinds
@@ -358,12 +362,13 @@ WITH RECURSIVE level (kind, priority) AS (
                     ORDER BY priority DESC LIMIT 1)
     FROM level AS l WHERE l.priority IS NOT NULL
 )
-SELECT extract(epoch FROM least(min((
+SELECT (extract(epoch FROM least(min((
     SELECT run_at FROM jobs
     WHERE status IS NOT DISTINCT FROM 'pending' AND kind = l.kind
       AND priority = l.priority AND run_at > now()
       AND queue || '' <> ALL(ARRAY(SELECT queue FROM paused_queues_now))
-    ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)) - now())::float8
+    ORDER BY run_at LIMIT 1)), (SELECT min(until) FROM paused_queues_now)))
+    - extract(epoch FROM now()))::float8
 FROM level AS l;
 
 -- The worker's row in `workers` (the registry; see the workers section).
