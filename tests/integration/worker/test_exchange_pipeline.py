@@ -31,6 +31,22 @@ def add(conn: psycopg.Connection[Any], queue: str, kind: str) -> int:
     return int(row[0])
 
 
+def claim_the_first_of_two(conn: psycopg.Connection[Any], c: db.QueueConnection) -> Any:
+    """Two due jobs; `c` claims the first through the exchange. Returns
+    (first id, second id, the claimed job)."""
+    first, second = add(conn, "default", "x"), add(conn, "default", "x")
+    [job] = claims.exchange(c, claim=1, lease=LEASE, worker="t").claimed
+    assert job.id == first
+    return first, second, job
+
+
+def report_it_and_claim_the_second(c: db.QueueConnection, job: Any, second: int) -> None:
+    """The next exchange goes through: it reports `job` done and claims `second`."""
+    got = claims.exchange(c, done=[job.held], claim=1, lease=LEASE, worker="t")
+    assert got.done == {job.id}
+    assert [j.id for j in got.claimed] == [second]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_a_worker_of_a_queue_or_kind_whose_name_needs_quoting_claims_its_jobs(
     conn: psycopg.Connection[Any], dsn: str, name: str
@@ -54,10 +70,8 @@ def test_a_worker_of_a_queue_or_kind_whose_name_needs_quoting_claims_its_jobs(
 def test_a_failed_exchange_changes_nothing_and_the_next_one_goes_through(
     conn: psycopg.Connection[Any], dsn: str
 ) -> None:
-    first, second = add(conn, "default", "x"), add(conn, "default", "x")
     with db.connect(dsn, schema="public") as c:
-        [job] = claims.exchange(c, claim=1, lease=LEASE, worker="t").claimed
-        assert job.id == first
+        first, second, job = claim_the_first_of_two(conn, c)
         # A lease no interval holds: the statement fails after its report of
         # `first` ran, in the same transaction.
         with pytest.raises(psycopg.errors.DataError):
@@ -65,9 +79,7 @@ def test_a_failed_exchange_changes_nothing_and_the_next_one_goes_through(
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         statuses = dict(conn.execute("SELECT id, status FROM jobs").fetchall())
         assert statuses == {first: "running", second: "pending"}
-        got = claims.exchange(c, done=[job.held], claim=1, lease=LEASE, worker="t")
-        assert got.done == {first}
-        assert [j.id for j in got.claimed] == [second]
+        report_it_and_claim_the_second(c, job, second)
 
 
 def test_the_exchange_outlives_psycopg_deallocating_every_prepared_statement(
@@ -78,10 +90,9 @@ def test_the_exchange_outlives_psycopg_deallocating_every_prepared_statement(
     # connection, the exchange's too. Was: the next exchange failed with
     # "prepared statement pgqctl_0 does not exist", and the worker logged a
     # lost database and reconnected (a full disk's refusals did it).
-    first, second = add(conn, "default", "x"), add(conn, "default", "x")
     with db.connect(dsn, schema="public") as c:
-        [job] = claims.exchange(c, claim=1, lease=LEASE, worker="t").claimed
-        assert job.id == first and c.prepared
+        _, second, job = claim_the_first_of_two(conn, c)
+        assert c.prepared
         for _ in range(6):  # past psycopg's prepare_threshold
             with c.transaction():
                 c.execute("SELECT 1")
@@ -89,8 +100,7 @@ def test_the_exchange_outlives_psycopg_deallocating_every_prepared_statement(
             c.execute("SELECT 1 / 0")
         ((left,),) = c.execute("SELECT count(*) FROM pg_prepared_statements").fetchall()
         assert left == 0  # psycopg's DEALLOCATE ALL took the exchange's statements
-        got = claims.exchange(c, done=[job.held], claim=1, lease=LEASE, worker="t")
-        assert got.done == {first} and [j.id for j in got.claimed] == [second]
+        report_it_and_claim_the_second(c, job, second)
         # Prepared again under names never given before.
         names = {name for (name,) in c.execute("SELECT name FROM pg_prepared_statements")}
         assert names and not names & {b"pgqctl_0".decode()}
