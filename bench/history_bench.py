@@ -40,14 +40,20 @@ per statement as in one CLI invocation (target: each ratio <= 2): `leases`,
 `reap --dry-run`, `reap` (of the 50 expired leases, put back untimed before
 each call), `requeue --dry-run --failed`, `list --status failed`, `stats`.
 
+With --in-history, the --history done jobs are where the workers move them
+(`worker --archive-after`): in jobs_history, a partition per UTC day, jobs
+holding only the live part and the last hour; and each purge's cutoff is a
+UTC midnight, so that it drops one day's partition whole (the first may be
+part of a day).
+
 Where the time goes: after the rounds, on the history's side, the plans the
 server ran for `list --since 1h` (and with `--kind rare`), `list --status
 done` and one purge batch (rolled back) go to stderr, from auto_explain with
 timing and buffers (left out with --no-explain, or when the server cannot
 load auto_explain).
 
-    python bench/history_bench.py [--dsn DSN] [--history 1000000] [--rounds 5]
-        [--calls 20] [--command-calls 5] [--drain 5000] [--no-explain]
+    python bench/history_bench.py [--dsn DSN] [--history 1000000] [--in-history]
+        [--rounds 5] [--calls 20] [--command-calls 5] [--drain 5000] [--no-explain]
 
 Without --dsn it uses PGQCTL_TEST_DSN, else an embedded PostgreSQL in a temp
 data directory of its own, stopped at the end. It creates and drops a
@@ -165,6 +171,11 @@ def main() -> None:
     )
     parser.add_argument("--drain", type=int, default=5_000, help="jobs per drain")
     parser.add_argument(
+        "--in-history",
+        action="store_true",
+        help="the history in jobs_history (as the workers move it), not in jobs",
+    )
+    parser.add_argument(
         "--no-explain", action="store_true", help="leave out the plans printed on stderr"
     )
     args = parser.parse_args()
@@ -179,7 +190,7 @@ def main() -> None:
 
 def bench(dsn: str, args: argparse.Namespace) -> None:
     history: int = args.history
-    loaded_at = load(dsn, history)
+    loaded_at = load(dsn, history, in_history=args.in_history)
     sides = {label: open_side(dsn, label, schema) for label, schema in SIDES.items()}
     figures = figures_of(dsn, args.calls, args.command_calls)
     sizes_before = {
@@ -201,13 +212,13 @@ def bench(dsn: str, args: argparse.Namespace) -> None:
 
     if not args.no_explain:
         explain(sides["with"], loaded_at)
-    purges = purge_days(dsn, sides["with"], loaded_at, args.rounds)
+    purges = purge_days(dsn, sides["with"], loaded_at, args.rounds, args.in_history)
     sizes_after = table_sizes(sides["with"].conn, sides["with"].schema)
     for side in sides.values():
         side.worker.conn.close()
         side.conn.close()
 
-    with_label = f"{history:,} done"
+    with_label = f"{history:,} done" + (" in jobs_history" if args.in_history else "")
     print(
         f"# {args.rounds} rounds; per round, the median of {args.calls} calls of each "
         f"library call and {args.command_calls} of each command; history: {history:,} done "
@@ -231,8 +242,31 @@ def bench(dsn: str, args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------ set-up
 
 
-def load(dsn: str, history: int) -> dt.datetime:
-    """Both schemas, migrated; the history, then the live part on both sides.
+# The history as the workers' move leaves it: the same rows as
+# HISTORY_SPREAD's, written straight into jobs_history (ids from jobs'
+# sequence, so that they follow time and stay unique across both).
+HISTORY_DAYS_MADE = """
+SELECT pgqctl_history_add_days((now() AT TIME ZONE 'UTC')::date - %(days)s,
+                               (now() AT TIME ZONE 'UTC')::date)
+"""
+HISTORY_SPREAD_MOVED = """
+INSERT INTO jobs_history (id, queue, kind, payload, status, priority, attempts, max_attempts,
+                          run_at, created_at, claimed_at, finished_at, handbacks)
+SELECT nextval(pg_get_serial_sequence('jobs', 'id')), 'q' || i %% 3, 'bench',
+       '{"argv": ["true"]}', 'done', 0, 1, 3,
+       t - interval '2 seconds', t - interval '2 seconds', t - interval '1 second', t, 0
+FROM (
+    SELECT i,
+           now() - %(end)s::interval
+           - (%(n)s::bigint - i) * (%(span)s::interval / %(n)s::bigint) AS t
+    FROM generate_series(1, %(n)s::bigint) AS i
+) AS finished
+"""
+
+
+def load(dsn: str, history: int, *, in_history: bool = False) -> dt.datetime:
+    """Both schemas, migrated; the history (moved into jobs_history with
+    `in_history`), then the live part on both sides.
 
     Returns the server's time the history was placed against."""
     for schema in SIDES.values():
@@ -246,12 +280,23 @@ def load(dsn: str, history: int) -> dt.datetime:
             row = conn.execute("SELECT now()").fetchone()
             assert row is not None
             loaded_at: dt.datetime = row[0]
+            if in_history:
+                conn.execute(HISTORY_DAYS_MADE, {"days": HISTORY_DAYS + 1})
             conn.execute(
-                HISTORY_SPREAD,
-                {"n": history, "span": dt.timedelta(days=HISTORY_DAYS), "end": HISTORY_END},
+                HISTORY_SPREAD_MOVED if in_history else HISTORY_SPREAD,
+                {
+                    "n": history,
+                    "span": dt.timedelta(days=HISTORY_DAYS),
+                    "end": HISTORY_END,
+                },
             )
         inserted = time.perf_counter() - started
-        say(f"inserted {history:,} done rows in {inserted:.1f} s")
+        where = "jobs_history" if in_history else "jobs"
+        say(f"inserted {history:,} done rows into {where} in {inserted:.1f} s")
+        if in_history:
+            conn.execute(
+                sql.SQL("VACUUM ANALYZE {}.jobs_history").format(sql.Identifier(SIDES["with"]))
+            )
     for schema in SIDES.values():
         with db.connect(dsn, schema=schema) as conn, conn.transaction():
             conn.execute(
@@ -432,13 +477,14 @@ def drain(sides: dict[str, Side], jobs: int, round_no: int) -> dict[str, float]:
 
 
 def purge_days(
-    dsn: str, side: Side, loaded_at: dt.datetime, rounds: int
+    dsn: str, side: Side, loaded_at: dt.datetime, rounds: int, in_history: bool = False
 ) -> list[tuple[float, int]]:
     """`purge --older-than` of the history's oldest day, then the next, once a
-    round: (seconds, rows) of each, the table vacuumed between, untimed."""
+    round: (seconds, rows) of each, the table vacuumed between, untimed.
+    `in_history`: up to each UTC midnight in turn, a partition a purge."""
     done = []
     for day in range(1, min(rounds, HISTORY_DAYS - 1) + 1):
-        older = older_than(side.conn, loaded_at, day)
+        older = older_than(side.conn, loaded_at, day, midnight=in_history)
         started = time.perf_counter()
         out = pgqctl_in_process(
             "purge",
@@ -453,21 +499,34 @@ def purge_days(
             side.schema,
         )
         elapsed = time.perf_counter() - started
-        deleted = int(json.loads(out)["deleted"])
+        result = json.loads(out)
+        deleted = int(result["deleted"])
+        for gone in result.get("dropped_days", []):
+            deleted += int(gone["estimated_rows"] or 0)
         done.append((elapsed, deleted))
         say(f"purge of day {day}: {deleted:,} rows in {elapsed:.2f} s")
         vacuum(side.conn, side.schema, analyze=True)
     return done
 
 
-def older_than(conn: db.QueueConnection, loaded_at: dt.datetime, day: int) -> float:
+def older_than(
+    conn: db.QueueConnection, loaded_at: dt.datetime, day: int, *, midnight: bool = False
+) -> float:
     """The --older-than, in seconds, that leaves out the history's first `day`
-    days, whenever it runs: the history began HISTORY_DAYS days before its end."""
-    row = conn.execute("SELECT now() - %(at)s::timestamptz", {"at": loaded_at}).fetchone()
+    days, whenever it runs: the history began HISTORY_DAYS days before its end.
+    With `midnight`: up to the day-th UTC midnight after it began."""
+    row = conn.execute("SELECT now(), now() - %(at)s::timestamptz", {"at": loaded_at}).fetchone()
     assert row is not None
-    since_load: dt.timedelta = row[0]
+    now: dt.datetime = row[0]
+    since_load: dt.timedelta = row[1]
     kept = dt.timedelta(days=HISTORY_DAYS - day)
-    return (since_load + HISTORY_END + kept).total_seconds()
+    if not midnight:
+        return (since_load + HISTORY_END + kept).total_seconds()
+    began = loaded_at - HISTORY_END - dt.timedelta(days=HISTORY_DAYS)
+    first = dt.datetime.combine(
+        began.astimezone(dt.timezone.utc).date(), dt.time(), dt.timezone.utc
+    )
+    return (now - (first + dt.timedelta(days=day))).total_seconds()
 
 
 # ------------------------------------------------------------------- sizes

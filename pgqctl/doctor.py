@@ -26,6 +26,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from pgqctl import history
 from pgqctl.db import atomic
 from pgqctl.monitor import short_duration
 from pgqctl.sql import migrations, query
@@ -422,6 +423,7 @@ def diagnose(conn: Connection, *, max_horizon_age: float = DEFAULT_MAX_HORIZON_A
         tables = _tables(conn, schema, pgstattuple)
         holders = _holders(conn)
         autovacuum = _autovacuum(conn)
+        kept = history.state(conn)
     for holder in holders:
         holder.kept, holder.kept_is = _kept(holder, tables)
     if any(h.holds_queue for h in holders):
@@ -431,6 +433,7 @@ def diagnose(conn: Connection, *, max_horizon_age: float = DEFAULT_MAX_HORIZON_A
             "the tables were vacuumed after the holder began, else up to that many"
         )
     findings = _findings(conn, schema, tables, holders, autovacuum, max_horizon_age)
+    findings += _history_findings(kept)
     return Report(
         dt.datetime.now(dt.timezone.utc),
         schema,
@@ -445,6 +448,31 @@ def diagnose(conn: Connection, *, max_horizon_age: float = DEFAULT_MAX_HORIZON_A
 
 
 # --- findings -------------------------------------------------------------------------
+
+
+# Finished jobs left in jobs for longer than this: no worker moves them.
+UNMOVED_AFTER = 86_400.0
+
+
+def _history_findings(kept: history.State) -> list[Finding]:
+    """Finished jobs nobody moves into the history."""
+    found = []
+    unmoved = kept.unmoved_for()
+    if unmoved is not None and unmoved > UNMOVED_AFTER:
+        found.append(
+            Finding(
+                "history_move",
+                "jobs",
+                f"a finished job has stayed in jobs for {_seconds(unmoved)}: no worker moves "
+                "finished jobs into the history (all run with --no-archive, or none runs), "
+                "so the table the workers claim from keeps them",
+                {"oldest_finished_in_jobs_seconds": round(unmoved)},
+                "run a worker without --no-archive: it moves the backlog a tenth of a second "
+                "at a time, every second, while it runs its jobs",
+                (),
+            )
+        )
+    return found
 
 
 def _seconds(s: float) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from pgqctl import admin, control, flow, registry, schedules
+from pgqctl import admin, control, flow, history, registry, schedules
 from pgqctl.db import atomic, reason
 from pgqctl.errors import PgqctlError
 from pgqctl.jobs import FINISHED, STATUS_NAMES, Job
@@ -363,12 +363,36 @@ class LimitCheck:
 
 
 @dataclass(frozen=True)
+class HistoryCheck:
+    """How long the oldest finished job has stayed in jobs, not moved into
+    the history, against the most allowed (--max-unmoved-age)."""
+
+    unmoved_for: float | None  # None: every finished job moved
+    limit: float
+
+    @property
+    def ok(self) -> bool:
+        return self.unmoved_for is None or self.unmoved_for <= self.limit
+
+    def breach(self) -> str:
+        return (
+            f"history: a finished job has stayed in jobs for {_d(self.unmoved_for or 0)} "
+            f"(max {_d(self.limit)}): no worker moves finished jobs into the history "
+            "(--no-archive, or none runs)"
+        )
+
+    def as_record(self) -> dict[str, Any]:
+        return {"ok": self.ok, "unmoved_seconds": self.unmoved_for, "max_unmoved_age": self.limit}
+
+
+@dataclass(frozen=True)
 class CheckResult:
     queues: tuple[QueueCheck, ...]
     thresholds: dict[str, float]
     ts: dt.datetime
     schedules: tuple[ScheduleCheck, ...] | None = None  # None: not checked
     limits: tuple[LimitCheck, ...] | None = None  # None: not checked
+    history: HistoryCheck | None = None  # None: not checked
 
     @property
     def ok(self) -> bool:
@@ -376,6 +400,7 @@ class CheckResult:
             all(q.ok for q in self.queues)
             and all(s.ok for s in self.schedules or ())
             and all(lim.ok for lim in self.limits or ())
+            and (self.history is None or self.history.ok)
         )
 
     def breaches(self) -> list[str]:
@@ -384,7 +409,10 @@ class CheckResult:
         back too long."""
         lines = [line for q in self.queues for line in q.breaches()]
         lines += [s.breach() for s in self.schedules or () if not s.ok]
-        return lines + [lim.breach() for lim in self.limits or () if not lim.ok]
+        lines += [lim.breach() for lim in self.limits or () if not lim.ok]
+        if self.history is not None and not self.history.ok:
+            lines.append(self.history.breach())
+        return lines
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -408,6 +436,7 @@ class CheckResult:
                 else {"schedules": [s.as_record() for s in self.schedules]}
             ),
             **({} if self.limits is None else {"limits": [lim.as_record() for lim in self.limits]}),
+            **({} if self.history is None else {"history": self.history.as_record()}),
             "breaches": self.breaches(),
         }
 
@@ -420,13 +449,15 @@ def check(
     with_schedules: bool = False,
     include_paused: bool = False,
     max_held_back_age: float | None = None,
+    max_unmoved_age: float | None = None,
 ) -> CheckResult:
     """Hold each queue (only `queues`, when given) to `thresholds` (by
     Threshold name, as `applied` returns them), and with `with_schedules`
     each schedule to its ticks. A paused queue is held to its backlog
     thresholds only with `include_paused`: its jobs wait because they were
     told to. With `max_held_back_age`, each limit is held to how long the
-    oldest due job it holds back has waited."""
+    oldest due job it holds back has waited. With `max_unmoved_age`, the
+    history is held to how long a finished job has stayed in jobs."""
     window = thresholds.get(STALL.name)
     measured = measure(conn, window=window, queues=queues)
     pauses = {p.queue: p for p in control.paused(conn)}
@@ -453,7 +484,14 @@ def check(
     if max_held_back_age is not None:
         limited = tuple(LimitCheck(lim, max_held_back_age) for lim in flow.limits(conn))
     return CheckResult(
-        tuple(checked), dict(thresholds), dt.datetime.now(dt.timezone.utc), held, limited
+        tuple(checked),
+        dict(thresholds),
+        dt.datetime.now(dt.timezone.utc),
+        held,
+        limited,
+        None
+        if max_unmoved_age is None
+        else HistoryCheck(history.state(conn).unmoved_for(), max_unmoved_age),
     )
 
 

@@ -526,3 +526,133 @@ CREATE TABLE actions (
     finished  boolean NOT NULL DEFAULT true
 );
 CREATE INDEX actions_at_idx ON actions (at);
+
+-- Finished jobs' history (see 0016): partitioned by status, then by the UTC
+-- day they finished, so that retention drops whole days; all_jobs reads a
+-- job wherever it is. The functions keep the days (SECURITY DEFINER: the
+-- application role may keep them without owning the table).
+CREATE TABLE jobs_history (
+    id            bigint NOT NULL,
+    queue         text NOT NULL,
+    kind          text NOT NULL,
+    payload       jsonb NOT NULL,
+    status        text NOT NULL CHECK (status IN ('done', 'failed', 'cancelled')),
+    priority      integer NOT NULL,
+    attempts      integer NOT NULL,
+    max_attempts  integer NOT NULL,
+    run_at        timestamptz NOT NULL,
+    locked_until  timestamptz,
+    locked_by     text,
+    last_error    text,
+    created_at    timestamptz NOT NULL,
+    finished_at   timestamptz NOT NULL,
+    handbacks     integer NOT NULL,
+    unique_key    text,
+    schedule      text,
+    tick          timestamptz,
+    claimed_at    timestamptz,
+    limit_key     text,
+    seated        boolean
+) PARTITION BY LIST (status);
+CREATE TABLE jobs_history_done PARTITION OF jobs_history
+    FOR VALUES IN ('done') PARTITION BY RANGE (finished_at);
+CREATE TABLE jobs_history_failed PARTITION OF jobs_history
+    FOR VALUES IN ('failed') PARTITION BY RANGE (finished_at);
+CREATE TABLE jobs_history_cancelled PARTITION OF jobs_history
+    FOR VALUES IN ('cancelled') PARTITION BY RANGE (finished_at);
+-- Each partition gets these: a job by id, the newest first (a list pages
+-- by id), the most recently finished (stats, top, the web page), and time
+-- windows by created_at as in jobs (see 0015).
+CREATE INDEX jobs_history_id_idx ON jobs_history (id);
+CREATE INDEX jobs_history_finished_idx ON jobs_history (finished_at);
+CREATE INDEX jobs_history_created_brin ON jobs_history
+    USING brin (created_at) WITH (autosummarize = on);
+
+-- Every job, live or finished: jobs, then the history. Read-only; a
+-- change goes to the table that holds the row. A migration that adds a
+-- column to jobs adds it to jobs_history in the same place, and makes this
+-- view again (its * was expanded when it was made).
+CREATE OR REPLACE VIEW all_jobs AS
+    SELECT * FROM jobs
+    UNION ALL
+    SELECT * FROM jobs_history;
+
+CREATE OR REPLACE FUNCTION pgqctl_history_add_days(first date, last date)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+AS $$
+DECLARE
+    day date;
+    status text;
+    made integer := 0;
+BEGIN
+    IF NOT has_table_privilege(session_user, 'jobs_history', 'INSERT') THEN
+        RAISE EXCEPTION 'permission denied for table jobs_history'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    FOR day IN SELECT generate_series(first, last, interval '1 day')::date LOOP
+        FOREACH status IN ARRAY ARRAY['done', 'failed', 'cancelled'] LOOP
+            IF to_regclass(format('%I.%I', current_schema(),
+                                  'jobs_history_' || status || '_' || to_char(day, 'YYYYMMDD')))
+               IS NULL THEN
+                EXECUTE format(
+                    'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
+                    current_schema(), 'jobs_history_' || status || '_' || to_char(day, 'YYYYMMDD'),
+                    current_schema(), 'jobs_history_' || status,
+                    (day::timestamp AT TIME ZONE 'UTC'),
+                    ((day + 1)::timestamp AT TIME ZONE 'UTC'));
+                made := made + 1;
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN made;
+END
+$$;
+
+-- Drops the partition of one status's day, if pgqctl_history_add_days made
+-- it, and returns about how many rows it held, from the statistics (-1 if
+-- never vacuumed or analyzed: counting them would read the day whole, where
+-- the drop reads nothing); NULL when there is no such partition.
+CREATE OR REPLACE FUNCTION pgqctl_history_drop_day(status text, day date)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+AS $$
+DECLARE
+    part regclass;
+    estimate bigint;
+BEGIN
+    IF NOT has_table_privilege(session_user, 'jobs_history', 'DELETE') THEN
+        RAISE EXCEPTION 'permission denied for table jobs_history'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF status NOT IN ('done', 'failed', 'cancelled') THEN
+        RETURN NULL;
+    END IF;
+    part := to_regclass(format('%I.%I', current_schema(),
+                               'jobs_history_' || status || '_' || to_char(day, 'YYYYMMDD')));
+    IF part IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT nullif(c.reltuples, -1)::bigint INTO estimate FROM pg_class AS c WHERE c.oid = part;
+    EXECUTE format('DROP TABLE %s', part);
+    RETURN coalesce(estimate, -1);
+END
+$$;
+
+DO $$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION %I.pgqctl_history_add_days(date, date) SET search_path = %I, pg_temp',
+        current_schema(), current_schema());
+    EXECUTE format(
+        'ALTER FUNCTION %I.pgqctl_history_drop_day(text, date) SET search_path = %I, pg_temp',
+        current_schema(), current_schema());
+END
+$$;
+
+-- Today's partitions and tomorrow's; the workers' move makes the days it
+-- needs, and it and `pgqctl purge` keep a day ahead.
+SELECT pgqctl_history_add_days(
+    (now() AT TIME ZONE 'UTC')::date, (now() AT TIME ZONE 'UTC')::date + 1);

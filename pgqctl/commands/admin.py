@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from pgqctl import admin, attempts, control, leases
+from pgqctl import admin, attempts, control, history, leases
 from pgqctl.commands.options import (
     AGE,
     COUNT,
@@ -786,10 +786,27 @@ def purge_command(
             return
         if purge_jobs:
             total = admin.purge_count(conn, plan) if sys.stderr.isatty() else None
+            dropped: list[history.DroppedDay] = []
             with progress(total, f"deleting {what}") as advance:
                 result["deleted"] = admin.purge(
-                    conn, plan, batch_size=batch_size, on_batch=advance, pause=pause
+                    conn,
+                    plan,
+                    batch_size=batch_size,
+                    on_batch=advance,
+                    pause=pause,
+                    dropped=dropped,
                 )
+            if dropped:
+                result["dropped_days"] = [
+                    {
+                        "status": d.status,
+                        "day": d.day.isoformat(),
+                        "estimated_rows": d.rows,
+                        "attempts_deleted": d.attempts,
+                    }
+                    for d in dropped
+                ]
+            history.keep_ahead(conn)
         if cutoff is not None:
             total = attempts.purge_count(conn, cutoff) if sys.stderr.isatty() else None
             with progress(total, f"deleting {old_attempts}") as advance:
@@ -798,6 +815,9 @@ def purge_command(
                 )
     emit_result(result, fmt)
     if purge_jobs:
-        say(f"deleted {result['deleted']} {what}")
+        for day in result.get("dropped_days", []):
+            about = "" if day["estimated_rows"] is None else f", about {day['estimated_rows']} jobs"
+            say(f"dropped the history's {day['status']} jobs of {day['day']} whole{about}")
+        say(f"deleted {result['deleted']} {what}" + (" row by row" if dropped else ""))
     if cutoff is not None:
         say(f"deleted {result['attempts_deleted']} {old_attempts}")

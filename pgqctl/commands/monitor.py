@@ -130,6 +130,13 @@ def workers_command(database: Database, fmt: str) -> None:
     help="Also hold every limit (`pgqctl limit`): a due job it has held back longer than "
     "this is a breach (one line per limit), e.g. 10m.",
 )
+@selection_option(
+    "--max-unmoved-age",
+    type=AGE,
+    metavar="DURATION",
+    help="Also hold the history: a finished job still in jobs, not moved into the history "
+    "by a worker (`worker --archive-after`), for longer than this is a breach, e.g. 1d.",
+)
 @format_options
 def check_command(
     database: Database,
@@ -137,6 +144,7 @@ def check_command(
     with_schedules: bool,
     include_paused: bool,
     max_held_back_age: float | None,
+    max_unmoved_age: float | None,
     fmt: str,
     **given: Any,
 ) -> None:
@@ -166,6 +174,8 @@ def check_command(
     is one more breach line: `CRITICAL schedule nightly: tick ... missed`.
     With --max-held-back-age, so is each limit that has held a due job back
     longer: `CRITICAL limit kind report: 1,997 due jobs held back ...`.
+    With --max-unmoved-age, so is a finished job the workers have left in
+    jobs longer (none moves them into the history).
 
     A paused queue's jobs wait on purpose: it is not held to --max-pending-age,
     --max-pending nor --stalled unless --include-paused, and each paused
@@ -189,6 +199,7 @@ def check_command(
             with_schedules=with_schedules,
             include_paused=include_paused,
             max_held_back_age=max_held_back_age,
+            max_unmoved_age=max_unmoved_age,
         )
     emit_check(result, fmt)
     for q in result.queues:

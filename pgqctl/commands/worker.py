@@ -163,6 +163,20 @@ class SqlSpec(KindSpec):
     help="Reclaim no expired leases; leave it to `pgqctl reap` from cron.",
 )
 @click.option(
+    "--archive-after",
+    type=DURATION,
+    default="10m",
+    show_default=True,
+    help="Move jobs finished this long ago out of jobs into the history (jobs_history, "
+    "partitioned by day, which `pgqctl purge` drops whole), a few thousand at a time "
+    "about every 30s; every command reads both.",
+)
+@click.option(
+    "--no-archive",
+    is_flag=True,
+    help="Move no finished job into the history: it stays in jobs until purged.",
+)
+@click.option(
     "--no-schedules",
     is_flag=True,
     help="Enqueue no schedule's ticks; leave it to the other workers.",
@@ -319,6 +333,8 @@ def worker_command(
     reap_every: float,
     dead_after: int,
     no_reap: bool,
+    archive_after: float,
+    no_archive: bool,
     no_schedules: bool,
     catch_up: str,
     heartbeat: float,
@@ -426,6 +442,7 @@ def worker_command(
         listen_dsn=listen_dsn,
         reap_every=None if no_reap else reap_every,
         dead_after=dead_after,
+        archive_after=None if no_archive else archive_after,
         schedules=not no_schedules,
         catch_up=catch_up,
         heartbeat=heartbeat,

@@ -15,6 +15,7 @@ from typing import Any
 from pgqctl import leases, limits, runner
 from pgqctl.blockers import Timeouts
 from pgqctl.errors import BadInput
+from pgqctl.history import ARCHIVE_AFTER
 from pgqctl.policy import Policy
 from pgqctl.schedules import CATCH_UP
 from pgqctl.worklog import KEEP_OUTPUT_BYTES, LOG_OUTPUT_BYTES, LOG_OUTPUT_LINES
@@ -110,6 +111,9 @@ class WorkerConfig:
     reap_every: float | None = 30.0
     # And the jobs of workers silent for this many of their heartbeats.
     dead_after: int = leases.DEAD_AFTER
+    # Move jobs finished this long ago from jobs into the history
+    # (pgqctl/history.py); None: never.
+    archive_after: float | None = ARCHIVE_AFTER
     # Enqueue the schedules' due ticks (pgqctl/ticks.py); and what becomes of
     # ticks missed while no worker ran (schedules.CATCH_UP).
     schedules: bool = True
@@ -150,6 +154,10 @@ class WorkerConfig:
                 "--reap-every must be more than 0s, e.g. --reap-every 30s (or --no-reap)"
             )
         leases.check_dead_after(self.dead_after)
+        if self.archive_after is not None and self.archive_after < 0:
+            raise BadInput(
+                "--archive-after must be 0s or more, e.g. --archive-after 10m (or --no-archive)"
+            )
         if self.heartbeat <= 0:
             raise BadInput("--heartbeat must be more than 0s, e.g. --heartbeat 5s")
         if self.timeout is not None and self.timeout <= 0:

@@ -298,6 +298,12 @@ class Worker:
         # After the exchange: it renewed our own leases first, had they run late.
         if self._reap_due(time.monotonic()):
             self._reap()
+        if (
+            self.conn is not None
+            and not self.stop.stopping
+            and self.upkeep.archive_due(time.monotonic())
+        ):
+            self._archive()
 
     def _watch_children(self, now: float) -> None:
         """Act on what the executor says, and stop the jobs when it is time."""
@@ -554,6 +560,30 @@ class Worker:
         self.say.reaped(reaped)
         if any(r.job.status != "failed" for r in reaped):
             self.claim_wanted = True  # back in the queue and due now
+
+    def _archive(self) -> None:
+        """Move jobs finished --archive-after ago into the history; log how many."""
+        assert self.conn is not None
+        try:
+            moved = self.upkeep.archive(self.conn, time.monotonic())
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # A role without rights on the history (a GRANT made before it
+            # existed): the jobs stay in jobs, where every command reads them.
+            _rollback_quietly(self.conn)
+            self.upkeep.archive_off()
+            self.say.archive_refused(exc)
+            return
+        except psycopg.errors.CheckViolation as exc:
+            # A day a purge dropped as jobs of it moved: the next move makes
+            # it again and moves them; the connection is fine.
+            _rollback_quietly(self.conn)
+            self.say.error("could not move finished jobs into the history; trying again", exc)
+            return
+        except (psycopg.Error, PgqctlError) as exc:
+            self._connection_failed(exc)
+            return
+        if moved.jobs:
+            self.say.archived(moved.jobs)
 
     def _find_next_due(self) -> None:
         """After a short claim: when is the next delayed job due? (Sleep until

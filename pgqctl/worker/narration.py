@@ -177,6 +177,18 @@ class Narration:
             workers=forgotten,
         )
 
+    def archived(self, jobs: int) -> None:
+        self.log.event(
+            "archived", f"moved {jobs} finished job(s) from jobs into the history", jobs=jobs
+        )
+
+    def archive_refused(self, exc: BaseException) -> None:
+        self.log.error(
+            "cannot move finished jobs into the history (they stay in jobs; grant this role "
+            "SELECT, INSERT, UPDATE, DELETE on jobs_history, or run with --no-archive)",
+            exc,
+        )
+
     def reaped(self, reaped: list[leases.Reaped]) -> None:
         ids = [r.job.id for r in reaped]
         failed = [r.job.id for r in reaped if r.job.status == "failed"]

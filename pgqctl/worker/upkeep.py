@@ -1,5 +1,6 @@
 """The worker's chores besides its jobs: reaping expired leases and stale
-registry rows, enqueueing the schedules' due ticks, and heartbeating.
+registry rows, enqueueing the schedules' due ticks, heartbeating, and moving
+finished jobs into the history.
 
 Upkeep knows when each is due and does it on the connection the loop hands
 it (the loop owns the connection, and handles what a statement raises).
@@ -10,8 +11,14 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from pgqctl import db, leases, registry, ticks
+from pgqctl import db, history, leases, registry, ticks
 from pgqctl.worker.config import WorkerConfig, jittered
+
+# The history's move runs about this often (+-25%); again after
+# ARCHIVE_AGAIN when its budget ran out with jobs left (a backlog, such as
+# the history of an installation that predates it).
+ARCHIVE_EVERY = 30.0
+ARCHIVE_AGAIN = 1.0
 
 
 class Upkeep:
@@ -32,6 +39,8 @@ class Upkeep:
         self.ticker = ticks.Ticker(config.catch_up) if config.schedules else None
         # A --burst worker enqueues due ticks once, when it starts.
         self.burst_ticked = False
+        self.archiving = config.archive_after is not None
+        self.next_archive = now  # at once: a worker starting takes the backlog first
 
     # ------------------------------------------------------------ heartbeat
 
@@ -110,6 +119,25 @@ class Upkeep:
         self.burst_reaped = burst_idle  # a --burst worker reaps again once back
         return reaped, forgotten
 
+    # -------------------------------------------------------------- archive
+
+    def archive_due(self, now: float) -> bool:
+        return self.archiving and now >= self.next_archive
+
+    def archive(self, conn: db.QueueConnection, now: float) -> history.Moved:
+        """Move jobs finished --archive-after ago into the history, for a
+        moment; soon again if some are left."""
+        assert self.config.archive_after is not None
+        self.next_archive = now + jittered(ARCHIVE_EVERY)
+        moved = history.move(conn, self.config.archive_after)
+        if moved.more:
+            self.next_archive = now + ARCHIVE_AGAIN
+        return moved
+
+    def archive_off(self) -> None:
+        """This role may not write the history: move nothing more."""
+        self.archiving = False
+
     def jobs_claimed(self) -> None:
         """A --burst worker reaps again before it decides nothing is due."""
         self.burst_reaped = False
@@ -125,4 +153,6 @@ class Upkeep:
             due.append(self.next_reap)
         if self.ticker is not None and not stopping and not self.config.burst:
             due.append(self.ticker.deadline())
+        if self.archiving and not stopping:
+            due.append(self.next_archive)
         return due

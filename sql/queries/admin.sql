@@ -30,11 +30,11 @@ FROM (
     UNION ALL
     SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'running'
     UNION ALL
-    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'failed'
+    SELECT queue, status, run_at, locked_until FROM all_jobs WHERE status = 'failed'
     UNION ALL
-    SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'cancelled'
+    SELECT queue, status, run_at, locked_until FROM all_jobs WHERE status = 'cancelled'
     UNION ALL
-    (SELECT queue, status, run_at, locked_until FROM jobs WHERE status = 'done'
+    (SELECT queue, status, run_at, locked_until FROM all_jobs WHERE status = 'done'
      ORDER BY CASE WHEN %(bound)s::bigint IS NOT NULL THEN finished_at END DESC
      LIMIT %(bound)s)
 ) AS counted
@@ -45,8 +45,8 @@ GROUP BY queue;
 -- (the statistics counter, else the last ANALYZE's count), the most common
 -- queues with their share of rows at the last ANALYZE, how many rows were
 -- inserted, updated or deleted since (how stale those shares may be), and
--- the queue column's statistics target (ANALYZE samples 300 rows per unit).
--- One row.
+-- the queue column's statistics target (ANALYZE samples 300 rows per unit),
+-- and the rows of the history. One row.
 SELECT coalesce(nullif(pg_stat_get_live_tuples(c.oid), 0),
                 greatest(c.reltuples, 0)::bigint) AS rows,
        pg_stat_get_mod_since_analyze(c.oid) AS changed,
@@ -56,7 +56,13 @@ SELECT coalesce(nullif(pg_stat_get_live_tuples(c.oid), 0),
        st.n_distinct,
        st.most_common_vals::text::text[] AS common_queues,
        st.most_common_freqs AS common_shares,
-       st.attname IS NOT NULL AS analyzed
+       st.attname IS NOT NULL AS analyzed,
+       -- The history's rows, each of its days counted the same way.
+       (SELECT coalesce(sum(coalesce(nullif(pg_stat_get_live_tuples(t.relid), 0),
+                                     greatest(h.reltuples, 0)::bigint)), 0)
+        FROM pg_partition_tree('jobs_history') AS t
+        JOIN pg_class AS h ON h.oid = t.relid
+        WHERE t.isleaf)::bigint AS history_rows
 FROM pg_class AS c
 JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attname = 'queue'
 LEFT JOIN pg_stats AS st
@@ -80,7 +86,7 @@ SELECT pg_notify('pgqctl_jobs', current_schema());
 -- Jobs matching the filters, newest first, at most `limit` (NULL: all),
 -- below the id `before` when given.
 SELECT {job}
-FROM jobs
+FROM all_jobs AS jobs
 WHERE (%(statuses)s::text[] IS NULL
        OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
        OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[]))
@@ -127,7 +133,7 @@ LIMIT %(limit)s;
 SELECT count(*)
 FROM (
     SELECT 1
-    FROM jobs
+    FROM all_jobs AS jobs
     WHERE (%(statuses)s::text[] IS NULL
            OR (status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
            OR (status = 'running' AND 'running' = ANY(%(statuses)s::text[]))
@@ -143,7 +149,7 @@ FROM (
 ) AS matched;
 
 -- name: job_get
-SELECT {job} FROM jobs WHERE id = %(id)s;
+SELECT {job} FROM all_jobs AS jobs WHERE id = %(id)s;
 
 -- Requeue: job_requeue_preview (--dry-run) and job_requeue share the
 -- selection of job_requeue_pick, put in place of {picked}, so the preview
@@ -162,7 +168,7 @@ SELECT {job} FROM jobs WHERE id = %(id)s;
 -- run_at now + spread * n / N: evenly over the window, in order.
 matched AS (
     SELECT id, status, queue, unique_key, coalesce(finished_at, run_at) AS since
-    FROM jobs
+    FROM all_jobs
     WHERE ((status = 'pending' AND 'pending' = ANY(%(statuses)s::text[]))
            OR (status = 'failed' AND 'failed' = ANY(%(statuses)s::text[]))
            OR (status = 'cancelled' AND 'cancelled' = ANY(%(statuses)s::text[])))
@@ -209,11 +215,11 @@ SELECT {job},
            AS requeued_max_attempts,
        NULL::bigint AS held_by
 FROM picked AS p
-JOIN jobs ON jobs.id = p.id
+JOIN all_jobs AS jobs ON jobs.id = p.id
 UNION ALL
 SELECT {job}, jobs.status, jobs.run_at, jobs.max_attempts, h.held_by
 FROM held AS h
-JOIN jobs ON jobs.id = h.id
+JOIN all_jobs AS jobs ON jobs.id = h.id
 WHERE h.held_by IS NOT NULL;
 
 -- name: job_requeue
@@ -225,7 +231,8 @@ WHERE h.held_by IS NOT NULL;
 -- it was. The status guard skips a job that moved since it was picked (a
 -- pending job a worker claimed, a failed one purged or requeued by someone
 -- else). Rows: the jobs changed (held_by NULL), then those left out for
--- their unique key, as job_requeue_preview gives them.
+-- their unique key, as job_requeue_preview gives them. A picked job that
+-- the history holds moves back into jobs (see `leaving`).
 WITH {picked},
 moved AS (
     UPDATE jobs
@@ -239,12 +246,33 @@ moved AS (
     FROM picked AS p
     WHERE jobs.id = p.id AND jobs.status = p.status
     RETURNING {job}
+),
+-- A job picked from the history comes back into jobs under its own id, in
+-- this statement: no snapshot sees it in both, or in neither.
+leaving AS (
+    DELETE FROM jobs_history AS jobs
+    USING picked AS p
+    WHERE jobs.id = p.id AND jobs.status = p.status
+    RETURNING jobs.*, p.run_at AS picked_run_at
+),
+returned AS (
+    INSERT INTO jobs (id, queue, kind, payload, status, priority, attempts, max_attempts,
+                      run_at, locked_until, locked_by, last_error, created_at, finished_at,
+                      handbacks, unique_key, schedule, tick, claimed_at, limit_key, seated)
+    OVERRIDING SYSTEM VALUE
+    SELECT id, queue, kind, payload, 'pending', priority, attempts,
+           attempts - handbacks + %(more)s, picked_run_at, NULL, locked_by, last_error,
+           created_at, NULL, handbacks, unique_key, schedule, tick, claimed_at, limit_key, seated
+    FROM leaving
+    RETURNING {job}
 )
 SELECT *, NULL::bigint AS held_by FROM moved
 UNION ALL
+SELECT *, NULL::bigint AS held_by FROM returned
+UNION ALL
 SELECT {job}, h.held_by
 FROM held AS h
-JOIN jobs ON jobs.id = h.id
+JOIN all_jobs AS jobs ON jobs.id = h.id
 WHERE h.held_by IS NOT NULL;
 
 -- The selection of `cancel`, the same in job_cancel_select and job_cancel:
@@ -332,21 +360,24 @@ SELECT now() - %(older_than)s::interval AS cutoff;
 
 -- name: job_purge_count
 SELECT count(*)
-FROM jobs
+FROM all_jobs
 WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s;
 
 -- name: job_purge_batch
--- One short transaction per batch; SKIP LOCKED so it never waits on a row
--- someone is updating (a requeue), and workers never wait on more than this.
--- ARRAY(...) makes the delete a primary-key lookup of the batch's ids, never a
--- join the planner might run as a scan of the whole table.
--- A job's attempts go with it, by the attempts' primary key. One row: how
--- many jobs went.
+-- One short transaction per batch, in {table}: jobs, or the history's days
+-- that purge does not drop whole (the day the cutoff falls in; the status
+-- and the cutoff prune the partitions to those before it). SKIP LOCKED so
+-- it never waits on a row someone is updating (a requeue), and workers
+-- never wait on more than this. ARRAY(...) makes the delete a primary-key
+-- lookup of the batch's ids, never a join the planner might run as a scan
+-- of the whole table. A job's attempts go with it, by the attempts' primary
+-- key. One row: how many jobs went.
 WITH gone AS (
-    DELETE FROM jobs
-    WHERE id = ANY(ARRAY(
+    DELETE FROM {table}
+    WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s
+      AND id = ANY(ARRAY(
         SELECT id
-        FROM jobs
+        FROM {table}
         WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s
         LIMIT %(batch_size)s
         FOR UPDATE SKIP LOCKED

@@ -386,7 +386,7 @@ COMMIT;
 -- name: job_fence_state
 -- Where jobs whose fenced update matched nothing stand now, to say why.
 SELECT id, status, attempts
-FROM jobs
+FROM all_jobs
 WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: job_ended_state
@@ -396,5 +396,5 @@ WHERE id = ANY(%(ids)s::bigint[]);
 -- it stops a job it was told about (anyone may send a notification), and
 -- when a renewal matched nothing.
 SELECT id, attempts, status, left(last_error, 1000)
-FROM jobs
+FROM all_jobs
 WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('cancelled', 'done');

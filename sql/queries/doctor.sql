@@ -29,7 +29,9 @@ WHERE e.extname = 'pgstattuple';
 -- first: their statistics counters, sizes, storage parameters, and an
 -- estimate of the bytes their live rows need (live rows times the average
 -- width ANALYZE measured, plus tuple header and line pointer, at the
--- table's fillfactor; NULL until analyzed). One row each.
+-- table's fillfactor; NULL until analyzed). One row each. A partitioned
+-- table (the history) is one row, its partitions' sizes and live and dead
+-- rows summed; its partitions are not listed.
 WITH widths AS (
     SELECT tablename, sum((1 - null_frac) * avg_width) AS width
     FROM pg_stats
@@ -37,14 +39,15 @@ WITH widths AS (
     GROUP BY tablename
 )
 SELECT c.oid::bigint AS oid, c.relname AS name,
-       s.n_live_tup, s.n_dead_tup, s.n_mod_since_analyze, s.n_ins_since_vacuum,
+       coalesce(s.n_live_tup, parts.live) AS n_live_tup,
+       coalesce(s.n_dead_tup, parts.dead) AS n_dead_tup, s.n_mod_since_analyze, s.n_ins_since_vacuum,
        s.n_tup_ins, s.n_tup_upd, s.n_tup_del, s.n_tup_hot_upd,
        s.last_vacuum, s.last_autovacuum, s.last_analyze, s.last_autoanalyze,
        s.vacuum_count, s.autovacuum_count, s.analyze_count, s.autoanalyze_count,
        extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8
            AS seconds_since_vacuum,
-       pg_table_size(c.oid) AS table_bytes,
-       pg_indexes_size(c.oid) AS index_bytes,
+       coalesce(parts.table_bytes, pg_table_size(c.oid)) AS table_bytes,
+       coalesce(parts.index_bytes, pg_indexes_size(c.oid)) AS index_bytes,
        coalesce(c.reloptions, '{}') AS reloptions,
        (ceil(greatest(s.n_live_tup, 0) * (24 + 4 + ceil(w.width / 8.0) * 8)
              / ((current_setting('block_size')::int - 24)
@@ -55,7 +58,16 @@ FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
 LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
 LEFT JOIN widths AS w ON w.tablename = c.relname
-WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p') AND c.relname = ANY(%(names)s::text[])
+LEFT JOIN LATERAL (
+    SELECT sum(pg_stat_get_live_tuples(t.relid))::bigint AS live,
+           sum(pg_stat_get_dead_tuples(t.relid))::bigint AS dead,
+           sum(pg_table_size(t.relid))::bigint AS table_bytes,
+           sum(pg_indexes_size(t.relid))::bigint AS index_bytes
+    FROM pg_partition_tree(c.oid) AS t
+    WHERE t.isleaf
+) AS parts ON c.relkind = 'p'
+WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND c.relname = ANY(%(names)s::text[])
 ORDER BY c.relname <> 'jobs', c.relname;
 
 -- name: doctor_indexes

@@ -24,7 +24,7 @@ WITH failed AS MATERIALIZED (
            CASE WHEN strpos(e, E'\n') > 0
                 THEN btrim(reverse(split_part(reverse(rtrim(e, E'\n\r\t ')), E'\n', 1)))
            END AS last_line
-    FROM jobs, left(coalesce(last_error, ''), 65536) AS e
+    FROM all_jobs, left(coalesce(last_error, ''), 65536) AS e
     WHERE status = 'failed'
       AND (%(since)s::interval IS NULL OR finished_at >= now() - %(since)s::interval)
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))

@@ -28,7 +28,7 @@ GROUP BY queue;
 -- match the index's predicate whole and bound nothing but finished_at, so
 -- read the whole index. One row per queue that has any.
 SELECT queue, count(*) AS finished
-FROM jobs
+FROM all_jobs
 WHERE status = %(status)s
   AND finished_at > now() - %(window)s::interval
 GROUP BY queue;
@@ -74,9 +74,12 @@ WITH recent AS MATERIALIZED (
                                   ELSE a.due_at END
            )::float8 AS waited
     FROM attempts AS a
-    JOIN jobs AS j ON j.id = a.job_id
+    JOIN all_jobs AS j ON j.id = a.job_id
     WHERE a.finished_at > now() - %(window)s::interval
       AND a.started_at IS NOT NULL
+      -- A job finishes with its last attempt or later: the history's days
+      -- before the window hold none of these jobs, and are pruned.
+      AND (j.finished_at IS NULL OR j.finished_at > now() - %(window)s::interval)
 )
 SELECT 'ran' AS measure, queue, kind, width_bucket(ran, %(bounds)s::float8[]) AS bucket,
        count(*) AS attempts, sum(ran) AS seconds
@@ -97,9 +100,10 @@ SELECT j.kind, count(*) AS attempts,
        percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
            ORDER BY extract(epoch FROM a.finished_at - a.started_at)) AS percentiles
 FROM attempts AS a
-JOIN jobs AS j ON j.id = a.job_id
+JOIN all_jobs AS j ON j.id = a.job_id
 WHERE a.finished_at > now() - %(window)s::interval
   AND a.started_at IS NOT NULL
+  AND (j.finished_at IS NULL OR j.finished_at > now() - %(window)s::interval)
 GROUP BY j.kind
 ORDER BY count(*) DESC, j.kind;
 
@@ -108,6 +112,7 @@ ORDER BY count(*) DESC, j.kind;
 -- (started or not; a purged job's are left out).
 SELECT j.queue, j.kind, a.outcome, count(*) AS attempts
 FROM attempts AS a
-JOIN jobs AS j ON j.id = a.job_id
+JOIN all_jobs AS j ON j.id = a.job_id
 WHERE a.finished_at > now() - %(window)s::interval
+  AND (j.finished_at IS NULL OR j.finished_at > now() - %(window)s::interval)
 GROUP BY 1, 2, 3;

@@ -44,14 +44,14 @@ RETURNING name;
 -- Every schedule, by name. One row each.
 SELECT s.*, j.status AS last_job_status, now() AS now
 FROM schedules AS s
-LEFT JOIN jobs AS j ON j.id = s.last_job_id
+LEFT JOIN all_jobs AS j ON j.id = s.last_job_id
 ORDER BY s.name;
 
 -- name: schedule_get
 -- One schedule, or no row.
 SELECT s.*, j.status AS last_job_status, now() AS now
 FROM schedules AS s
-LEFT JOIN jobs AS j ON j.id = s.last_job_id
+LEFT JOIN all_jobs AS j ON j.id = s.last_job_id
 WHERE s.name = %(name)s;
 
 -- name: schedule_delete

@@ -9,7 +9,7 @@ SELECT now() AS now;
 
 -- name: web_id_range
 -- The lowest and highest job ids, from the two ends of the primary key.
-SELECT min(id) AS lowest, max(id) AS highest FROM jobs;
+SELECT min(id) AS lowest, max(id) AS highest FROM all_jobs;
 
 -- name: web_minutes
 -- The last `window` seconds minute by minute: the jobs done and failed in
@@ -22,10 +22,10 @@ WITH finished AS (
            count(*) FILTER (WHERE status = 'done') AS done,
            count(*) FILTER (WHERE status = 'failed') AS failed
     FROM (
-        SELECT status, finished_at FROM jobs
+        SELECT status, finished_at FROM all_jobs
         WHERE status = 'done' AND finished_at > now() - %(window)s * interval '1 second'
         UNION ALL
-        SELECT status, finished_at FROM jobs
+        SELECT status, finished_at FROM all_jobs
         WHERE status = 'failed' AND finished_at > now() - %(window)s * interval '1 second'
     ) AS f
     GROUP BY 1

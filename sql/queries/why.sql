@@ -37,7 +37,7 @@ SELECT {job},
        s.workers AS serving_workers, s.slots AS serving_slots, s.running AS serving_running,
        a.workers AS active_workers,
        ahead.higher AS ahead_higher, ahead.same AS ahead_same
-FROM jobs
+FROM all_jobs AS jobs
 LEFT JOIN paused_queues_now AS p ON p.queue = jobs.queue
 LEFT JOIN LATERAL (
     SELECT w.id,

@@ -234,13 +234,28 @@ def test_the_window_of_finished_jobs_is_read_through_the_index(
         "SELECT 'q', 'k', '{}', 'done', 1, now() - interval '30 days' + i * interval '1 s' "
         "FROM generate_series(1, 20000) AS i"
     )
+    # And in the history, the days before the window: never read.
+    conn.execute(
+        "SELECT pgqctl_history_add_days((now() AT TIME ZONE 'UTC')::date - 31,"
+        " (now() AT TIME ZONE 'UTC')::date - 1);"
+        "WITH m AS (DELETE FROM jobs WHERE id % 2 = 0 RETURNING *)"
+        " INSERT INTO jobs_history SELECT * FROM m"
+    )
     conn.execute("ANALYZE jobs")
     text = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("monitor_finished_since")
+    today = conn.execute("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')").fetchone()[0]
     for status in FINISHED:
         params = {"status": status, "window": "10 minutes"}
         ((plan,),) = conn.execute(text, params).fetchall()
         scans = list(_scans(plan[0]["Plan"]))
-        assert [s.get("Index Name") for s in scans] == ["jobs_finished_idx"], scans
+        in_jobs = [s for s in scans if s["Relation Name"] == "jobs"]
+        assert [s.get("Index Name") for s in in_jobs] == ["jobs_finished_idx"], scans
         # The range of the window only: a few pages, not the index's hundred.
-        assert "status" in scans[0]["Index Cond"], scans
-        assert scans[0]["Actual Rows"] == 0 and scans[0]["Shared Hit Blocks"] < 10, scans
+        assert "status" in in_jobs[0]["Index Cond"], scans
+        assert in_jobs[0]["Actual Rows"] == 0 and in_jobs[0]["Shared Hit Blocks"] < 10, scans
+        # The history's days from the window's on (empty ones ahead of the
+        # clock cost nothing), of this status only.
+        days = [s["Relation Name"] for s in scans if s["Relation Name"] != "jobs"]
+        assert days and all(
+            d.startswith(f"jobs_history_{status}_") and d[-8:] >= today for d in days
+        ), days

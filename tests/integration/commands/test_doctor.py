@@ -430,8 +430,9 @@ def test_a_queue_in_another_schema_is_examined_there(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE staging.jobs RESET (autovacuum_vacuum_threshold)")
         made = conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'staging' AND tablename <> 'jobs'"
-            " ORDER BY tablename"
+            "SELECT relname FROM pg_class WHERE relnamespace = 'staging'::regnamespace"
+            " AND relkind IN ('r', 'p') AND NOT relispartition AND relname <> 'jobs'"
+            " ORDER BY relname"
         ).fetchall()
     _, report = doctor_json(empty_dsn, "--schema", "staging")
     # Every table migrate made there, jobs first: none of another schema's.

@@ -121,11 +121,12 @@ def test_a_port_that_is_not_a_number_is_named_before_any_connection(
     ("setup", "message"),
     [
         (
-            "DROP TABLE jobs, pgqctl_migrations, pgqctl_migration_log; CREATE TABLE jobs (id int)",
+            "DROP TABLE jobs, pgqctl_migrations, pgqctl_migration_log CASCADE;"
+            " CREATE TABLE jobs (id int)",
             "has a jobs relation that pgqctl did not create: use --schema",
         ),
         (
-            "DROP TABLE jobs",
+            "DROP TABLE jobs CASCADE",
             "has no jobs table (dropped?): drop its pgqctl_migrations and "
             "pgqctl_migration_log tables too",
         ),

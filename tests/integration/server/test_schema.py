@@ -21,7 +21,7 @@ CATALOG_QUERIES = {
         SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid)
         FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
         WHERE n.nspname = %(schema)s AND c.conrelid::regclass::text NOT LIKE '%%pgqctl_migration%%'
-        ORDER BY 2
+        ORDER BY 2, 1
     """,
     "indexes": """
         SELECT indexname, replace(indexdef, %(schema)s || '.', '')

@@ -1,0 +1,183 @@
+"""The history of finished jobs, in partitions by status and UTC day (see
+sql/migrations/0016_jobs_history.sql): made ahead of the clock, filled by
+moving jobs out of jobs some time after they finished, dropped whole once a
+purge's cutoff passes their end.
+
+The move (`move`) is a chore of the workers: batches of a few thousand rows,
+oldest first, each its own short transaction, for at most MOVE_BUDGET
+seconds at a time so that the worker's own exchanges never wait long behind
+it. A job stays in jobs for ARCHIVE_AFTER after it finished: what reads a
+job just finished from jobs (a script polling its status) still finds it
+there, and a drain's finishes are not followed at once by their moves.
+
+Dropping a day takes the history's lock for an instant (ACCESS EXCLUSIVE on
+the status's table, not on jobs); it waits at most LOCK_WAIT for it, so that
+nothing queues behind the drop for longer, and tries again after a pause.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from pgqctl.rows import named_rows
+from pgqctl.sql import query
+
+# Days of partitions kept ready after today's. The move makes the days it
+# needs itself; one ahead spares it that at midnight.
+DAYS_AHEAD = 1
+# How long a finished job stays in jobs before it moves (worker --archive-after).
+ARCHIVE_AFTER = 600.0
+MOVE_BATCH = 2_000
+MOVE_BUDGET = 0.1
+FINISHED = ("done", "failed", "cancelled")
+LOCK_WAIT = "500ms"
+DROP_TRIES = 20
+DROP_RETRY_PAUSE = 0.5
+
+
+@dataclass(frozen=True)
+class Moved:
+    jobs: int
+    more: bool  # the budget ran out with jobs left to move
+
+
+@dataclass(frozen=True)
+class DroppedDay:
+    status: str
+    day: dt.date
+    rows: int | None  # by the statistics; None when never vacuumed or analyzed
+    attempts: int  # the attempts of its jobs, deleted before it
+
+
+def keep_ahead(conn: Any, first: dt.date | None = None) -> int:
+    """Make the partitions missing from `first` (default: today, UTC, by
+    the server's clock) to DAYS_AHEAD days after today; how many were made."""
+    with conn.transaction():
+        (row,) = conn.execute(
+            query("history_add_days"), {"first": first, "ahead": DAYS_AHEAD}
+        ).fetchall()
+    return int(row[0])
+
+
+def move(
+    conn: Any,
+    after: float = ARCHIVE_AFTER,
+    *,
+    batch_size: int = MOVE_BATCH,
+    budget: float = MOVE_BUDGET,
+) -> Moved:
+    """Move the jobs that finished more than `after` seconds ago from jobs
+    into the history, oldest first, batch by batch for about `budget`
+    seconds; the partitions their days need, and tomorrow's, are made first."""
+    began = time.monotonic()
+    (row,) = named_rows(conn, "history_now")
+    cutoff = row["now"] - dt.timedelta(seconds=after)
+    oldest = []
+    for status in FINISHED:
+        (row,) = named_rows(conn, "history_move_oldest", {"status": status, "cutoff": cutoff})
+        if row["oldest"] is not None:
+            oldest.append(row["oldest"])
+    # The days ahead are kept whether or not anything moves: `check` says
+    # when tomorrow has none.
+    keep_ahead(conn, min(oldest) if oldest else None)
+    if not oldest:
+        return Moved(0, False)
+    moved = 0
+    left = list(FINISHED)
+    while left:
+        for status in list(left):
+            with conn.transaction():
+                (n,) = conn.execute(
+                    query("history_move_batch"),
+                    {"status": status, "cutoff": cutoff, "batch_size": batch_size},
+                ).fetchone()
+            moved += n
+            if n < batch_size:
+                left.remove(status)
+            if time.monotonic() - began > budget:
+                return Moved(moved, bool(left))
+    return Moved(moved, False)
+
+
+@dataclass(frozen=True)
+class State:
+    ready_through: dt.date | None  # the last day every finished status has
+    today: dt.date  # UTC, by the server's clock
+    oldest_in_jobs: dt.datetime | None  # the oldest finished job not moved
+    now: dt.datetime
+
+    def unmoved_for(self) -> float | None:
+        """Seconds since the oldest finished job still in jobs finished."""
+        if self.oldest_in_jobs is None:
+            return None
+        return max(0.0, (self.now - self.oldest_in_jobs).total_seconds())
+
+
+def state(conn: Any) -> State:
+    """How far ahead the history's days are made, and how far the move is behind."""
+    (row,) = named_rows(conn, "history_state")
+    return State(row["ready_through"], row["today"], row["oldest_in_jobs"], row["now"])
+
+
+def days_before(
+    conn: Any, statuses: Sequence[str], cutoff: dt.datetime
+) -> list[tuple[str, dt.date]]:
+    """The (status, day) partitions of `statuses` that end by `cutoff`, oldest first."""
+    rows = named_rows(conn, "history_days_before", {"statuses": list(statuses), "cutoff": cutoff})
+    return [(row["status"], row["day"]) for row in rows]
+
+
+def drop_day(
+    conn: Any,
+    status: str,
+    day: dt.date,
+    *,
+    batch_size: int,
+    pause: Callable[[float], None],
+) -> DroppedDay | None:
+    """Delete the attempts of the day's jobs in batches (a job's attempts go
+    with it), then drop the day's partition; None if it was gone already."""
+    attempts = _delete_attempts(conn, status, day, batch_size, pause)
+    for tries_left in reversed(range(DROP_TRIES)):
+        try:
+            with conn.transaction():
+                conn.execute(query("history_lock_timeout"), {"timeout": LOCK_WAIT})
+                (row,) = conn.execute(
+                    query("history_drop_day"), {"status": status, "day": day}
+                ).fetchall()
+        except psycopg.errors.LockNotAvailable:
+            if not tries_left:
+                raise
+            time.sleep(DROP_RETRY_PAUSE)
+            continue
+        if row[0] is None:
+            return None
+        return DroppedDay(status, day, None if row[0] < 0 else int(row[0]), attempts)
+    raise AssertionError("unreachable")
+
+
+def _delete_attempts(
+    conn: Any, status: str, day: dt.date, batch_size: int, pause: Callable[[float], None]
+) -> int:
+    (row,) = named_rows(conn, "history_attempts_any")
+    if not row["exists"]:
+        return 0
+    deleted, after = 0, 0
+    while True:
+        began = time.monotonic()
+        with conn.transaction():
+            (last_id, gone) = conn.execute(
+                query("history_day_attempts_batch"),
+                {"status": status, "day": day, "after": after, "batch_size": batch_size},
+            ).fetchone()
+        if last_id is None:
+            return deleted
+        deleted += int(gone)
+        after = int(last_id)
+        pause(time.monotonic() - began)

@@ -1,0 +1,127 @@
+-- The SQL of pgqctl/history.py: named blocks, loaded by pgqctl/sql.py with every other
+-- file of sql/queries/ (names are unique across them). Every value is a
+-- psycopg placeholder; queries are unqualified: each transaction names the
+-- schema first (settings_set_local, sql/queries/db.sql).
+
+-- name: history_days_before
+-- The days of the history's partitions of `statuses` that end at or before
+-- `cutoff`, oldest first: what purge drops whole. Only the partitions
+-- pgqctl_history_add_days made (their names say their status and day).
+SELECT substring(c.relname FROM '^jobs_history_([a-z]+)_') AS status,
+       to_date(substring(c.relname FROM '_([0-9]{8})$'), 'YYYYMMDD') AS day
+FROM pg_inherits AS i
+JOIN pg_class AS c ON c.oid = i.inhrelid
+JOIN pg_class AS p ON p.oid = i.inhparent
+WHERE p.relnamespace = to_regnamespace(current_schema())
+  AND p.relname IN ('jobs_history_done', 'jobs_history_failed', 'jobs_history_cancelled')
+  AND c.relname ~ '^jobs_history_(done|failed|cancelled)_[0-9]{8}$'
+  AND substring(c.relname FROM '^jobs_history_([a-z]+)_') = ANY(%(statuses)s::text[])
+  AND (to_date(substring(c.relname FROM '_([0-9]{8})$'), 'YYYYMMDD') + 1)::timestamp
+      AT TIME ZONE 'UTC' <= %(cutoff)s
+ORDER BY 2, 1;
+
+-- name: history_day_attempts_batch
+-- The attempts of a day's jobs, in the history, before the day is dropped
+-- (a job's attempts go with it): those of the next `batch_size` jobs by id
+-- after `after`. Rows: the last id walked (NULL: none left) and how many
+-- attempts went.
+WITH walked AS (
+    SELECT id
+    FROM jobs_history
+    WHERE status = %(status)s
+      AND finished_at >= (%(day)s::date)::timestamp AT TIME ZONE 'UTC'
+      AND finished_at < (%(day)s::date + 1)::timestamp AT TIME ZONE 'UTC'
+      AND id > %(after)s
+    ORDER BY id
+    LIMIT %(batch_size)s
+), gone AS (
+    DELETE FROM attempts WHERE job_id = ANY(ARRAY(SELECT id FROM walked))
+    RETURNING 1
+)
+SELECT (SELECT max(id) FROM walked) AS last_id, (SELECT count(*) FROM gone) AS attempts;
+
+-- name: history_attempts_any
+-- Whether any attempt is kept at all: workers run with --no-history keep
+-- none, and a day's drop then needs no walk of its jobs. One row.
+SELECT EXISTS (SELECT 1 FROM attempts);
+
+-- name: history_drop_day
+-- One status's day dropped whole; its rows by the statistics (-1: unknown,
+-- NULL: no such partition). One row.
+SELECT pgqctl_history_drop_day(%(status)s, %(day)s);
+
+-- name: history_add_days
+-- The history's partitions from `first` (NULL: today) to `ahead` days after
+-- today, UTC days by the server's clock, those missing; how many were made.
+-- One row.
+SELECT pgqctl_history_add_days(
+    coalesce(%(first)s::date, (now() AT TIME ZONE 'UTC')::date),
+    (now() AT TIME ZONE 'UTC')::date + %(ahead)s::int);
+
+-- name: history_now
+-- The server's clock, which the move's cutoff is measured against. One row.
+SELECT now() AS now;
+
+-- name: history_lock_timeout
+-- How long a drop waits for the history's lock in this transaction. One row.
+SELECT set_config('lock_timeout', %(timeout)s, true);
+
+-- name: history_move_oldest
+-- The UTC day of the oldest finished_at among the jobs of `status` that
+-- history_move_batch would move (jobs_finished_idx, one end of its range):
+-- the first day the move needs a partition for. One row, NULL: none.
+SELECT (min(finished_at) AT TIME ZONE 'UTC')::date AS oldest
+FROM jobs
+WHERE status = %(status)s AND finished_at < %(cutoff)s AND finished_at >= '2000-01-01Z';
+
+-- name: history_move_batch
+-- Up to `batch_size` jobs of `status` that finished before `cutoff`, the
+-- oldest first, moved from jobs into the history in one statement: no
+-- snapshot sees a job in both, or in neither. SKIP LOCKED passes over a row
+-- someone is changing (a requeue, a purge); the status guard on the delete
+-- leaves a row that changed since it was picked. jobs_history has jobs'
+-- columns in jobs' order. A job that plain SQL gave a finished_at before
+-- 2000 (or '-infinity') has no day to go to: it stays in jobs. One row: how
+-- many moved.
+WITH picked AS (
+    SELECT id
+    FROM jobs
+    WHERE status = %(status)s AND finished_at < %(cutoff)s AND finished_at >= '2000-01-01Z'
+    ORDER BY finished_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM jobs
+    WHERE id = ANY(ARRAY(SELECT id FROM picked)) AND status = %(status)s
+    RETURNING *
+), archived AS (
+    INSERT INTO jobs_history SELECT * FROM moved
+    RETURNING 1
+)
+SELECT count(*) FROM archived;
+
+-- name: history_state
+-- How the history stands: the last UTC day every finished status has a
+-- partition for (NULL: some status has none), and the oldest finished_at
+-- of a job still in jobs that the move would take (jobs_finished_idx, one
+-- end of each status's range; NULL: none). One row.
+SELECT (SELECT min(last_day) FROM (
+            SELECT max(to_date(substring(c.relname FROM '_([0-9]{8})$'), 'YYYYMMDD'))
+                       AS last_day
+            FROM (VALUES ('done'), ('failed'), ('cancelled')) AS s (status)
+            LEFT JOIN pg_class AS p
+                   ON p.relnamespace = to_regnamespace(current_schema())
+                  AND p.relname = 'jobs_history_' || s.status
+            LEFT JOIN pg_inherits AS i ON i.inhparent = p.oid
+            LEFT JOIN pg_class AS c ON c.oid = i.inhrelid
+                  AND c.relname ~ '^jobs_history_(done|failed|cancelled)_[0-9]{8}$'
+            GROUP BY s.status) AS per_status) AS ready_through,
+       (now() AT TIME ZONE 'UTC')::date AS today,
+       least((SELECT min(finished_at) FROM jobs WHERE status = 'done'
+              AND finished_at BETWEEN '2000-01-01Z' AND '9999-12-31Z'),
+             (SELECT min(finished_at) FROM jobs WHERE status = 'failed'
+              AND finished_at BETWEEN '2000-01-01Z' AND '9999-12-31Z'),
+             (SELECT min(finished_at) FROM jobs WHERE status = 'cancelled'
+              AND finished_at BETWEEN '2000-01-01Z' AND '9999-12-31Z'))
+           AS oldest_in_jobs,
+       now() AS now;

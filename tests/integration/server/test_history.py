@@ -1,0 +1,215 @@
+"""The history of finished jobs, in partitions by status and day apart from
+jobs: every command reads a job there as it reads it in jobs, a requeue
+brings one back, and a purge drops whole days."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import psycopg
+
+from tests.conftest import cli_json, run_cli
+from tests.support.jobrows import add_jobs, ago, mixed_queues
+from tests.support.roles import app_role
+
+
+def move_to_history(conn: psycopg.Connection[Any], ids: list[int] | None = None) -> int:
+    """Move finished jobs (these, or all) from jobs into the history, making
+    the partitions of the days they finished; how many moved."""
+    conn.execute(
+        "SELECT pgqctl_history_add_days(min(finished_at AT TIME ZONE 'UTC')::date, "
+        "max(finished_at AT TIME ZONE 'UTC')::date) FROM jobs WHERE finished_at IS NOT NULL"
+    )
+    moved = conn.execute(
+        "WITH m AS (DELETE FROM jobs WHERE status IN ('done', 'failed', 'cancelled') "
+        "AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s)) RETURNING *) "
+        "INSERT INTO jobs_history SELECT * FROM m",
+        {"ids": ids},
+    )
+    return moved.rowcount
+
+
+def outputs(dsn: str, done_id: int, failed_id: int) -> dict[str, Any]:
+    """What the reading commands say, without the figures that age by the second."""
+    stats = cli_json(dsn, "stats")
+    for counts in [stats, *stats["queues"]]:
+        counts.pop("oldest_pending_age_seconds", None)
+    requeue = cli_json(dsn, "requeue", "--failed", "--dry-run")
+    for job in requeue:
+        job.pop("run_at")  # due now
+    return {
+        "list": cli_json(dsn, "list", "--limit", "100"),
+        "list_done": cli_json(dsn, "list", "--status", "done"),
+        "list_failed_sms": cli_json(dsn, "list", "--status", "failed", "--queue", "sms"),
+        "list_since": cli_json(dsn, "list", "--since", "1h"),
+        "list_kind": cli_json(dsn, "list", "--kind", "test", "--limit", "3"),
+        "show_done": cli_json(dsn, "show", str(done_id)),
+        "show_failed": cli_json(dsn, "show", str(failed_id)),
+        "why_done": cli_json(dsn, "why", str(done_id)),
+        "stats": stats,
+        "failures": cli_json(dsn, "failures"),
+        "purge_dry_run": cli_json(dsn, "purge", "--status", "all", "--dry-run"),
+        "requeue_dry_run": requeue,
+    }
+
+
+def test_every_command_reads_a_job_in_the_history_as_it_read_it_in_jobs(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    mixed_queues(conn)
+    (cancelled,) = add_jobs(conn, status="cancelled", finished_at=ago("1 minute"))
+    done_id = conn.execute("SELECT max(id) FROM jobs WHERE status = 'done'").fetchone()[0]
+    failed_id = conn.execute("SELECT max(id) FROM jobs WHERE status = 'failed'").fetchone()[0]
+    conn.execute(
+        "UPDATE jobs SET last_error = 'invoice ' || id || ' has no customer' "
+        "WHERE status = 'failed'"
+    )
+    before = outputs(dsn, done_id, failed_id)
+
+    assert move_to_history(conn) == 11
+    assert conn.execute("SELECT count(*) FROM jobs WHERE finished_at IS NOT NULL").fetchone() == (
+        0,
+    )
+    assert conn.execute("SELECT count(*) FROM jobs_history").fetchone() == (11,)
+
+    after = outputs(dsn, done_id, failed_id)
+    for name in before:
+        assert after[name] == before[name], name
+    assert any(j["id"] == cancelled for j in after["list"])
+
+
+def test_a_requeue_brings_a_failed_job_back_from_the_history_under_its_id(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    failed = add_jobs(
+        conn, 2, status="failed", attempts=3, max_attempts=3, finished_at=ago("1 hour")
+    )
+    (kept,) = add_jobs(conn, status="done", attempts=1, finished_at=ago("1 hour"))
+    move_to_history(conn)
+
+    result = cli_json(dsn, "requeue", "--failed", "--attempts", "2")
+    assert sorted(j["id"] for j in result) == failed
+    rows = conn.execute(
+        "SELECT id, status, attempts, max_attempts, finished_at FROM jobs ORDER BY id"
+    ).fetchall()
+    # attempts, the fencing token, is kept; the tries granted come on top.
+    assert rows == [(i, "pending", 3, 5, None) for i in failed]
+    assert [r[0] for r in conn.execute("SELECT id FROM jobs_history")] == [kept]
+    assert [j["id"] for j in cli_json(dsn, "list", "--status", "pending")] == failed[::-1]
+    # Nothing left in the history to requeue.
+    assert cli_json(dsn, "requeue", "--failed") == []
+
+
+def partitions(conn: psycopg.Connection[Any]) -> set[str]:
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_partition_tree('jobs_history') AS t "
+        "JOIN pg_class AS c ON c.oid = t.relid WHERE t.isleaf"
+    )
+    return {r[0] for r in rows}
+
+
+def test_purge_drops_the_days_before_its_cutoff_whole_and_deletes_within_a_day(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    (now,) = conn.execute("SELECT now()").fetchone()
+    today = now.astimezone(dt.timezone.utc).date()
+    days = [today - dt.timedelta(n) for n in (4, 3, 2)]
+
+    def at(day: dt.date, hour: int) -> dt.datetime:
+        return dt.datetime.combine(day, dt.time(hour), dt.timezone.utc)
+
+    old_done = [
+        add_jobs(conn, 3, status="done", attempts=1, finished_at=at(d, 12))[0] for d in days
+    ]
+    old_failed = add_jobs(conn, 2, status="failed", attempts=3, finished_at=at(days[0], 6))
+    (recent,) = add_jobs(conn, status="done", attempts=1, finished_at=ago("1 minute"))
+    for job_id in old_done:
+        conn.execute(
+            "INSERT INTO attempts (job_id, claim, attempt, outcome, finished_at, recorded_by) "
+            "VALUES (%s, 1, 1, 'done', now() - interval '2 days', 'worker')",
+            (job_id,),
+        )
+    assert move_to_history(conn) == 12
+
+    # The cutoff falls in the day before yesterday: the two days before it
+    # go whole, that day's rows before the cutoff one by one.
+    cutoff_age = now - at(days[2], 12) - dt.timedelta(minutes=1)
+    older_than = f"{int(cutoff_age.total_seconds())}s"
+    result = run_cli("purge", "--older-than", older_than, "--json", "--dsn", dsn)
+    assert result.exit_code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert [(d["status"], d["day"]) for d in out["dropped_days"]] == [
+        ("done", days[0].isoformat()),
+        ("done", days[1].isoformat()),
+    ]
+    assert out["deleted"] == 3  # the third day's, row by row
+    assert f"dropped the history's done jobs of {days[0].isoformat()} whole" in result.stderr
+
+    left = {f"jobs_history_done_{d:%Y%m%d}" for d in days[:2]}
+    assert not left & partitions(conn)
+    assert f"jobs_history_failed_{days[0]:%Y%m%d}" in partitions(conn)
+    remaining = sorted(r[0] for r in conn.execute("SELECT id FROM all_jobs"))
+    assert remaining == sorted([*old_failed, recent])
+    # The jobs' attempts went with them.
+    assert conn.execute("SELECT count(*) FROM attempts").fetchone() == (0,)
+    # Purge keeps a day ready ahead.
+    conn.execute(
+        "SELECT pgqctl_history_drop_day(s, (now() AT TIME ZONE 'UTC')::date + 1) "
+        "FROM unnest(ARRAY['done', 'failed', 'cancelled']) AS s"
+    )
+    assert run_cli("purge", "--dsn", dsn, "--older-than", "30d").exit_code == 0
+    ahead = f"jobs_history_cancelled_{today + dt.timedelta(1):%Y%m%d}"
+    assert ahead in partitions(conn)
+
+
+def test_a_role_with_table_rights_only_drops_and_makes_days(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    with app_role(conn, "pgqctl_history_app", dsn) as app_dsn:
+        add_jobs(conn, 2, status="done", attempts=1, finished_at=ago("3 days"))
+        move_to_history(conn)
+        out = cli_json(app_dsn, "purge", "--older-than", "2d")
+        assert [d["status"] for d in out["dropped_days"]] == ["done"]
+        assert conn.execute("SELECT count(*) FROM all_jobs").fetchone() == (0,)
+
+        # A role without DELETE on the history cannot drop a day through the function.
+        conn.execute("REVOKE DELETE ON jobs_history FROM pgqctl_history_app")
+        day = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()[0]
+        with psycopg.connect(app_dsn, autocommit=True) as app:
+            try:
+                app.execute("SELECT pgqctl_history_drop_day('done', %s)", (day,))
+            except psycopg.errors.InsufficientPrivilege:
+                pass
+            else:
+                raise AssertionError("the drop went through without DELETE on jobs_history")
+        assert f"jobs_history_done_{day:%Y%m%d}" in partitions(conn)
+
+
+def test_check_and_doctor_say_when_no_worker_moves_finished_jobs(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    add_jobs(conn, status="done", attempts=1, finished_at=ago("2 hours"))
+    assert run_cli("check", "--dsn", dsn, "--max-unmoved-age", "3h").exit_code == 0
+    # Two days and more with no worker moving finished jobs.
+    add_jobs(conn, status="failed", attempts=3, finished_at=ago("50 hours"))
+
+    result = run_cli("check", "--dsn", dsn, "--json", "--max-unmoved-age", "1d")
+    assert result.exit_code == 3, result.stderr
+    out = json.loads(result.stdout)
+    assert out["history"]["ok"] is False and out["history"]["unmoved_seconds"] >= 50 * 3600
+    (line,) = out["breaches"]
+    assert line.startswith("history: a finished job has stayed in jobs for 2d")
+    # Without the option, check does not look.
+    assert run_cli("check", "--dsn", dsn).exit_code == 0
+
+    doctor = json.loads(run_cli("doctor", "--dsn", dsn, "--json").stdout)
+    (finding,) = [f for f in doctor["findings"] if f["kind"] == "history_move"]
+    assert finding["figures"]["oldest_finished_in_jobs_seconds"] >= 50 * 3600
+
+    # A worker moves them (it makes the days they need): both are satisfied.
+    assert run_cli("worker", "--dsn", dsn, "--burst").exit_code == 0
+    assert run_cli("check", "--dsn", dsn, "--max-unmoved-age", "1d").exit_code == 0
+    doctor = json.loads(run_cli("doctor", "--dsn", dsn, "--json").stdout)
+    assert not [f for f in doctor["findings"] if f["kind"] == "history_move"]
