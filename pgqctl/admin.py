@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,7 +20,7 @@ from psycopg.rows import dict_row
 
 from pgqctl import flow, history
 from pgqctl.control import Pause, paused
-from pgqctl.db import in_batches
+from pgqctl.db import batch_across, in_batches
 from pgqctl.errors import BadInput, PgqctlError
 from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, STATUS_NAMES, Job
 from pgqctl.rows import READ_PARAMS, job_rows, named_rows, with_job_columns
@@ -701,17 +700,10 @@ def purge_count(conn: Connection, plan: PurgePlan) -> int:
 def purge_batch(conn: Connection, plan: PurgePlan, batch_size: int) -> int:
     """Delete up to `batch_size` matching rows in one short transaction: from
     jobs, then from the history's days that are not dropped whole."""
-    params = {"statuses": list(plan.statuses), "cutoff": plan.cutoff, "batch_size": batch_size}
-    deleted = 0
-    with conn.transaction():
-        for table in ("jobs", "jobs_history"):
-            params["batch_size"] = batch_size - deleted
-            statement = query("job_purge_batch").replace("{table}", table)
-            (gone,) = conn.execute(statement, params).fetchone() or (0,)
-            deleted += gone
-            if deleted == batch_size:
-                break
-    return int(deleted)
+    params = {"statuses": list(plan.statuses), "cutoff": plan.cutoff}
+    return batch_across(
+        conn, query("job_purge_batch"), ("jobs", "jobs_history"), params, batch_size
+    )
 
 
 def purge(
@@ -727,13 +719,7 @@ def purge(
     cutoff dropped whole (`dropped`), the rest batch by batch; the number
     deleted row by row."""
     for status, day in history.days_before(conn, plan.statuses, plan.cutoff):
-        gone = history.drop_day(
-            conn,
-            status,
-            day,
-            batch_size=batch_size,
-            pause=lambda took: time.sleep(took if pause is None else pause),
-        )
+        gone = history.drop_day(conn, status, day)
         if gone is None:
             continue
         if dropped is not None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pgqctl.db import in_batches
+from pgqctl.db import batch_across, in_batches
 from pgqctl.rows import named_rows
 from pgqctl.sql import query
 
@@ -155,13 +155,15 @@ def purge_count(conn: Any, cutoff: dt.datetime) -> int:
 
 
 def purge_batch(conn: Any, cutoff: dt.datetime, batch_size: int) -> int:
-    """Delete up to `batch_size` attempts finished before `cutoff`, in one
-    short transaction; how many went."""
-    with conn.transaction():
-        row = conn.execute(
-            query("attempt_purge_batch"), {"cutoff": cutoff, "batch_size": batch_size}
-        ).fetchone()
-    return int(row[0]) if row else 0
+    """Delete up to `batch_size` attempts finished before `cutoff`, of live
+    jobs and of the history's, in one short transaction; how many went."""
+    return batch_across(
+        conn,
+        query("attempt_purge_batch"),
+        ("attempts", "attempts_history"),
+        {"cutoff": cutoff},
+        batch_size,
+    )
 
 
 def purge(

@@ -433,6 +433,27 @@ def in_batches(
         time.sleep(took if pause is None else pause)
 
 
+def batch_across(
+    conn: psycopg.Connection[Any],
+    statement: str,
+    tables: Sequence[str],
+    params: Mapping[str, Any],
+    batch_size: int,
+) -> int:
+    """One batch of `statement` (its table written `{table}`; its one row,
+    how many rows it took) in one transaction, table after table until
+    `batch_size` rows are taken; how many were (in_batches' `batch`)."""
+    taken = 0
+    with conn.transaction():
+        for table in tables:
+            text = statement.replace("{table}", table)
+            row = conn.execute(text, {**params, "batch_size": batch_size - taken}).fetchone()
+            taken += int(row[0]) if row else 0
+            if taken >= batch_size:
+                break
+    return taken
+
+
 def atomic(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
     """The transaction under way, or a new one (which names the schema)."""
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,6 @@ class DroppedDay:
     status: str
     day: dt.date
     rows: int | None  # by the statistics; None when never vacuumed or analyzed
-    attempts: int  # the attempts of its jobs, deleted before it
 
 
 def keep_ahead(conn: Any, first: dt.date | None = None) -> int:
@@ -91,6 +90,8 @@ def move(
     moved = 0
     left = list(FINISHED)
     while left:
+        # A batch of each status a round, whatever the budget: a backlog of
+        # done jobs never keeps the failed ones waiting.
         for status in list(left):
             with conn.transaction():
                 (n,) = conn.execute(
@@ -100,8 +101,8 @@ def move(
             moved += n
             if n < batch_size:
                 left.remove(status)
-            if time.monotonic() - began > budget:
-                return Moved(moved, bool(left))
+        if time.monotonic() - began > budget:
+            return Moved(moved, bool(left))
     return Moved(moved, False)
 
 
@@ -133,17 +134,8 @@ def days_before(
     return [(row["status"], row["day"]) for row in rows]
 
 
-def drop_day(
-    conn: Any,
-    status: str,
-    day: dt.date,
-    *,
-    batch_size: int,
-    pause: Callable[[float], None],
-) -> DroppedDay | None:
-    """Delete the attempts of the day's jobs in batches (a job's attempts go
-    with it), then drop the day's partition; None if it was gone already."""
-    attempts = _delete_attempts(conn, status, day, batch_size, pause)
+def drop_day(conn: Any, status: str, day: dt.date) -> DroppedDay | None:
+    """Drop the day's partition and its attempts'; None if it was gone already."""
     for tries_left in reversed(range(DROP_TRIES)):
         try:
             with conn.transaction():
@@ -158,26 +150,5 @@ def drop_day(
             continue
         if row[0] is None:
             return None
-        return DroppedDay(status, day, None if row[0] < 0 else int(row[0]), attempts)
+        return DroppedDay(status, day, None if row[0] < 0 else int(row[0]))
     raise AssertionError("unreachable")
-
-
-def _delete_attempts(
-    conn: Any, status: str, day: dt.date, batch_size: int, pause: Callable[[float], None]
-) -> int:
-    (row,) = named_rows(conn, "history_attempts_any")
-    if not row["exists"]:
-        return 0
-    deleted, after = 0, 0
-    while True:
-        began = time.monotonic()
-        with conn.transaction():
-            (last_id, gone) = conn.execute(
-                query("history_day_attempts_batch"),
-                {"status": status, "day": day, "after": after, "batch_size": batch_size},
-            ).fetchone()
-        if last_id is None:
-            return deleted
-        deleted += int(gone)
-        after = int(last_id)
-        pause(time.monotonic() - began)

@@ -527,9 +527,10 @@ CREATE TABLE actions (
 );
 CREATE INDEX actions_at_idx ON actions (at);
 
--- Finished jobs' history (see 0016): partitioned by status, then by the UTC
--- day they finished, so that retention drops whole days; all_jobs reads a
--- job wherever it is. The functions keep the days (SECURITY DEFINER: the
+-- Finished jobs' history and their attempts' (see 0016): partitioned by
+-- status, then by the UTC day the job finished, so that retention drops
+-- whole days; all_jobs and all_attempts read a job and its attempts
+-- wherever they are. The functions keep the days (SECURITY DEFINER: the
 -- application role may keep them without owning the table).
 CREATE TABLE jobs_history (
     id            bigint NOT NULL,
@@ -568,6 +569,48 @@ CREATE INDEX jobs_history_finished_idx ON jobs_history (finished_at);
 CREATE INDEX jobs_history_created_brin ON jobs_history
     USING brin (created_at) WITH (autosummarize = on);
 
+-- The attempts of the jobs in jobs_history, moved with them: attempts'
+-- columns, then the job's status and finished_at, which place each in the
+-- partition of its job's day, so that a day's jobs and their attempts are
+-- dropped together.
+CREATE TABLE attempts_history (
+    job_id          bigint NOT NULL,
+    claim           integer NOT NULL,
+    attempt         integer NOT NULL,
+    worker          text,
+    outcome         text NOT NULL,
+    due_at          timestamptz,
+    claimed_at      timestamptz,
+    started_at      timestamptz,
+    finished_at     timestamptz NOT NULL,
+    exit_status     integer,
+    signal          integer,
+    error           text,
+    user_cpu        float8,
+    system_cpu      float8,
+    max_rss_bytes   bigint,
+    stdout_head     text,
+    stdout_tail     text,
+    stdout_bytes    bigint,
+    stderr_head     text,
+    stderr_tail     text,
+    stderr_bytes    bigint,
+    late            boolean NOT NULL,
+    recorded_by     text NOT NULL,
+    job_status      text NOT NULL CHECK (job_status IN ('done', 'failed', 'cancelled')),
+    job_finished_at timestamptz NOT NULL
+) PARTITION BY LIST (job_status);
+CREATE TABLE attempts_history_done PARTITION OF attempts_history
+    FOR VALUES IN ('done') PARTITION BY RANGE (job_finished_at);
+CREATE TABLE attempts_history_failed PARTITION OF attempts_history
+    FOR VALUES IN ('failed') PARTITION BY RANGE (job_finished_at);
+CREATE TABLE attempts_history_cancelled PARTITION OF attempts_history
+    FOR VALUES IN ('cancelled') PARTITION BY RANGE (job_finished_at);
+-- A job's attempts (`show`, `logs`), and those ended within a window
+-- (`metrics`, `top`, retention by --attempts-older-than).
+CREATE INDEX attempts_history_job_idx ON attempts_history (job_id, claim);
+CREATE INDEX attempts_history_finished_idx ON attempts_history (finished_at);
+
 -- Every job, live or finished: jobs, then the history. Read-only; a
 -- change goes to the table that holds the row. A migration that adds a
 -- column to jobs adds it to jobs_history in the same place, and makes this
@@ -577,6 +620,16 @@ CREATE OR REPLACE VIEW all_jobs AS
     UNION ALL
     SELECT * FROM jobs_history;
 
+-- Every attempt, of a live job or of one in the history.
+CREATE OR REPLACE VIEW all_attempts AS
+    SELECT * FROM attempts
+    UNION ALL
+    SELECT job_id, claim, attempt, worker, outcome, due_at, claimed_at, started_at, finished_at,
+           exit_status, signal, error, user_cpu, system_cpu, max_rss_bytes,
+           stdout_head, stdout_tail, stdout_bytes, stderr_head, stderr_tail, stderr_bytes,
+           late, recorded_by
+    FROM attempts_history;
+
 CREATE OR REPLACE FUNCTION pgqctl_history_add_days(first date, last date)
 RETURNS integer
 LANGUAGE plpgsql
@@ -585,6 +638,7 @@ AS $$
 DECLARE
     day date;
     status text;
+    tbl text;
     made integer := 0;
 BEGIN
     IF NOT has_table_privilege(session_user, 'jobs_history', 'INSERT') THEN
@@ -593,25 +647,27 @@ BEGIN
     END IF;
     FOR day IN SELECT generate_series(first, last, interval '1 day')::date LOOP
         FOREACH status IN ARRAY ARRAY['done', 'failed', 'cancelled'] LOOP
-            IF to_regclass(format('%I.%I', current_schema(),
-                                  'jobs_history_' || status || '_' || to_char(day, 'YYYYMMDD')))
-               IS NULL THEN
-                EXECUTE format(
-                    'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
-                    current_schema(), 'jobs_history_' || status || '_' || to_char(day, 'YYYYMMDD'),
-                    current_schema(), 'jobs_history_' || status,
-                    (day::timestamp AT TIME ZONE 'UTC'),
-                    ((day + 1)::timestamp AT TIME ZONE 'UTC'));
-                made := made + 1;
-            END IF;
+            FOREACH tbl IN ARRAY ARRAY['jobs_history', 'attempts_history'] LOOP
+                IF to_regclass(format('%I.%I', current_schema(),
+                                      tbl || '_' || status || '_' || to_char(day, 'YYYYMMDD')))
+                   IS NULL THEN
+                    EXECUTE format(
+                        'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
+                        current_schema(), tbl || '_' || status || '_' || to_char(day, 'YYYYMMDD'),
+                        current_schema(), tbl || '_' || status,
+                        (day::timestamp AT TIME ZONE 'UTC'),
+                        ((day + 1)::timestamp AT TIME ZONE 'UTC'));
+                    made := made + 1;
+                END IF;
+            END LOOP;
         END LOOP;
     END LOOP;
     RETURN made;
 END
 $$;
 
--- Drops the partition of one status's day, if pgqctl_history_add_days made
--- it, and returns about how many rows it held, from the statistics (-1 if
+-- Drops the partition of one status's day, and its attempts', if
+-- pgqctl_history_add_days made it, and returns about how many rows it held, from the statistics (-1 if
 -- never vacuumed or analyzed: counting them would read the day whole, where
 -- the drop reads nothing); NULL when there is no such partition.
 CREATE OR REPLACE FUNCTION pgqctl_history_drop_day(status text, day date)
@@ -637,6 +693,12 @@ BEGIN
     END IF;
     SELECT nullif(c.reltuples, -1)::bigint INTO estimate FROM pg_class AS c WHERE c.oid = part;
     EXECUTE format('DROP TABLE %s', part);
+    -- Its jobs' attempts, the same day's.
+    part := to_regclass(format('%I.%I', current_schema(),
+                               'attempts_history_' || status || '_' || to_char(day, 'YYYYMMDD')));
+    IF part IS NOT NULL THEN
+        EXECUTE format('DROP TABLE %s', part);
+    END IF;
     RETURN coalesce(estimate, -1);
 END
 $$;

@@ -802,7 +802,6 @@ def purge_command(
                         "status": d.status,
                         "day": d.day.isoformat(),
                         "estimated_rows": d.rows,
-                        "attempts_deleted": d.attempts,
                     }
                     for d in dropped
                 ]

@@ -185,7 +185,8 @@ class Narration:
     def archive_refused(self, exc: BaseException) -> None:
         self.log.error(
             "cannot move finished jobs into the history (they stay in jobs; grant this role "
-            "SELECT, INSERT, UPDATE, DELETE on jobs_history, or run with --no-archive)",
+            "SELECT, INSERT, UPDATE, DELETE on jobs_history and attempts_history, or run "
+            "with --no-archive)",
             exc,
         )
 

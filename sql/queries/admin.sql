@@ -265,6 +265,18 @@ returned AS (
            created_at, NULL, handbacks, unique_key, schedule, tick, claimed_at, limit_key, seated
     FROM leaving
     RETURNING {job}
+),
+-- Its attempts come back with it.
+attempts_leaving AS (
+    DELETE FROM attempts_history WHERE job_id = ANY(ARRAY(SELECT id FROM leaving))
+    RETURNING *
+),
+attempts_returned AS (
+    INSERT INTO attempts
+    SELECT job_id, claim, attempt, worker, outcome, due_at, claimed_at, started_at, finished_at,
+           exit_status, signal, error, user_cpu, system_cpu, max_rss_bytes, stdout_head,
+           stdout_tail, stdout_bytes, stderr_head, stderr_tail, stderr_bytes, late, recorded_by
+    FROM attempts_leaving
 )
 SELECT *, NULL::bigint AS held_by FROM moved
 UNION ALL
@@ -385,6 +397,8 @@ WITH gone AS (
     RETURNING id
 ), attempts_gone AS (
     DELETE FROM attempts WHERE job_id = ANY(ARRAY(SELECT id FROM gone))
+), attempts_history_gone AS (
+    DELETE FROM attempts_history WHERE job_id = ANY(ARRAY(SELECT id FROM gone))
 )
 SELECT count(*) FROM gone;
 -- monitor: check and metrics (pgqctl/monitor.py). Besides stats_counts (with

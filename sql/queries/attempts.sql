@@ -69,7 +69,7 @@ SELECT job_id, claim, attempt, worker, outcome, due_at, claimed_at, started_at, 
        right(CASE WHEN coalesce(nullif(stderr_tail, ''), stderr_head, '') ~ '\S'
                   THEN coalesce(nullif(stderr_tail, ''), stderr_head)
                   ELSE coalesce(nullif(stdout_tail, ''), stdout_head) END, 2000) AS output_end
-FROM attempts
+FROM all_attempts
 WHERE job_id = %(id)s
 ORDER BY claim;
 
@@ -77,24 +77,26 @@ ORDER BY claim;
 -- One attempt whole, output included: the try numbered `attempt` (the latest
 -- claim of that number: a hand-back repeats it), or the latest claim.
 SELECT *
-FROM attempts
+FROM all_attempts
 WHERE job_id = %(id)s AND (%(attempt)s::int IS NULL OR attempt = %(attempt)s::int)
 ORDER BY claim DESC
 LIMIT 1;
 
 -- name: attempt_purge_count
--- How many attempts finished before `cutoff` (attempts_finished_idx).
-SELECT count(*) FROM attempts WHERE finished_at < %(cutoff)s;
+-- How many attempts finished before `cutoff` (attempts_finished_idx, and
+-- each of the history's days' index on finished_at).
+SELECT count(*) FROM all_attempts WHERE finished_at < %(cutoff)s;
 
 -- name: attempt_purge_batch
 -- Up to `batch_size` attempts finished before `cutoff`, whatever their job,
--- in one short transaction; SKIP LOCKED never waits on a row a worker is
--- writing. One row: how many went.
+-- from {table} (attempts, or the history's), in one short transaction;
+-- SKIP LOCKED never waits on a row a worker is writing. One row: how many
+-- went.
 WITH gone AS (
-    DELETE FROM attempts
+    DELETE FROM {table}
     WHERE (job_id, claim) IN (
         SELECT job_id, claim
-        FROM attempts
+        FROM {table}
         WHERE finished_at < %(cutoff)s
         LIMIT %(batch_size)s
         FOR UPDATE SKIP LOCKED

@@ -20,31 +20,6 @@ WHERE p.relnamespace = to_regnamespace(current_schema())
       AT TIME ZONE 'UTC' <= %(cutoff)s
 ORDER BY 2, 1;
 
--- name: history_day_attempts_batch
--- The attempts of a day's jobs, in the history, before the day is dropped
--- (a job's attempts go with it): those of the next `batch_size` jobs by id
--- after `after`. Rows: the last id walked (NULL: none left) and how many
--- attempts went.
-WITH walked AS (
-    SELECT id
-    FROM jobs_history
-    WHERE status = %(status)s
-      AND finished_at >= (%(day)s::date)::timestamp AT TIME ZONE 'UTC'
-      AND finished_at < (%(day)s::date + 1)::timestamp AT TIME ZONE 'UTC'
-      AND id > %(after)s
-    ORDER BY id
-    LIMIT %(batch_size)s
-), gone AS (
-    DELETE FROM attempts WHERE job_id = ANY(ARRAY(SELECT id FROM walked))
-    RETURNING 1
-)
-SELECT (SELECT max(id) FROM walked) AS last_id, (SELECT count(*) FROM gone) AS attempts;
-
--- name: history_attempts_any
--- Whether any attempt is kept at all: workers run with --no-history keep
--- none, and a day's drop then needs no walk of its jobs. One row.
-SELECT EXISTS (SELECT 1 FROM attempts);
-
 -- name: history_drop_day
 -- One status's day dropped whole; its rows by the statistics (-1: unknown,
 -- NULL: no such partition). One row.
@@ -76,8 +51,9 @@ WHERE status = %(status)s AND finished_at < %(cutoff)s AND finished_at >= '2000-
 
 -- name: history_move_batch
 -- Up to `batch_size` jobs of `status` that finished before `cutoff`, the
--- oldest first, moved from jobs into the history in one statement: no
--- snapshot sees a job in both, or in neither. SKIP LOCKED passes over a row
+-- oldest first, moved from jobs into the history with their attempts in
+-- one statement: no snapshot sees a job or an attempt in both, or in
+-- neither. SKIP LOCKED passes over a row
 -- someone is changing (a requeue, a purge); the status guard on the delete
 -- leaves a row that changed since it was picked. jobs_history has jobs'
 -- columns in jobs' order. A job that plain SQL gave a finished_at before
@@ -97,6 +73,14 @@ WITH picked AS (
 ), archived AS (
     INSERT INTO jobs_history SELECT * FROM moved
     RETURNING 1
+), attempts_moved AS (
+    DELETE FROM attempts WHERE job_id = ANY(ARRAY(SELECT id FROM moved))
+    RETURNING *
+), attempts_archived AS (
+    INSERT INTO attempts_history
+    SELECT a.*, m.status, m.finished_at
+    FROM attempts_moved AS a
+    JOIN moved AS m ON m.id = a.job_id
 )
 SELECT count(*) FROM archived;
 

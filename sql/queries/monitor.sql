@@ -73,7 +73,7 @@ WITH recent AS MATERIALIZED (
                                   WHEN a.due_at < '0001-01-01Z' THEN '0001-01-01Z'
                                   ELSE a.due_at END
            )::float8 AS waited
-    FROM attempts AS a
+    FROM all_attempts AS a
     JOIN all_jobs AS j ON j.id = a.job_id
     WHERE a.finished_at > now() - %(window)s::interval
       AND a.started_at IS NOT NULL
@@ -99,7 +99,7 @@ GROUP BY queue, kind, 4;
 SELECT j.kind, count(*) AS attempts,
        percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
            ORDER BY extract(epoch FROM a.finished_at - a.started_at)) AS percentiles
-FROM attempts AS a
+FROM all_attempts AS a
 JOIN all_jobs AS j ON j.id = a.job_id
 WHERE a.finished_at > now() - %(window)s::interval
   AND a.started_at IS NOT NULL
@@ -111,7 +111,7 @@ ORDER BY count(*) DESC, j.kind;
 -- The attempts that finished within `window`, per queue, kind and outcome
 -- (started or not; a purged job's are left out).
 SELECT j.queue, j.kind, a.outcome, count(*) AS attempts
-FROM attempts AS a
+FROM all_attempts AS a
 JOIN all_jobs AS j ON j.id = a.job_id
 WHERE a.finished_at > now() - %(window)s::interval
   AND (j.finished_at IS NULL OR j.finished_at > now() - %(window)s::interval)

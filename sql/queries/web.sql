@@ -37,7 +37,7 @@ WITH finished AS (
                ORDER BY extract(epoch FROM
                    started_at - least(greatest(due_at, '0001-01-01Z'), '10000-01-01Z')
                )) AS wait_p50
-    FROM attempts
+    FROM all_attempts
     WHERE finished_at > now() - %(window)s * interval '1 second'
       AND started_at IS NOT NULL AND due_at IS NOT NULL
     GROUP BY 1

@@ -10,25 +10,28 @@ from typing import Any
 
 import psycopg
 
+from pgqctl import db, history
 from tests.conftest import cli_json, run_cli
 from tests.support.jobrows import add_jobs, ago, mixed_queues
 from tests.support.roles import app_role
 
 
-def move_to_history(conn: psycopg.Connection[Any], ids: list[int] | None = None) -> int:
-    """Move finished jobs (these, or all) from jobs into the history, making
-    the partitions of the days they finished; how many moved."""
+def move_to_history(dsn: str) -> int:
+    """Move every finished job, with its attempts, from jobs into the
+    history, as a worker does (the days they need are made); how many moved."""
+    with db.connect(dsn, schema="public") as conn:
+        moved = history.move(conn, 0.0, budget=60.0)
+    assert not moved.more
+    return moved.jobs
+
+
+def add_attempt(conn: psycopg.Connection[Any], job_id: int, claim: int, output: str) -> None:
     conn.execute(
-        "SELECT pgqctl_history_add_days(min(finished_at AT TIME ZONE 'UTC')::date, "
-        "max(finished_at AT TIME ZONE 'UTC')::date) FROM jobs WHERE finished_at IS NOT NULL"
+        "INSERT INTO attempts (job_id, claim, attempt, outcome, finished_at, recorded_by, "
+        "stdout_head, stdout_bytes) SELECT id, %s, %s, 'failed', finished_at, 'worker', %s, %s "
+        "FROM jobs WHERE id = %s",
+        (claim, claim, output, len(output), job_id),
     )
-    moved = conn.execute(
-        "WITH m AS (DELETE FROM jobs WHERE status IN ('done', 'failed', 'cancelled') "
-        "AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s)) RETURNING *) "
-        "INSERT INTO jobs_history SELECT * FROM m",
-        {"ids": ids},
-    )
-    return moved.rowcount
 
 
 def outputs(dsn: str, done_id: int, failed_id: int) -> dict[str, Any]:
@@ -46,6 +49,9 @@ def outputs(dsn: str, done_id: int, failed_id: int) -> dict[str, Any]:
         "list_since": cli_json(dsn, "list", "--since", "1h"),
         "list_kind": cli_json(dsn, "list", "--kind", "test", "--limit", "3"),
         "show_done": cli_json(dsn, "show", str(done_id)),
+        "logs_done": cli_json(dsn, "logs", str(done_id)),
+        "logs_failed": cli_json(dsn, "logs", str(failed_id), "--attempt", "1"),
+        "attempts_dry_run": cli_json(dsn, "purge", "--attempts-older-than", "0s", "--dry-run"),
         "show_failed": cli_json(dsn, "show", str(failed_id)),
         "why_done": cli_json(dsn, "why", str(done_id)),
         "stats": stats,
@@ -66,13 +72,19 @@ def test_every_command_reads_a_job_in_the_history_as_it_read_it_in_jobs(
         "UPDATE jobs SET last_error = 'invoice ' || id || ' has no customer' "
         "WHERE status = 'failed'"
     )
+    add_attempt(conn, done_id, 1, "sent\n")
+    add_attempt(conn, failed_id, 1, "no customer\n")
+    add_attempt(conn, failed_id, 2, "still none\n")
     before = outputs(dsn, done_id, failed_id)
 
-    assert move_to_history(conn) == 11
+    assert move_to_history(dsn) == 11
     assert conn.execute("SELECT count(*) FROM jobs WHERE finished_at IS NOT NULL").fetchone() == (
         0,
     )
     assert conn.execute("SELECT count(*) FROM jobs_history").fetchone() == (11,)
+    # Their attempts moved with them.
+    assert conn.execute("SELECT count(*) FROM attempts").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM attempts_history").fetchone() == (3,)
 
     after = outputs(dsn, done_id, failed_id)
     for name in before:
@@ -87,7 +99,8 @@ def test_a_requeue_brings_a_failed_job_back_from_the_history_under_its_id(
         conn, 2, status="failed", attempts=3, max_attempts=3, finished_at=ago("1 hour")
     )
     (kept,) = add_jobs(conn, status="done", attempts=1, finished_at=ago("1 hour"))
-    move_to_history(conn)
+    add_attempt(conn, failed[0], 3, "out of tries\n")
+    move_to_history(dsn)
 
     result = cli_json(dsn, "requeue", "--failed", "--attempts", "2")
     assert sorted(j["id"] for j in result) == failed
@@ -97,17 +110,25 @@ def test_a_requeue_brings_a_failed_job_back_from_the_history_under_its_id(
     # attempts, the fencing token, is kept; the tries granted come on top.
     assert rows == [(i, "pending", 3, 5, None) for i in failed]
     assert [r[0] for r in conn.execute("SELECT id FROM jobs_history")] == [kept]
+    # Its attempts came back with it.
+    assert conn.execute("SELECT job_id, claim FROM attempts").fetchall() == [(failed[0], 3)]
+    assert conn.execute("SELECT count(*) FROM attempts_history").fetchone() == (0,)
     assert [j["id"] for j in cli_json(dsn, "list", "--status", "pending")] == failed[::-1]
     # Nothing left in the history to requeue.
     assert cli_json(dsn, "requeue", "--failed") == []
 
 
-def partitions(conn: psycopg.Connection[Any]) -> set[str]:
+def partitions(conn: psycopg.Connection[Any], of: str = "jobs_history") -> set[str]:
     rows = conn.execute(
-        "SELECT c.relname FROM pg_partition_tree('jobs_history') AS t "
-        "JOIN pg_class AS c ON c.oid = t.relid WHERE t.isleaf"
+        "SELECT c.relname FROM pg_partition_tree(%s) AS t "
+        "JOIN pg_class AS c ON c.oid = t.relid WHERE t.isleaf",
+        (of,),
     )
     return {r[0] for r in rows}
+
+
+def attempt_partitions(conn: psycopg.Connection[Any]) -> set[str]:
+    return partitions(conn, "attempts_history")
 
 
 def test_purge_drops_the_days_before_its_cutoff_whole_and_deletes_within_a_day(
@@ -126,12 +147,8 @@ def test_purge_drops_the_days_before_its_cutoff_whole_and_deletes_within_a_day(
     old_failed = add_jobs(conn, 2, status="failed", attempts=3, finished_at=at(days[0], 6))
     (recent,) = add_jobs(conn, status="done", attempts=1, finished_at=ago("1 minute"))
     for job_id in old_done:
-        conn.execute(
-            "INSERT INTO attempts (job_id, claim, attempt, outcome, finished_at, recorded_by) "
-            "VALUES (%s, 1, 1, 'done', now() - interval '2 days', 'worker')",
-            (job_id,),
-        )
-    assert move_to_history(conn) == 12
+        add_attempt(conn, job_id, 1, "done\n")
+    assert move_to_history(dsn) == 12
 
     # The cutoff falls in the day before yesterday: the two days before it
     # go whole, that day's rows before the cutoff one by one.
@@ -152,8 +169,9 @@ def test_purge_drops_the_days_before_its_cutoff_whole_and_deletes_within_a_day(
     assert f"jobs_history_failed_{days[0]:%Y%m%d}" in partitions(conn)
     remaining = sorted(r[0] for r in conn.execute("SELECT id FROM all_jobs"))
     assert remaining == sorted([*old_failed, recent])
-    # The jobs' attempts went with them.
-    assert conn.execute("SELECT count(*) FROM attempts").fetchone() == (0,)
+    # The jobs' attempts went with them: their days' partitions, dropped.
+    assert conn.execute("SELECT count(*) FROM all_attempts").fetchone() == (0,)
+    assert not {f"attempts_history_done_{d:%Y%m%d}" for d in days[:2]} & attempt_partitions(conn)
     # Purge keeps a day ready ahead.
     conn.execute(
         "SELECT pgqctl_history_drop_day(s, (now() AT TIME ZONE 'UTC')::date + 1) "
@@ -169,7 +187,7 @@ def test_a_role_with_table_rights_only_drops_and_makes_days(
 ) -> None:
     with app_role(conn, "pgqctl_history_app", dsn) as app_dsn:
         add_jobs(conn, 2, status="done", attempts=1, finished_at=ago("3 days"))
-        move_to_history(conn)
+        move_to_history(dsn)
         out = cli_json(app_dsn, "purge", "--older-than", "2d")
         assert [d["status"] for d in out["dropped_days"]] == ["done"]
         assert conn.execute("SELECT count(*) FROM all_jobs").fetchone() == (0,)
