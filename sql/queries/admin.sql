@@ -97,6 +97,11 @@ WHERE (%(statuses)s::text[] IS NULL
   AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
   AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+  -- A job finishes after it is created: the history's days before the
+  -- window hold none of it, and are left out (a backward walk of each day's
+  -- ids would read it whole, finding nothing).
+  AND (%(since)s::interval IS NULL OR finished_at IS NULL
+       OR finished_at >= now() - %(since)s::interval)
   AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
   -- A page after the first (keyset paging): the jobs below the last id shown.
   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
@@ -144,6 +149,8 @@ FROM (
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
       AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
+      AND (%(since)s::interval IS NULL OR finished_at IS NULL
+           OR finished_at >= now() - %(since)s::interval)  -- as in job_list
       AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
     LIMIT %(bound)s
 ) AS matched;
@@ -177,6 +184,9 @@ matched AS (
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND (%(since)s::interval IS NULL
            OR coalesce(finished_at, created_at) >= now() - %(since)s::interval)
+      -- The same, spelled so that the history's days before it are left out.
+      AND (%(since)s::interval IS NULL OR finished_at IS NULL
+           OR finished_at >= now() - %(since)s::interval)
       AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
 ),
 held AS (

@@ -176,9 +176,10 @@ def _blocks(node: dict[str, Any]) -> int:
     return int(node.get("Shared Hit Blocks", 0)) + int(node.get("Shared Read Blocks", 0))
 
 
+@pytest.mark.parametrize("moved", [False, True], ids=["in_jobs", "in_history"])
 @pytest.mark.parametrize("kind", [None, "rare"])
 def test_list_since_reads_the_window_not_the_history(
-    conn: psycopg.Connection[Any], kind: str | None
+    conn: psycopg.Connection[Any], kind: str | None, moved: bool
 ) -> None:
     # 200,000 done jobs over the 30 days before the last hour, inserted in
     # time order as a queue that ran writes them, then a busy last hour.
@@ -188,9 +189,22 @@ def test_list_since_reads_the_window_not_the_history(
         "  SELECT now() - interval '1 hour' - (200000 - i) * interval '13 s' AS t"
         "  FROM generate_series(1, 200000) AS i) AS spread"
     )
+    if moved:
+        # Where the workers move them: the history's days.
+        conn.execute(
+            "SELECT pgqctl_history_add_days((now() AT TIME ZONE 'UTC')::date - 31,"
+            " (now() AT TIME ZONE 'UTC')::date)"
+        )
+        conn.execute(
+            "WITH m AS (DELETE FROM jobs RETURNING *) INSERT INTO jobs_history SELECT * FROM m"
+        )
     add_jobs(conn, 300, status="done", attempts=1, created_at=ago("10 minutes"))
     conn.execute("VACUUM ANALYZE jobs")
-    table_blocks = conn.execute("SELECT pg_relation_size('jobs') / 8192").fetchone()[0]
+    conn.execute("VACUUM ANALYZE jobs_history")
+    table_blocks = conn.execute(
+        "SELECT (pg_relation_size('jobs') + (SELECT sum(pg_relation_size(relid))"
+        " FROM pg_partition_tree('jobs_history'))) / 8192"
+    ).fetchone()[0]
     found = admin.JobFilter((), (), (kind,) if kind else (), (), 3600.0, None)
     text = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + with_job_columns(query("job_list"))
     params = {**READ_PARAMS, **found.params(), "limit": 51, "before": None, "floor": None}
