@@ -715,11 +715,12 @@ def purge(
     pause: float | None = 0.0,
     dropped: list[history.DroppedDay] | None = None,
 ) -> int:
-    """Delete every row the plan matches: the history's days that end by the
-    cutoff dropped whole (`dropped`), the rest batch by batch; the number
-    deleted row by row."""
-    for status, day in history.days_before(conn, plan.statuses, plan.cutoff):
-        gone = history.drop_day(conn, status, day)
+    """Delete every row the plan matches: the history's days of done jobs
+    that end by the cutoff dropped whole (`dropped`), the rest batch by
+    batch; the number deleted row by row."""
+    days = history.days_before(conn, plan.cutoff) if "done" in plan.statuses else []
+    for day in days:
+        gone = history.drop_day(conn, day)
         if gone is None:
             continue
         if dropped is not None:

@@ -1,7 +1,7 @@
-"""The history of finished jobs, in partitions by status and UTC day (see
-sql/migrations/0016_jobs_history.sql): made ahead of the clock, filled by
-moving jobs out of jobs some time after they finished, dropped whole once a
-purge's cutoff passes their end.
+"""The history of finished jobs, in partitions by status, the done jobs' by
+UTC day (see sql/migrations/0016_jobs_history.sql): filled by moving jobs out
+of jobs some time after they finished; a day of done jobs is made as the
+move needs it, and dropped whole once a purge's cutoff passes its end.
 
 The move (`move`) is a chore of the workers: batches of a few thousand rows,
 oldest first, each its own short transaction, for at most MOVE_BUDGET
@@ -11,7 +11,7 @@ job just finished from jobs (a script polling its status) still finds it
 there, and a drain's finishes are not followed at once by their moves.
 
 Dropping a day takes the history's lock for an instant (ACCESS EXCLUSIVE on
-the status's table, not on jobs); it waits at most LOCK_WAIT for it, so that
+jobs_history_done, not on jobs); it waits at most LOCK_WAIT for it, so that
 nothing queues behind the drop for longer, and tries again after a pause.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +48,7 @@ class Moved:
 
 @dataclass(frozen=True)
 class DroppedDay:
-    status: str
-    day: dt.date
+    day: dt.date  # of done jobs
     rows: int | None  # by the statistics; None when never vacuumed or analyzed
 
 
@@ -77,16 +75,10 @@ def move(
     began = time.monotonic()
     (row,) = named_rows(conn, "history_now")
     cutoff = row["now"] - dt.timedelta(seconds=after)
-    oldest = []
-    for status in FINISHED:
-        (row,) = named_rows(conn, "history_move_oldest", {"status": status, "cutoff": cutoff})
-        if row["oldest"] is not None:
-            oldest.append(row["oldest"])
-    # The days ahead are kept whether or not anything moves: `check` says
-    # when tomorrow has none.
-    keep_ahead(conn, min(oldest) if oldest else None)
-    if not oldest:
-        return Moved(0, False)
+    # The days the done jobs need (failed and cancelled jobs have a table
+    # each), and tomorrow's, whether or not anything moves.
+    (row,) = named_rows(conn, "history_move_oldest", {"cutoff": cutoff})
+    keep_ahead(conn, row["oldest"])
     moved = 0
     left = list(FINISHED)
     while left:
@@ -108,8 +100,6 @@ def move(
 
 @dataclass(frozen=True)
 class State:
-    ready_through: dt.date | None  # the last day every finished status has
-    today: dt.date  # UTC, by the server's clock
     oldest_in_jobs: dt.datetime | None  # the oldest finished job not moved
     now: dt.datetime
 
@@ -121,28 +111,24 @@ class State:
 
 
 def state(conn: Any) -> State:
-    """How far ahead the history's days are made, and how far the move is behind."""
+    """How far the move is behind."""
     (row,) = named_rows(conn, "history_state")
-    return State(row["ready_through"], row["today"], row["oldest_in_jobs"], row["now"])
+    return State(row["oldest_in_jobs"], row["now"])
 
 
-def days_before(
-    conn: Any, statuses: Sequence[str], cutoff: dt.datetime
-) -> list[tuple[str, dt.date]]:
-    """The (status, day) partitions of `statuses` that end by `cutoff`, oldest first."""
-    rows = named_rows(conn, "history_days_before", {"statuses": list(statuses), "cutoff": cutoff})
-    return [(row["status"], row["day"]) for row in rows]
+def days_before(conn: Any, cutoff: dt.datetime) -> list[dt.date]:
+    """The days of done jobs that end by `cutoff`, oldest first."""
+    return [row["day"] for row in named_rows(conn, "history_days_before", {"cutoff": cutoff})]
 
 
-def drop_day(conn: Any, status: str, day: dt.date) -> DroppedDay | None:
-    """Drop the day's partition and its attempts'; None if it was gone already."""
+def drop_day(conn: Any, day: dt.date) -> DroppedDay | None:
+    """Drop the day's partition of done jobs and its attempts'; None if it
+    was gone already."""
     for tries_left in reversed(range(DROP_TRIES)):
         try:
             with conn.transaction():
                 conn.execute(query("history_lock_timeout"), {"timeout": LOCK_WAIT})
-                (row,) = conn.execute(
-                    query("history_drop_day"), {"status": status, "day": day}
-                ).fetchall()
+                (row,) = conn.execute(query("history_drop_day"), {"day": day}).fetchall()
         except psycopg.errors.LockNotAvailable:
             if not tries_left:
                 raise
@@ -150,5 +136,5 @@ def drop_day(conn: Any, status: str, day: dt.date) -> DroppedDay | None:
             continue
         if row[0] is None:
             return None
-        return DroppedDay(status, day, None if row[0] < 0 else int(row[0]))
+        return DroppedDay(day, None if row[0] < 0 else int(row[0]))
     raise AssertionError("unreachable")

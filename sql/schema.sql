@@ -528,8 +528,8 @@ CREATE TABLE actions (
 CREATE INDEX actions_at_idx ON actions (at);
 
 -- Finished jobs' history and their attempts' (see 0016): partitioned by
--- status, then by the UTC day the job finished, so that retention drops
--- whole days; all_jobs and all_attempts read a job and its attempts
+-- status, the done jobs then by the UTC day they finished, so that
+-- retention drops whole days; all_jobs and all_attempts read a job and its attempts
 -- wherever they are. The functions keep the days (SECURITY DEFINER: the
 -- application role may keep them without owning the table).
 CREATE TABLE jobs_history (
@@ -558,9 +558,9 @@ CREATE TABLE jobs_history (
 CREATE TABLE jobs_history_done PARTITION OF jobs_history
     FOR VALUES IN ('done') PARTITION BY RANGE (finished_at);
 CREATE TABLE jobs_history_failed PARTITION OF jobs_history
-    FOR VALUES IN ('failed') PARTITION BY RANGE (finished_at);
+    FOR VALUES IN ('failed');
 CREATE TABLE jobs_history_cancelled PARTITION OF jobs_history
-    FOR VALUES IN ('cancelled') PARTITION BY RANGE (finished_at);
+    FOR VALUES IN ('cancelled');
 -- Each partition gets these: a job by id, the newest first (a list pages
 -- by id), the most recently finished (stats, top, the web page), and time
 -- windows by created_at as in jobs (see 0015).
@@ -603,9 +603,9 @@ CREATE TABLE attempts_history (
 CREATE TABLE attempts_history_done PARTITION OF attempts_history
     FOR VALUES IN ('done') PARTITION BY RANGE (job_finished_at);
 CREATE TABLE attempts_history_failed PARTITION OF attempts_history
-    FOR VALUES IN ('failed') PARTITION BY RANGE (job_finished_at);
+    FOR VALUES IN ('failed');
 CREATE TABLE attempts_history_cancelled PARTITION OF attempts_history
-    FOR VALUES IN ('cancelled') PARTITION BY RANGE (job_finished_at);
+    FOR VALUES IN ('cancelled');
 -- A job's attempts (`show`, `logs`), and those ended within a window
 -- (`metrics`, `top`, retention by --attempts-older-than).
 CREATE INDEX attempts_history_job_idx ON attempts_history (job_id, claim);
@@ -637,7 +637,6 @@ SECURITY DEFINER
 AS $$
 DECLARE
     day date;
-    status text;
     tbl text;
     made integer := 0;
 BEGIN
@@ -646,31 +645,29 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     FOR day IN SELECT generate_series(first, last, interval '1 day')::date LOOP
-        FOREACH status IN ARRAY ARRAY['done', 'failed', 'cancelled'] LOOP
-            FOREACH tbl IN ARRAY ARRAY['jobs_history', 'attempts_history'] LOOP
-                IF to_regclass(format('%I.%I', current_schema(),
-                                      tbl || '_' || status || '_' || to_char(day, 'YYYYMMDD')))
-                   IS NULL THEN
-                    EXECUTE format(
-                        'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
-                        current_schema(), tbl || '_' || status || '_' || to_char(day, 'YYYYMMDD'),
-                        current_schema(), tbl || '_' || status,
-                        (day::timestamp AT TIME ZONE 'UTC'),
-                        ((day + 1)::timestamp AT TIME ZONE 'UTC'));
-                    made := made + 1;
-                END IF;
-            END LOOP;
+        FOREACH tbl IN ARRAY ARRAY['jobs_history_done', 'attempts_history_done'] LOOP
+            IF to_regclass(format('%I.%I', current_schema(),
+                                  tbl || '_' || to_char(day, 'YYYYMMDD'))) IS NULL THEN
+                EXECUTE format(
+                    'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
+                    current_schema(), tbl || '_' || to_char(day, 'YYYYMMDD'),
+                    current_schema(), tbl,
+                    (day::timestamp AT TIME ZONE 'UTC'),
+                    ((day + 1)::timestamp AT TIME ZONE 'UTC'));
+                made := made + 1;
+            END IF;
         END LOOP;
     END LOOP;
     RETURN made;
 END
 $$;
 
--- Drops the partition of one status's day, and its attempts', if
--- pgqctl_history_add_days made it, and returns about how many rows it held, from the statistics (-1 if
--- never vacuumed or analyzed: counting them would read the day whole, where
--- the drop reads nothing); NULL when there is no such partition.
-CREATE OR REPLACE FUNCTION pgqctl_history_drop_day(status text, day date)
+-- Drops the partition of one day's done jobs, and its attempts', if
+-- pgqctl_history_add_days made it, and returns about how many rows it held,
+-- from the statistics (-1 if never vacuumed or analyzed: counting them would
+-- read the day whole, where the drop reads nothing); NULL when there is no
+-- such partition.
+CREATE OR REPLACE FUNCTION pgqctl_history_drop_day(day date)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -683,11 +680,8 @@ BEGIN
         RAISE EXCEPTION 'permission denied for table jobs_history'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    IF status NOT IN ('done', 'failed', 'cancelled') THEN
-        RETURN NULL;
-    END IF;
     part := to_regclass(format('%I.%I', current_schema(),
-                               'jobs_history_' || status || '_' || to_char(day, 'YYYYMMDD')));
+                               'jobs_history_done_' || to_char(day, 'YYYYMMDD')));
     IF part IS NULL THEN
         RETURN NULL;
     END IF;
@@ -695,7 +689,7 @@ BEGIN
     EXECUTE format('DROP TABLE %s', part);
     -- Its jobs' attempts, the same day's.
     part := to_regclass(format('%I.%I', current_schema(),
-                               'attempts_history_' || status || '_' || to_char(day, 'YYYYMMDD')));
+                               'attempts_history_done_' || to_char(day, 'YYYYMMDD')));
     IF part IS NOT NULL THEN
         EXECUTE format('DROP TABLE %s', part);
     END IF;
@@ -709,7 +703,7 @@ BEGIN
         'ALTER FUNCTION %I.pgqctl_history_add_days(date, date) SET search_path = %I, pg_temp',
         current_schema(), current_schema());
     EXECUTE format(
-        'ALTER FUNCTION %I.pgqctl_history_drop_day(text, date) SET search_path = %I, pg_temp',
+        'ALTER FUNCTION %I.pgqctl_history_drop_day(date) SET search_path = %I, pg_temp',
         current_schema(), current_schema());
 END
 $$;

@@ -798,12 +798,7 @@ def purge_command(
                 )
             if dropped:
                 result["dropped_days"] = [
-                    {
-                        "status": d.status,
-                        "day": d.day.isoformat(),
-                        "estimated_rows": d.rows,
-                    }
-                    for d in dropped
+                    {"day": d.day.isoformat(), "estimated_rows": d.rows} for d in dropped
                 ]
             history.keep_ahead(conn)
         if cutoff is not None:
@@ -816,7 +811,7 @@ def purge_command(
     if purge_jobs:
         for day in result.get("dropped_days", []):
             about = "" if day["estimated_rows"] is None else f", about {day['estimated_rows']} jobs"
-            say(f"dropped the history's {day['status']} jobs of {day['day']} whole{about}")
+            say(f"dropped the history's done jobs of {day['day']} whole{about}")
         say(f"deleted {result['deleted']} {what}" + (" row by row" if dropped else ""))
     if cutoff is not None:
         say(f"deleted {result['attempts_deleted']} {old_attempts}")

@@ -1,7 +1,8 @@
 -- compatibility: additive
 -- The history of finished jobs (and of their attempts) in storage of its
--- own, partitioned by status and then by the UTC day the job finished,
--- apart from the pending and running jobs the workers claim from; and
+-- own, partitioned by status, and the done jobs (the bulk of any queue's
+-- history) by the UTC day they finished, apart from the pending and
+-- running jobs the workers claim from; and
 -- all_jobs and all_attempts, the relations every command reads a job and
 -- its attempts from, wherever they are.
 --
@@ -10,7 +11,12 @@
 --   jobs_history                   PARTITION BY LIST (status)
 --     jobs_history_done            PARTITION BY RANGE (finished_at)
 --       jobs_history_done_20261205   one UTC day: [00:00, next 00:00)
---     jobs_history_failed, jobs_history_cancelled   likewise
+--     jobs_history_failed          one table
+--     jobs_history_cancelled       one table
+-- Failed and cancelled jobs are few beside the done ones, and kept longer;
+-- days of their own would triple the partitions that every read of the
+-- history plans and opens (a command's first read of each costs its
+-- session about 0.2 ms).
 -- attempts_history holds the attempts of those jobs, attempts' columns and
 -- then their job's status and finished_at, partitioned the same way by
 -- those (attempts_history_done_20261205 holds the attempts of the jobs of
@@ -19,13 +25,13 @@
 -- (DELETE ... RETURNING feeding an INSERT), so every snapshot sees it in
 -- exactly one of the two, and keeps its id: ids stay unique across both.
 --
--- Retention drops a day's partitions (`purge --older-than`, on a day's
--- boundary, whatever their row count); a purge within a day deletes row by
--- row, as in jobs. Each status has its own days, so a purge of done jobs
--- drops done days and keeps the failed.
+-- Retention drops a day's partitions of done jobs and their attempts
+-- (`purge --older-than`, on a day's boundary, whatever their row count); a
+-- purge within a day, and of failed or cancelled jobs, deletes row by row,
+-- as in jobs.
 --
 -- pgqctl_history_add_days(first, last) creates the days' partitions that
--- are missing; pgqctl_history_drop_day(status, day) drops one day's. Both
+-- are missing; pgqctl_history_drop_day(day) drops one day's. Both
 -- are SECURITY DEFINER, so that a role that may only read and write the
 -- queue's tables (the application role of docs/operating.md) can keep the
 -- history: creating or dropping a partition needs the table's owner. Each
@@ -65,9 +71,9 @@ CREATE TABLE IF NOT EXISTS jobs_history (
 CREATE TABLE IF NOT EXISTS jobs_history_done PARTITION OF jobs_history
     FOR VALUES IN ('done') PARTITION BY RANGE (finished_at);
 CREATE TABLE IF NOT EXISTS jobs_history_failed PARTITION OF jobs_history
-    FOR VALUES IN ('failed') PARTITION BY RANGE (finished_at);
+    FOR VALUES IN ('failed');
 CREATE TABLE IF NOT EXISTS jobs_history_cancelled PARTITION OF jobs_history
-    FOR VALUES IN ('cancelled') PARTITION BY RANGE (finished_at);
+    FOR VALUES IN ('cancelled');
 -- Each partition gets these: a job by id, the newest first (a list pages
 -- by id), the most recently finished (stats, top, the web page), and time
 -- windows by created_at as in jobs (see 0015).
@@ -110,9 +116,9 @@ CREATE TABLE IF NOT EXISTS attempts_history (
 CREATE TABLE IF NOT EXISTS attempts_history_done PARTITION OF attempts_history
     FOR VALUES IN ('done') PARTITION BY RANGE (job_finished_at);
 CREATE TABLE IF NOT EXISTS attempts_history_failed PARTITION OF attempts_history
-    FOR VALUES IN ('failed') PARTITION BY RANGE (job_finished_at);
+    FOR VALUES IN ('failed');
 CREATE TABLE IF NOT EXISTS attempts_history_cancelled PARTITION OF attempts_history
-    FOR VALUES IN ('cancelled') PARTITION BY RANGE (job_finished_at);
+    FOR VALUES IN ('cancelled');
 -- A job's attempts (`show`, `logs`), and those ended within a window
 -- (`metrics`, `top`, retention by --attempts-older-than).
 CREATE INDEX IF NOT EXISTS attempts_history_job_idx ON attempts_history (job_id, claim);
@@ -144,7 +150,6 @@ SECURITY DEFINER
 AS $$
 DECLARE
     day date;
-    status text;
     tbl text;
     made integer := 0;
 BEGIN
@@ -153,31 +158,29 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     FOR day IN SELECT generate_series(first, last, interval '1 day')::date LOOP
-        FOREACH status IN ARRAY ARRAY['done', 'failed', 'cancelled'] LOOP
-            FOREACH tbl IN ARRAY ARRAY['jobs_history', 'attempts_history'] LOOP
-                IF to_regclass(format('%I.%I', current_schema(),
-                                      tbl || '_' || status || '_' || to_char(day, 'YYYYMMDD')))
-                   IS NULL THEN
-                    EXECUTE format(
-                        'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
-                        current_schema(), tbl || '_' || status || '_' || to_char(day, 'YYYYMMDD'),
-                        current_schema(), tbl || '_' || status,
-                        (day::timestamp AT TIME ZONE 'UTC'),
-                        ((day + 1)::timestamp AT TIME ZONE 'UTC'));
-                    made := made + 1;
-                END IF;
-            END LOOP;
+        FOREACH tbl IN ARRAY ARRAY['jobs_history_done', 'attempts_history_done'] LOOP
+            IF to_regclass(format('%I.%I', current_schema(),
+                                  tbl || '_' || to_char(day, 'YYYYMMDD'))) IS NULL THEN
+                EXECUTE format(
+                    'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
+                    current_schema(), tbl || '_' || to_char(day, 'YYYYMMDD'),
+                    current_schema(), tbl,
+                    (day::timestamp AT TIME ZONE 'UTC'),
+                    ((day + 1)::timestamp AT TIME ZONE 'UTC'));
+                made := made + 1;
+            END IF;
         END LOOP;
     END LOOP;
     RETURN made;
 END
 $$;
 
--- Drops the partition of one status's day, and its attempts', if
--- pgqctl_history_add_days made it, and returns about how many rows it held, from the statistics (-1 if
--- never vacuumed or analyzed: counting them would read the day whole, where
--- the drop reads nothing); NULL when there is no such partition.
-CREATE OR REPLACE FUNCTION pgqctl_history_drop_day(status text, day date)
+-- Drops the partition of one day's done jobs, and its attempts', if
+-- pgqctl_history_add_days made it, and returns about how many rows it held,
+-- from the statistics (-1 if never vacuumed or analyzed: counting them would
+-- read the day whole, where the drop reads nothing); NULL when there is no
+-- such partition.
+CREATE OR REPLACE FUNCTION pgqctl_history_drop_day(day date)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -190,11 +193,8 @@ BEGIN
         RAISE EXCEPTION 'permission denied for table jobs_history'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    IF status NOT IN ('done', 'failed', 'cancelled') THEN
-        RETURN NULL;
-    END IF;
     part := to_regclass(format('%I.%I', current_schema(),
-                               'jobs_history_' || status || '_' || to_char(day, 'YYYYMMDD')));
+                               'jobs_history_done_' || to_char(day, 'YYYYMMDD')));
     IF part IS NULL THEN
         RETURN NULL;
     END IF;
@@ -202,7 +202,7 @@ BEGIN
     EXECUTE format('DROP TABLE %s', part);
     -- Its jobs' attempts, the same day's.
     part := to_regclass(format('%I.%I', current_schema(),
-                               'attempts_history_' || status || '_' || to_char(day, 'YYYYMMDD')));
+                               'attempts_history_done_' || to_char(day, 'YYYYMMDD')));
     IF part IS NOT NULL THEN
         EXECUTE format('DROP TABLE %s', part);
     END IF;
@@ -216,7 +216,7 @@ BEGIN
         'ALTER FUNCTION %I.pgqctl_history_add_days(date, date) SET search_path = %I, pg_temp',
         current_schema(), current_schema());
     EXECUTE format(
-        'ALTER FUNCTION %I.pgqctl_history_drop_day(text, date) SET search_path = %I, pg_temp',
+        'ALTER FUNCTION %I.pgqctl_history_drop_day(date) SET search_path = %I, pg_temp',
         current_schema(), current_schema());
 END
 $$;

@@ -4,26 +4,24 @@
 -- schema first (settings_set_local, sql/queries/db.sql).
 
 -- name: history_days_before
--- The days of the history's partitions of `statuses` that end at or before
--- `cutoff`, oldest first: what purge drops whole. Only the partitions
--- pgqctl_history_add_days made (their names say their status and day).
-SELECT substring(c.relname FROM '^jobs_history_([a-z]+)_') AS status,
-       to_date(substring(c.relname FROM '_([0-9]{8})$'), 'YYYYMMDD') AS day
+-- The days of the history's done jobs that end at or before `cutoff`,
+-- oldest first: what purge drops whole. Only the partitions
+-- pgqctl_history_add_days made (their names say their day).
+SELECT to_date(substring(c.relname FROM '_([0-9]{8})$'), 'YYYYMMDD') AS day
 FROM pg_inherits AS i
 JOIN pg_class AS c ON c.oid = i.inhrelid
 JOIN pg_class AS p ON p.oid = i.inhparent
 WHERE p.relnamespace = to_regnamespace(current_schema())
-  AND p.relname IN ('jobs_history_done', 'jobs_history_failed', 'jobs_history_cancelled')
-  AND c.relname ~ '^jobs_history_(done|failed|cancelled)_[0-9]{8}$'
-  AND substring(c.relname FROM '^jobs_history_([a-z]+)_') = ANY(%(statuses)s::text[])
+  AND p.relname = 'jobs_history_done'
+  AND c.relname ~ '^jobs_history_done_[0-9]{8}$'
   AND (to_date(substring(c.relname FROM '_([0-9]{8})$'), 'YYYYMMDD') + 1)::timestamp
       AT TIME ZONE 'UTC' <= %(cutoff)s
-ORDER BY 2, 1;
+ORDER BY 1;
 
 -- name: history_drop_day
--- One status's day dropped whole; its rows by the statistics (-1: unknown,
--- NULL: no such partition). One row.
-SELECT pgqctl_history_drop_day(%(status)s, %(day)s);
+-- One day of done jobs dropped whole, with their attempts; its rows by the
+-- statistics (-1: unknown, NULL: no such partition). One row.
+SELECT pgqctl_history_drop_day(%(day)s);
 
 -- name: history_add_days
 -- The history's partitions from `first` (NULL: today) to `ahead` days after
@@ -42,12 +40,12 @@ SELECT now() AS now;
 SELECT set_config('lock_timeout', %(timeout)s, true);
 
 -- name: history_move_oldest
--- The UTC day of the oldest finished_at among the jobs of `status` that
+-- The UTC day of the oldest finished_at among the done jobs that
 -- history_move_batch would move (jobs_finished_idx, one end of its range):
 -- the first day the move needs a partition for. One row, NULL: none.
 SELECT (min(finished_at) AT TIME ZONE 'UTC')::date AS oldest
 FROM jobs
-WHERE status = %(status)s AND finished_at < %(cutoff)s AND finished_at >= '2000-01-01Z';
+WHERE status = 'done' AND finished_at < %(cutoff)s AND finished_at >= '2000-01-01Z';
 
 -- name: history_move_batch
 -- Up to `batch_size` jobs of `status` that finished before `cutoff`, the
@@ -85,23 +83,10 @@ WITH picked AS (
 SELECT count(*) FROM archived;
 
 -- name: history_state
--- How the history stands: the last UTC day every finished status has a
--- partition for (NULL: some status has none), and the oldest finished_at
--- of a job still in jobs that the move would take (jobs_finished_idx, one
--- end of each status's range; NULL: none). One row.
-SELECT (SELECT min(last_day) FROM (
-            SELECT max(to_date(substring(c.relname FROM '_([0-9]{8})$'), 'YYYYMMDD'))
-                       AS last_day
-            FROM (VALUES ('done'), ('failed'), ('cancelled')) AS s (status)
-            LEFT JOIN pg_class AS p
-                   ON p.relnamespace = to_regnamespace(current_schema())
-                  AND p.relname = 'jobs_history_' || s.status
-            LEFT JOIN pg_inherits AS i ON i.inhparent = p.oid
-            LEFT JOIN pg_class AS c ON c.oid = i.inhrelid
-                  AND c.relname ~ '^jobs_history_(done|failed|cancelled)_[0-9]{8}$'
-            GROUP BY s.status) AS per_status) AS ready_through,
-       (now() AT TIME ZONE 'UTC')::date AS today,
-       least((SELECT min(finished_at) FROM jobs WHERE status = 'done'
+-- How far the move is behind: the oldest finished_at of a job still in jobs
+-- that the move would take (jobs_finished_idx, one end of each status's
+-- range; NULL: none). One row.
+SELECT least((SELECT min(finished_at) FROM jobs WHERE status = 'done'
               AND finished_at BETWEEN '2000-01-01Z' AND '9999-12-31Z'),
              (SELECT min(finished_at) FROM jobs WHERE status = 'failed'
               AND finished_at BETWEEN '2000-01-01Z' AND '9999-12-31Z'),
