@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 
 from pgqctl import flow, history
 from pgqctl.control import Pause, paused
-from pgqctl.db import batch_across, in_batches
+from pgqctl.db import batch_across, in_batches, window_start
 from pgqctl.errors import BadInput, PgqctlError
 from pgqctl.jobs import CANCELLABLE, FIELDS, FINISHED, STATUS_NAMES, Job
 from pgqctl.rows import READ_PARAMS, job_rows, named_rows, with_job_columns
@@ -194,7 +194,8 @@ def stats(conn: Connection, *, exact: bool = False) -> Stats:
 def counts(conn: Connection, *, done_bound: int | None) -> dict[str, Counts]:
     """Exact counts per queue, done among at most `done_bound` jobs (None: all)."""
     found = {}
-    for row in named_rows(conn, "stats_counts", {"bound": done_bound}):
+    text = query("stats_counts").replace("{done_from}", "jobs" if done_bound == 0 else "all_jobs")
+    for row in job_rows(conn, text, {"bound": done_bound}):
         found[row["queue"]] = Counts(
             {status: int(row[status]) for status in STATUS_NAMES},
             int(row["expired_leases"]),
@@ -406,7 +407,7 @@ def select_jobs(
     name = _list_query(found, order)
     if before is not None and order != "newest":
         raise ValueError("pages follow one another newest first only")
-    params = {**found.params(), "limit": limit, "before": before, "floor": floor}
+    params = {**_window(conn, found), "limit": limit, "before": before, "floor": floor}
     return [Job.from_row(row) for row in named_rows(conn, name, params)]
 
 
@@ -421,10 +422,17 @@ def stream_jobs(
         cur.itersize = batch
         cur.execute(
             with_job_columns(query(name)),
-            {**READ_PARAMS, **found.params(), "limit": None, "before": None, "floor": None},
+            {**READ_PARAMS, **_window(conn, found), "limit": None, "before": None, "floor": None},
         )
         for row in cur:
             yield Job.from_row(row)
+
+
+def _window(conn: Connection, found: JobFilter) -> dict[str, Any]:
+    """The filter's parameters, with the start of its window on the server's
+    clock (`since_at`) when it has one."""
+    since_at = None if found.since is None else window_start(conn, found.since)
+    return {**found.params(), "since_at": since_at}
 
 
 def count_jobs(conn: Connection, found: JobFilter) -> Matched | None:
@@ -437,7 +445,7 @@ def count_jobs(conn: Connection, found: JobFilter) -> Matched | None:
     if not (live_only or found.ids) and found.error:
         return None
     bound = None if live_only or found.ids else LIST_COUNT_BOUND + 1
-    (row,) = named_rows(conn, "job_count", {**found.params(), "bound": bound})
+    (row,) = named_rows(conn, "job_count", {**_window(conn, found), "bound": bound})
     count = int(row["count"])
     if bound is not None and count >= bound:
         return Matched(LIST_COUNT_BOUND, exact=False)

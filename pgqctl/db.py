@@ -433,6 +433,14 @@ def in_batches(
         time.sleep(took if pause is None else pause)
 
 
+def window_start(conn: Any, seconds: float) -> datetime.datetime:
+    """The start of the last `seconds` on the server's clock (see
+    server_window_start): the history's days before it are left out of the
+    plan of a statement given it as a value."""
+    (since,) = _one(conn, "server_window_start", {"window": datetime.timedelta(seconds=seconds)})
+    return since  # type: ignore[no-any-return]
+
+
 def batch_across(
     conn: psycopg.Connection[Any],
     statement: str,

@@ -22,11 +22,12 @@ from typing import Any
 import psycopg
 
 from pgqctl import admin, control, flow, history, registry, schedules
-from pgqctl.db import atomic, reason
+from pgqctl.db import atomic, reason, window_start
 from pgqctl.errors import PgqctlError
 from pgqctl.jobs import FINISHED, STATUS_NAMES, Job
 from pgqctl.leases import Lease
-from pgqctl.rows import named_rows
+from pgqctl.rows import job_rows, named_rows
+from pgqctl.sql import query
 
 Connection = psycopg.Connection[Any]
 
@@ -73,8 +74,9 @@ def finished_since(conn: Connection, window: float) -> dict[str, dict[str, int]]
     """Jobs finished within the last `window` seconds, per queue and finished status."""
     found: dict[str, dict[str, int]] = {}
     with atomic(conn):
+        since = window_start(conn, window)
         for status in FINISHED:
-            params = {"status": status, "window": dt.timedelta(seconds=window)}
+            params = {"status": status, "since": since}
             for row in named_rows(conn, "monitor_finished_since", params):
                 queue = found.setdefault(row["queue"], dict.fromkeys(FINISHED, 0))
                 queue[status] = int(row["finished"])
@@ -525,16 +527,22 @@ class AttemptFigures:
     outcomes: dict[str, int] = field(default_factory=dict)
 
 
+def _with_recent_attempts(name: str) -> str:
+    """A named statement with the attempts of its window in place of
+    {recent_attempts} (monitor_recent_attempts)."""
+    return query(name).replace("{recent_attempts}", query("monitor_recent_attempts"))
+
+
 def attempt_figures(conn: Connection, window: float) -> dict[tuple[str, str], AttemptFigures]:
     """The attempts that finished within the last `window` seconds, per (queue, kind)."""
-    params = {"window": dt.timedelta(seconds=window), "bounds": list(ATTEMPT_BUCKETS)}
     found: dict[tuple[str, str], AttemptFigures] = {}
     with atomic(conn):
-        for row in named_rows(conn, "monitor_attempt_times", params):
+        params = {"since": window_start(conn, window), "bounds": list(ATTEMPT_BUCKETS)}
+        for row in job_rows(conn, _with_recent_attempts("monitor_attempt_times"), params):
             figures = found.setdefault((row["queue"], row["kind"]), AttemptFigures())
             spread = figures.ran if row["measure"] == "ran" else figures.waited
             spread.add(int(row["bucket"]), int(row["attempts"]), float(row["seconds"] or 0.0))
-        for row in named_rows(conn, "monitor_attempt_outcomes", params):
+        for row in job_rows(conn, _with_recent_attempts("monitor_attempt_outcomes"), params):
             figures = found.setdefault((row["queue"], row["kind"]), AttemptFigures())
             figures.outcomes[row["outcome"]] = int(row["attempts"])
     return found
@@ -837,10 +845,10 @@ def top_view(
             for r in named_rows(conn, "monitor_leases_soonest", {"limit": leases})
         ]
         fleet = registry.list_workers(conn)
-        params = {"window": dt.timedelta(seconds=THROUGHPUT_WINDOW_SECONDS)}
+        params = {"since": window_start(conn, THROUGHPUT_WINDOW_SECONDS)}
         run_times = [
             (r["kind"], int(r["attempts"]), _three(r["percentiles"]))
-            for r in named_rows(conn, "monitor_kind_run_times", params)
+            for r in job_rows(conn, _with_recent_attempts("monitor_kind_run_times"), params)
         ]
         found_limits = flow.limits(conn)
     return TopView(

@@ -10,7 +10,9 @@
 -- so a long history is never read unless asked for: the most recently
 -- finished (jobs_finished_idx, backwards), which find the queues that worked
 -- since the statistics were last gathered. The CASE folds away for NULL:
--- an exact count sorts nothing.
+-- an exact count sorts nothing. {done_from} is all_jobs, or jobs when no
+-- done job is counted (`bound` 0: check, metrics): the history's days are
+-- then neither planned nor opened.
 SELECT queue,
        count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS due,
@@ -34,7 +36,7 @@ FROM (
     UNION ALL
     SELECT queue, status, run_at, locked_until FROM all_jobs WHERE status = 'cancelled'
     UNION ALL
-    (SELECT queue, status, run_at, locked_until FROM all_jobs WHERE status = 'done'
+    (SELECT queue, status, run_at, locked_until FROM {done_from} WHERE status = 'done'
      ORDER BY CASE WHEN %(bound)s::bigint IS NOT NULL THEN finished_at END DESC
      LIMIT %(bound)s)
 ) AS counted
@@ -99,9 +101,10 @@ WHERE (%(statuses)s::text[] IS NULL
   AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
   -- A job finishes after it is created: the history's days before the
   -- window hold none of it, and are left out (a backward walk of each day's
-  -- ids would read it whole, finding nothing).
-  AND (%(since)s::interval IS NULL OR finished_at IS NULL
-       OR finished_at >= now() - %(since)s::interval)
+  -- ids would read it whole, finding nothing). `since_at` is the window's
+  -- start as a value (db.window_start), so they are left out of the plan.
+  AND (%(since_at)s::timestamptz IS NULL OR finished_at IS NULL
+       OR finished_at >= %(since_at)s::timestamptz)
   AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
   -- A page after the first (keyset paging): the jobs below the last id shown.
   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
@@ -149,8 +152,8 @@ FROM (
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
       AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
-      AND (%(since)s::interval IS NULL OR finished_at IS NULL
-           OR finished_at >= now() - %(since)s::interval)  -- as in job_list
+      AND (%(since_at)s::timestamptz IS NULL OR finished_at IS NULL
+           OR finished_at >= %(since_at)s::timestamptz)  -- as in job_list
       AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
     LIMIT %(bound)s
 ) AS matched;

@@ -45,3 +45,9 @@ SELECT coalesce(array_agg(name), '{}'), max(serves_from) FROM pgqctl_migration_l
 -- name: schema_version_legacy
 -- The same, from a schema no pgqctl with the log has migrated yet. One row.
 SELECT coalesce(array_agg(name), '{}'), NULL::text FROM pgqctl_migrations;
+
+-- name: server_window_start
+-- The start of the last `window` on the server's clock. A statement given
+-- it as a value (not `now() - interval`) is planned knowing it, so the
+-- history's days before it are never planned nor opened. One row.
+SELECT now() - %(window)s::interval AS since;

@@ -21,7 +21,8 @@ GROUP BY queue;
 
 -- name: monitor_finished_since
 -- Per queue: the jobs of one finished status (jobs.py FINISHED; run once for
--- each) that finished within `window`, from the window's range of
+-- each) that finished after `since` (the window's start as a value: the
+-- history's days before it are not planned), from the window's range of
 -- jobs_finished_idx (status, finished_at) only: as many rows as finished in
 -- it, whatever the history before it holds. One status a statement, sent as
 -- a value: both columns then bound the range, where a list of statuses would
@@ -30,7 +31,7 @@ GROUP BY queue;
 SELECT queue, count(*) AS finished
 FROM all_jobs
 WHERE status = %(status)s
-  AND finished_at > now() - %(window)s::interval
+  AND finished_at > %(since)s::timestamptz
 GROUP BY queue;
 
 -- name: monitor_leases_soonest
@@ -56,9 +57,24 @@ LIMIT %(limit)s;
 -- whole (run only when the extension is there and this role may use it).
 -- Nothing here changes anything: doctor prints the SQL to act, never runs it.
 
+-- name: monitor_recent_attempts
+-- Put in place of {recent_attempts} in the three statements below: the
+-- attempts that finished after `since` (the window's start as a value),
+-- from attempts and from the history's days that can hold them. An
+-- attempt ends before its job does, so its job's day is at or after the
+-- window's start: the days before are neither planned nor opened (a
+-- record a worker made after its job was reaped and moved may be left out).
+(SELECT job_id, outcome, due_at, started_at, finished_at
+ FROM attempts
+ WHERE finished_at > %(since)s::timestamptz
+ UNION ALL
+ SELECT job_id, outcome, due_at, started_at, finished_at
+ FROM attempts_history
+ WHERE finished_at > %(since)s::timestamptz AND job_finished_at > %(since)s::timestamptz)
+
 -- name: monitor_attempt_times
--- The attempts that finished within `window` (attempts_finished_idx's range)
--- and started, with their job's queue and kind (a purged job's are left
+-- The attempts that finished after `since` (attempts_finished_idx's range;
+-- {recent_attempts}) and started, with their job's queue and kind (a purged job's are left
 -- out): per queue and kind, for how long each ran (started to finished) and
 -- how long it waited (due to started; not known for a job claimed before
 -- the attempt history), how many fall in each bucket of `bounds`
@@ -73,13 +89,13 @@ WITH recent AS MATERIALIZED (
                                   WHEN a.due_at < '0001-01-01Z' THEN '0001-01-01Z'
                                   ELSE a.due_at END
            )::float8 AS waited
-    FROM all_attempts AS a
+    FROM {recent_attempts} AS a
     JOIN all_jobs AS j ON j.id = a.job_id
-    WHERE a.finished_at > now() - %(window)s::interval
-      AND a.started_at IS NOT NULL
+    WHERE a.started_at IS NOT NULL
       -- A job finishes with its last attempt or later: the history's days
-      -- before the window hold none of these jobs, and are pruned.
-      AND (j.finished_at IS NULL OR j.finished_at > now() - %(window)s::interval)
+      -- before the window (`since`, its start as a value) hold none of
+      -- these jobs, and are not planned.
+      AND (j.finished_at IS NULL OR j.finished_at > %(since)s::timestamptz)
 )
 SELECT 'ran' AS measure, queue, kind, width_bucket(ran, %(bounds)s::float8[]) AS bucket,
        count(*) AS attempts, sum(ran) AS seconds
@@ -93,26 +109,24 @@ WHERE waited IS NOT NULL
 GROUP BY queue, kind, 4;
 
 -- name: monitor_kind_run_times
--- `top`: per kind, the attempts that started and finished within `window`
--- (attempts_finished_idx's range; a purged job's are left out), and the
+-- `top`: per kind, the attempts that started and finished after `since`
+-- ({recent_attempts}; a purged job's are left out), and the
 -- 50th, 95th and 99th percentiles of how long they ran; the busiest first.
 SELECT j.kind, count(*) AS attempts,
        percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
            ORDER BY extract(epoch FROM a.finished_at - a.started_at)) AS percentiles
-FROM all_attempts AS a
+FROM {recent_attempts} AS a
 JOIN all_jobs AS j ON j.id = a.job_id
-WHERE a.finished_at > now() - %(window)s::interval
-  AND a.started_at IS NOT NULL
-  AND (j.finished_at IS NULL OR j.finished_at > now() - %(window)s::interval)
+WHERE a.started_at IS NOT NULL
+  AND (j.finished_at IS NULL OR j.finished_at > %(since)s::timestamptz)
 GROUP BY j.kind
 ORDER BY count(*) DESC, j.kind;
 
 -- name: monitor_attempt_outcomes
--- The attempts that finished within `window`, per queue, kind and outcome
--- (started or not; a purged job's are left out).
+-- The attempts that finished after `since` ({recent_attempts}), per queue,
+-- kind and outcome (started or not; a purged job's are left out).
 SELECT j.queue, j.kind, a.outcome, count(*) AS attempts
-FROM all_attempts AS a
+FROM {recent_attempts} AS a
 JOIN all_jobs AS j ON j.id = a.job_id
-WHERE a.finished_at > now() - %(window)s::interval
-  AND (j.finished_at IS NULL OR j.finished_at > now() - %(window)s::interval)
+WHERE (j.finished_at IS NULL OR j.finished_at > %(since)s::timestamptz)
 GROUP BY 1, 2, 3;

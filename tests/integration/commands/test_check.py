@@ -244,8 +244,9 @@ def test_the_window_of_finished_jobs_is_read_through_the_index(
     conn.execute("ANALYZE jobs")
     text = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("monitor_finished_since")
     today = conn.execute("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')").fetchone()[0]
+    (since,) = conn.execute("SELECT now() - interval '10 minutes'").fetchone()
     for status in FINISHED:
-        params = {"status": status, "window": "10 minutes"}
+        params = {"status": status, "since": since}
         ((plan,),) = conn.execute(text, params).fetchall()
         scans = list(_scans(plan[0]["Plan"]))
         in_jobs = [s for s in scans if s["Relation Name"] == "jobs"]

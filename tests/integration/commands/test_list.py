@@ -207,7 +207,15 @@ def test_list_since_reads_the_window_not_the_history(
     ).fetchone()[0]
     found = admin.JobFilter((), (), (kind,) if kind else (), (), 3600.0, None)
     text = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + with_job_columns(query("job_list"))
-    params = {**READ_PARAMS, **found.params(), "limit": 51, "before": None, "floor": None}
+    (since_at,) = conn.execute("SELECT now() - interval '1 hour'").fetchone()
+    params = {
+        **READ_PARAMS,
+        **found.params(),
+        "since_at": since_at,
+        "limit": 51,
+        "before": None,
+        "floor": None,
+    }
     ((plan,),) = conn.execute(text, params).fetchall()
     top = plan[0]["Plan"]
     assert top["Actual Rows"] == (0 if kind else 51)
