@@ -12,7 +12,8 @@
 -- since the statistics were last gathered. The CASE folds away for NULL:
 -- an exact count sorts nothing. {done_from} is all_jobs, or jobs when no
 -- done job is counted (`bound` 0: check, metrics): the history's days are
--- then neither planned nor opened.
+-- then neither planned nor opened. `newer_than` (a value, or NULL) leaves
+-- out the days before it, done jobs finished before (see admin.newest_first).
 SELECT queue,
        count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS due,
@@ -37,6 +38,7 @@ FROM (
     SELECT queue, status, run_at, locked_until FROM all_jobs WHERE status = 'cancelled'
     UNION ALL
     (SELECT queue, status, run_at, locked_until FROM {done_from} WHERE status = 'done'
+       AND (%(newer_than)s::timestamptz IS NULL OR finished_at >= %(newer_than)s::timestamptz)
      ORDER BY CASE WHEN %(bound)s::bigint IS NOT NULL THEN finished_at END DESC
      LIMIT %(bound)s)
 ) AS counted
@@ -105,6 +107,9 @@ WHERE (%(statuses)s::text[] IS NULL
   -- start as a value (db.window_start), so they are left out of the plan.
   AND (%(since_at)s::timestamptz IS NULL OR finished_at IS NULL
        OR finished_at >= %(since_at)s::timestamptz)
+  -- The newest days first (admin.newest_first): NULL reads them all.
+  AND (%(newer_than)s::timestamptz IS NULL OR finished_at IS NULL
+       OR finished_at >= %(newer_than)s::timestamptz)
   AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
   -- A page after the first (keyset paging): the jobs below the last id shown.
   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
@@ -154,6 +159,8 @@ FROM (
       AND (%(since)s::interval IS NULL OR created_at >= now() - %(since)s::interval)
       AND (%(since_at)s::timestamptz IS NULL OR finished_at IS NULL
            OR finished_at >= %(since_at)s::timestamptz)  -- as in job_list
+      AND (%(newer_than)s::timestamptz IS NULL OR finished_at IS NULL
+           OR finished_at >= %(newer_than)s::timestamptz)
       AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
     LIMIT %(bound)s
 ) AS matched;

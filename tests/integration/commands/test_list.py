@@ -212,6 +212,7 @@ def test_list_since_reads_the_window_not_the_history(
         **READ_PARAMS,
         **found.params(),
         "since_at": since_at,
+        "newer_than": None,
         "limit": 51,
         "before": None,
         "floor": None,

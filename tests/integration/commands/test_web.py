@@ -427,6 +427,7 @@ def test_an_error_text_search_through_the_history_reads_a_bounded_span_a_page(
                 "ids": None,
                 "since": None,
                 "since_at": None,
+                "newer_than": None,
                 "error": "matches nothing",
                 "before": 3001,
                 "floor": 2001,

@@ -230,3 +230,28 @@ def test_check_and_doctor_say_when_no_worker_moves_finished_jobs(
     assert run_cli("check", "--dsn", dsn, "--max-unmoved-age", "1d").exit_code == 0
     doctor = json.loads(run_cli("doctor", "--dsn", dsn, "--json").stdout)
     assert not [f for f in doctor["findings"] if f["kind"] == "history_move"]
+
+
+def test_the_newest_page_is_exact_when_the_newest_days_cannot_answer_it(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    # list reads the last day first, then every day when that part cannot
+    # give the page. Ids 1..60: created three days ago, done today (the
+    # newest day). Ids 61..100: created and done two days ago (an older
+    # day), yet newer by id: the first page must be theirs.
+    late = add_jobs(
+        conn, 60, status="done", attempts=1, created_at=ago("3 days"), finished_at=ago("1 hour")
+    )
+    early = add_jobs(
+        conn, 40, status="done", attempts=1, created_at=ago("2 days"), finished_at=ago("2 days")
+    )
+    move_to_history(dsn)
+    newest = sorted(late + early, reverse=True)
+    page = cli_json(dsn, "list", "--status", "done")
+    assert [j["id"] for j in page] == newest[:50]
+    assert [j["id"] for j in cli_json(dsn, "list", "--limit", "5")] == newest[:5]
+    # The last day alone holds fewer than a page: the older days fill it.
+    conn.execute("DELETE FROM jobs_history WHERE id = ANY(%s)", (late[10:],))
+    newest = sorted(late[:10] + early, reverse=True)
+    assert [j["id"] for j in cli_json(dsn, "list", "--status", "done")] == newest
+    assert cli_json(dsn, "stats")["totals"]["done"] == 50
