@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg
 
+from pgqctl.jobs import FINISHED
 from pgqctl.rows import named_rows
 from pgqctl.sql import query
 
@@ -34,7 +35,6 @@ DAYS_AHEAD = 1
 ARCHIVE_AFTER = 600.0
 MOVE_BATCH = 2_000
 MOVE_BUDGET = 0.1
-FINISHED = ("done", "failed", "cancelled")
 LOCK_WAIT = "500ms"
 DROP_TRIES = 20
 DROP_RETRY_PAUSE = 0.5
