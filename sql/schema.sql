@@ -648,13 +648,19 @@ BEGIN
         FOREACH tbl IN ARRAY ARRAY['jobs_history_done', 'attempts_history_done'] LOOP
             IF to_regclass(format('%I.%I', current_schema(),
                                   tbl || '_' || to_char(day, 'YYYYMMDD'))) IS NULL THEN
-                EXECUTE format(
-                    'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
-                    current_schema(), tbl || '_' || to_char(day, 'YYYYMMDD'),
-                    current_schema(), tbl,
-                    (day::timestamp AT TIME ZONE 'UTC'),
-                    ((day + 1)::timestamp AT TIME ZONE 'UTC'));
-                made := made + 1;
+                BEGIN
+                    EXECUTE format(
+                        'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
+                        current_schema(), tbl || '_' || to_char(day, 'YYYYMMDD'),
+                        current_schema(), tbl,
+                        (day::timestamp AT TIME ZONE 'UTC'),
+                        ((day + 1)::timestamp AT TIME ZONE 'UTC'));
+                    made := made + 1;
+                EXCEPTION WHEN duplicate_table OR unique_violation THEN
+                    -- Made by another session since the check: it waited
+                    -- for that one's lock on the parent, then found it.
+                    NULL;
+                END;
             END IF;
         END LOOP;
     END LOOP;
@@ -686,13 +692,16 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT nullif(c.reltuples, -1)::bigint INTO estimate FROM pg_class AS c WHERE c.oid = part;
-    EXECUTE format('DROP TABLE %s', part);
+    BEGIN
+        EXECUTE format('DROP TABLE %I.%I', current_schema(),
+                       'jobs_history_done_' || to_char(day, 'YYYYMMDD'));
+    EXCEPTION WHEN undefined_table THEN
+        -- Dropped by another session since the check (two purges at once).
+        RETURN NULL;
+    END;
     -- Its jobs' attempts, the same day's.
-    part := to_regclass(format('%I.%I', current_schema(),
-                               'attempts_history_done_' || to_char(day, 'YYYYMMDD')));
-    IF part IS NOT NULL THEN
-        EXECUTE format('DROP TABLE %s', part);
-    END IF;
+    EXECUTE format('DROP TABLE IF EXISTS %I.%I', current_schema(),
+                   'attempts_history_done_' || to_char(day, 'YYYYMMDD'));
     RETURN coalesce(estimate, -1);
 END
 $$;

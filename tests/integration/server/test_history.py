@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 from typing import Any
 
 import psycopg
@@ -255,3 +256,48 @@ def test_the_newest_page_is_exact_when_the_newest_days_cannot_answer_it(
     newest = sorted(late[:10] + early, reverse=True)
     assert [j["id"] for j in cli_json(dsn, "list", "--status", "done")] == newest
     assert cli_json(dsn, "stats")["totals"]["done"] == 50
+
+
+def test_sessions_making_or_dropping_the_same_days_at_once_all_succeed(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    # Workers start their moves together (a fleet restarted at once) and
+    # each makes the days it needs; two purges from cron can drop the same
+    # days. The session that comes second finds the day made, or gone, and
+    # goes on, rather than failing its move or its purge.
+    sessions, weeks = 4, 10
+    today = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()[0]
+    firsts = [today - dt.timedelta(days=7 * (week + 1)) for week in range(weeks)]
+
+    def all_at_once(each: Any) -> list[Any]:
+        ready = threading.Barrier(sessions)
+        results: list[Any] = []
+
+        def session() -> None:
+            with db.connect(dsn, schema="public") as own:
+                for first in firsts:
+                    ready.wait()
+                    try:
+                        results.append(each(own, first))
+                    except psycopg.Error as exc:
+                        results.append(exc)
+
+        threads = [threading.Thread(target=session) for _ in range(sessions)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return results
+
+    made = all_at_once(history.keep_ahead)
+    assert [r for r in made if isinstance(r, BaseException)] == []
+    # Each day was made once, by whichever session came first (today's and
+    # tomorrow's were there already), with its attempts' partition.
+    assert sum(made) == 2 * 7 * weeks
+    assert len(partitions(conn)) == 7 * weeks + 2 + 2  # and failed, cancelled
+
+    dropped = all_at_once(history.drop_day)
+    assert [r for r in dropped if isinstance(r, BaseException)] == []
+    assert len([r for r in dropped if r is not None]) == weeks
+    assert len(partitions(conn)) == 7 * weeks - weeks + 2 + 2
+    assert len(attempt_partitions(conn)) == 7 * weeks - weeks + 2 + 2

@@ -38,7 +38,9 @@ CATALOG_QUERIES = {
     """,
     "functions": """
         SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid),
-               p.prosrc
+               p.prosrc, p.prosecdef,
+               -- A pinned search_path names the schema: compared without it.
+               replace(array_to_string(p.proconfig, ','), %(schema)s, '<schema>')
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
         WHERE n.nspname = %(schema)s
         ORDER BY p.proname
