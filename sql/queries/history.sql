@@ -72,7 +72,10 @@ WITH picked AS (
     INSERT INTO jobs_history SELECT * FROM moved
     RETURNING 1
 ), attempts_moved AS (
-    DELETE FROM attempts WHERE job_id = ANY(ARRAY(SELECT id FROM moved))
+    -- A join, not = ANY(array): with few attempts per job the planner
+    -- scans attempts, and each row's search of a 2,000-id array made the
+    -- move 2x slower.
+    DELETE FROM attempts WHERE job_id IN (SELECT id FROM moved)
     RETURNING *
 ), attempts_archived AS (
     INSERT INTO attempts_history
