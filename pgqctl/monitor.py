@@ -527,7 +527,7 @@ class AttemptFigures:
     outcomes: dict[str, int] = field(default_factory=dict)
 
 
-def _with_recent_attempts(name: str) -> str:
+def with_recent_attempts(name: str) -> str:
     """A named statement with the attempts of its window in place of
     {recent_attempts} (monitor_recent_attempts)."""
     return query(name).replace("{recent_attempts}", query("monitor_recent_attempts"))
@@ -538,11 +538,11 @@ def attempt_figures(conn: Connection, window: float) -> dict[tuple[str, str], At
     found: dict[tuple[str, str], AttemptFigures] = {}
     with atomic(conn):
         params = {"since": window_start(conn, window), "bounds": list(ATTEMPT_BUCKETS)}
-        for row in job_rows(conn, _with_recent_attempts("monitor_attempt_times"), params):
+        for row in job_rows(conn, with_recent_attempts("monitor_attempt_times"), params):
             figures = found.setdefault((row["queue"], row["kind"]), AttemptFigures())
             spread = figures.ran if row["measure"] == "ran" else figures.waited
             spread.add(int(row["bucket"]), int(row["attempts"]), float(row["seconds"] or 0.0))
-        for row in job_rows(conn, _with_recent_attempts("monitor_attempt_outcomes"), params):
+        for row in job_rows(conn, with_recent_attempts("monitor_attempt_outcomes"), params):
             figures = found.setdefault((row["queue"], row["kind"]), AttemptFigures())
             figures.outcomes[row["outcome"]] = int(row["attempts"])
     return found
@@ -848,7 +848,7 @@ def top_view(
         params = {"since": window_start(conn, THROUGHPUT_WINDOW_SECONDS)}
         run_times = [
             (r["kind"], int(r["attempts"]), _three(r["percentiles"]))
-            for r in job_rows(conn, _with_recent_attempts("monitor_kind_run_times"), params)
+            for r in job_rows(conn, with_recent_attempts("monitor_kind_run_times"), params)
         ]
         found_limits = flow.limits(conn)
     return TopView(

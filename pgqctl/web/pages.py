@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgqctl import admin, attempts, control, doctor, flow, monitor, registry, schedules, why
-from pgqctl.db import atomic
+from pgqctl.db import atomic, window_start
 from pgqctl.jobs import Job
 from pgqctl.output.limits import limit_cells
-from pgqctl.rows import named_rows
+from pgqctl.rows import job_rows, named_rows
 
 # The overview's window: the jobs finished and the chart's minutes.
 HOUR = 3600.0
@@ -71,7 +71,11 @@ def overview(conn: Any) -> Overview:
         figures = monitor.measure(conn, window=HOUR)
         pauses = {p.queue: p for p in control.paused(conn)}
         fleet = registry.list_workers(conn)
-        minutes = [Minute(**row) for row in named_rows(conn, "web_minutes", {"window": HOUR})]
+        recent = {"since": window_start(conn, HOUR)}
+        minutes = [
+            Minute(**row)
+            for row in job_rows(conn, monitor.with_recent_attempts("web_minutes"), recent)
+        ]
         (now,) = named_rows(conn, "web_now", {})
         found_limits = flow.limits(conn)
     names = sorted(set(figures) | set(pauses))

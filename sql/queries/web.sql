@@ -12,21 +12,23 @@ SELECT now() AS now;
 SELECT min(id) AS lowest, max(id) AS highest FROM all_jobs;
 
 -- name: web_minutes
--- The last `window` seconds minute by minute: the jobs done and failed in
--- each (one range of jobs_finished_idx per status: the window's rows only,
--- whatever the history holds), and the median wait from due to started of
--- the attempts that finished in it (attempts_finished_idx's range; none
--- when no worker keeps attempts). Only the minutes that have any.
+-- The minutes since `since` (the window's start as a value, so that the
+-- history's days before it are neither planned nor opened): the jobs done
+-- and failed in each (one range of jobs_finished_idx per status: the
+-- window's rows only, whatever the history holds), and the median wait
+-- from due to started of the attempts that finished in it
+-- ({recent_attempts}; none when no worker keeps attempts). Only the
+-- minutes that have any.
 WITH finished AS (
     SELECT date_trunc('minute', finished_at) AS at,
            count(*) FILTER (WHERE status = 'done') AS done,
            count(*) FILTER (WHERE status = 'failed') AS failed
     FROM (
         SELECT status, finished_at FROM all_jobs
-        WHERE status = 'done' AND finished_at > now() - %(window)s * interval '1 second'
+        WHERE status = 'done' AND finished_at > %(since)s::timestamptz
         UNION ALL
         SELECT status, finished_at FROM all_jobs
-        WHERE status = 'failed' AND finished_at > now() - %(window)s * interval '1 second'
+        WHERE status = 'failed' AND finished_at > %(since)s::timestamptz
     ) AS f
     GROUP BY 1
 ), waited AS (
@@ -37,9 +39,8 @@ WITH finished AS (
                ORDER BY extract(epoch FROM
                    started_at - least(greatest(due_at, '0001-01-01Z'), '10000-01-01Z')
                )) AS wait_p50
-    FROM all_attempts
-    WHERE finished_at > now() - %(window)s * interval '1 second'
-      AND started_at IS NOT NULL AND due_at IS NOT NULL
+    FROM {recent_attempts} AS a
+    WHERE started_at IS NOT NULL AND due_at IS NOT NULL
     GROUP BY 1
 )
 SELECT coalesce(f.at, w.at) AS at, coalesce(f.done, 0)::int AS done,

@@ -28,7 +28,7 @@ pytest.importorskip("httpx2", reason="needs httpx2 (pgqctl[test])")
 
 from starlette.testclient import TestClient
 
-from pgqctl import db
+from pgqctl import db, monitor
 from pgqctl.sql import query
 from pgqctl.text import shell_word
 from pgqctl.web.app import Settings, make_app
@@ -275,7 +275,8 @@ def test_the_overview_chart_reads_the_last_hour_not_the_history(
     conn.execute("VACUUM ANALYZE jobs")
     conn.execute("VACUUM ANALYZE attempts")
     with db.connect(dsn, schema="public") as c:
-        explained = plan_of(c, query("web_minutes"), {"window": 3600.0}, plan)
+        since = {"since": db.window_start(c, 3600.0)}
+        explained = plan_of(c, monitor.with_recent_attempts("web_minutes"), since, plan)
     assert rows_read(explained, "jobs") <= 20, json.dumps(explained, indent=1)
     assert rows_read(explained, "attempts") <= 20, json.dumps(explained, indent=1)
     with client(dsn) as web:
