@@ -60,7 +60,12 @@ WHERE status = 'done' AND finished_at < %(cutoff)s AND finished_at >= '2000-01-0
 WITH picked AS (
     SELECT id
     FROM jobs
-    WHERE status = %(status)s AND finished_at < %(cutoff)s AND finished_at >= '2000-01-01Z'
+    -- The IN list is jobs_finished_idx's predicate: the worker's plans are
+    -- generic, and `status = $1` alone does not show the planner that the
+    -- partial index holds the rows, so it scanned and sorted the whole of
+    -- jobs for every batch (8 s a batch at 10 million finished rows).
+    WHERE status = %(status)s AND status IN ('done', 'failed', 'cancelled')
+      AND finished_at < %(cutoff)s AND finished_at >= '2000-01-01Z'
     ORDER BY finished_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED

@@ -7,11 +7,14 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from pgqctl import db, history
+from pgqctl.sql import query
 from tests.conftest import cli_json, run_cli
 from tests.support.jobrows import add_jobs, ago, insert_jobs, sh
+from tests.support.plans import PLANS, plan_of, rows_read
 from tests.support.processes import start_json_worker, wait_until
 from tests.support.roles import app_role
 
@@ -151,3 +154,25 @@ def test_jobs_moving_while_workers_finish_and_requeues_bring_them_back_run_once(
     assert sorted(lines) == jobs
     attempts = dict(conn.execute("SELECT id, attempts FROM all_jobs").fetchall())
     assert {i for i in jobs if attempts[i] == 2} == {i for i in jobs if i % 3 == 0}
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_a_move_batch_reads_its_jobs_not_the_table(
+    dsn: str, conn: psycopg.Connection[Any], plan: str
+) -> None:
+    # The worker's plans are generic: a batch must still walk the oldest
+    # finished jobs on the index, whatever jobs holds, not scan and sort
+    # the table (as it did at 10 million rows, 8 s a batch).
+    conn.execute(
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at) "
+        "SELECT 'k', '{}', 'done', 1, now() - interval '1 day' - i * interval '1 s' "
+        "FROM generate_series(1, 50000) AS i"
+    )
+    conn.execute("VACUUM ANALYZE jobs")
+    day = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date - 2").fetchone()[0]
+    cutoff = conn.execute("SELECT now()").fetchone()[0]
+    with db.connect(dsn, schema="public") as c:
+        history.keep_ahead(c, day)
+        params = {"status": "done", "cutoff": cutoff, "batch_size": 100}
+        explained = plan_of(c, query("history_move_batch"), params, plan)
+    assert rows_read(explained, "jobs") <= 1_000, explained
