@@ -35,6 +35,9 @@ DAYS_AHEAD = 1
 ARCHIVE_AFTER = 600.0
 MOVE_BATCH = 2_000
 MOVE_BUDGET = 0.1
+# The most days of done jobs a chore makes partitions for: a backlog that
+# spans years is made a month's worth at a time, each in one transaction.
+MOVE_DAYS = 31
 LOCK_WAIT = "500ms"
 DROP_TRIES = 20
 DROP_RETRY_PAUSE = 0.5
@@ -76,9 +79,23 @@ def move(
     (row,) = named_rows(conn, "history_now")
     cutoff = row["now"] - dt.timedelta(seconds=after)
     # The days the done jobs need (failed and cancelled jobs have a table
-    # each), and tomorrow's, whether or not anything moves.
-    (row,) = named_rows(conn, "history_move_oldest", {"cutoff": cutoff})
-    keep_ahead(conn, row["oldest"])
+    # each), at most MOVE_DAYS of them a chore, and tomorrow's, whether or
+    # not anything moves. They are made in one transaction, whose locks
+    # MOVE_DAYS bounds whatever the backlog spans.
+    days = [
+        r["day"]
+        for r in named_rows(conn, "history_move_days", {"cutoff": cutoff, "most": MOVE_DAYS})
+    ]
+    with conn.transaction():
+        conn.execute(query("history_make_days"), {"days": days})
+    keep_ahead(conn)
+    cutoffs = dict.fromkeys(FINISHED, cutoff)
+    capped = len(days) == MOVE_DAYS
+    if capped:
+        # More days wait beyond these: this chore moves the done jobs of
+        # the days it made, the next makes the next ones.
+        end = dt.datetime.combine(days[-1] + dt.timedelta(days=1), dt.time(), dt.timezone.utc)
+        cutoffs["done"] = min(cutoff, end)
     moved = 0
     left = list(FINISHED)
     while left:
@@ -88,14 +105,14 @@ def move(
             with conn.transaction():
                 (n,) = conn.execute(
                     query("history_move_batch"),
-                    {"status": status, "cutoff": cutoff, "batch_size": batch_size},
+                    {"status": status, "cutoff": cutoffs[status], "batch_size": batch_size},
                 ).fetchone()
             moved += n
             if n < batch_size:
                 left.remove(status)
         if time.monotonic() - began > budget:
-            return Moved(moved, bool(left))
-    return Moved(moved, False)
+            return Moved(moved, bool(left) or capped)
+    return Moved(moved, capped)
 
 
 @dataclass(frozen=True)

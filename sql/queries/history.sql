@@ -39,13 +39,33 @@ SELECT now() AS now;
 -- How long a drop waits for the history's lock in this transaction. One row.
 SELECT set_config('lock_timeout', %(timeout)s, true);
 
--- name: history_move_oldest
--- The UTC day of the oldest finished_at among the done jobs that
--- history_move_batch would move (jobs_finished_idx, one end of its range):
--- the first day the move needs a partition for. One row, NULL: none.
-SELECT (min(finished_at) AT TIME ZONE 'UTC')::date AS oldest
-FROM jobs
-WHERE status = 'done' AND finished_at < %(cutoff)s AND finished_at >= '2000-01-01Z';
+-- name: history_move_days
+-- The first `most` UTC days, oldest first, that hold done jobs
+-- history_move_batch would move: one probe of jobs_finished_idx a day
+-- (from the start of the day after the last one found), however many rows
+-- each day holds. Only days with jobs get a partition: one job that plain
+-- SQL says finished in 2001 needs one day, not every day since.
+WITH RECURSIVE found AS (
+    SELECT (SELECT min(finished_at) FROM jobs
+            WHERE status = 'done' AND finished_at < %(cutoff)s
+              AND finished_at >= '2000-01-01Z') AS at,
+           1 AS n
+    UNION ALL
+    SELECT (SELECT min(j.finished_at) FROM jobs AS j
+            WHERE j.status = 'done' AND j.finished_at < %(cutoff)s
+              AND j.finished_at >= ((f.at AT TIME ZONE 'UTC')::date + 1)::timestamp
+                                   AT TIME ZONE 'UTC'),
+           f.n + 1
+    FROM found AS f
+    WHERE f.at IS NOT NULL AND f.n < %(most)s
+)
+SELECT (at AT TIME ZONE 'UTC')::date AS day FROM found WHERE at IS NOT NULL ORDER BY 1;
+
+-- name: history_make_days
+-- The history's partitions of these UTC days, those missing (each day
+-- alone: the days between are not made); how many were made. One row.
+SELECT coalesce(sum(pgqctl_history_add_days(d, d)), 0)::int
+FROM unnest(%(days)s::date[]) AS d;
 
 -- name: history_move_batch
 -- Up to `batch_size` jobs of `status` that finished before `cutoff`, the

@@ -301,3 +301,29 @@ def test_sessions_making_or_dropping_the_same_days_at_once_all_succeed(
     assert len([r for r in dropped if r is not None]) == weeks
     assert len(partitions(conn)) == 7 * weeks - weeks + 2 + 2
     assert len(attempt_partitions(conn)) == 7 * weeks - weeks + 2 + 2
+
+
+def test_the_move_makes_only_the_days_that_hold_jobs_a_month_at_a_time(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    # Plain SQL can say a job finished in 2001: that needs one day's
+    # partition, not every day since (which once made 18,000 tables in one
+    # transaction and ran the server out of lock table for every session).
+    days_ago = [9000, 4000, *range(40, 0, -1)]
+    for n in days_ago:
+        add_jobs(conn, 1, status="done", attempts=1, finished_at=ago(f"{n} days"))
+    before = len(partitions(conn))
+    with db.connect(dsn, schema="public") as own:
+        first = history.move(own, 0.0, budget=60.0)
+        # 31 days a chore: the two old jobs' days and the first 29 of the rest.
+        assert (first.jobs, first.more) == (31, True)
+        assert len(partitions(conn)) == before + 31
+        second = history.move(own, 0.0, budget=60.0)
+    assert (second.jobs, second.more) == (len(days_ago) - 31, False)
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    made = partitions(conn)
+    today = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()[0]
+    for n in (9000, 4000, 40, 1):
+        assert f"jobs_history_done_{today - dt.timedelta(days=n):%Y%m%d}" in made
+    assert f"jobs_history_done_{today - dt.timedelta(days=41):%Y%m%d}" not in made
+    assert len(made) == before + len(days_ago)
