@@ -424,6 +424,7 @@ def diagnose(conn: Connection, *, max_horizon_age: float = DEFAULT_MAX_HORIZON_A
         holders = _holders(conn)
         autovacuum = _autovacuum(conn)
         kept = history.state(conn)
+        locks = history.read_locks(conn)
     for holder in holders:
         holder.kept, holder.kept_is = _kept(holder, tables)
     if any(h.holds_queue for h in holders):
@@ -433,7 +434,7 @@ def diagnose(conn: Connection, *, max_horizon_age: float = DEFAULT_MAX_HORIZON_A
             "the tables were vacuumed after the holder began, else up to that many"
         )
     findings = _findings(conn, schema, tables, holders, autovacuum, max_horizon_age)
-    findings += _history_findings(kept)
+    findings += _history_findings(kept, locks)
     return Report(
         dt.datetime.now(dt.timezone.utc),
         schema,
@@ -452,11 +453,39 @@ def diagnose(conn: Connection, *, max_horizon_age: float = DEFAULT_MAX_HORIZON_A
 
 # Finished jobs left in jobs for longer than this: no worker moves them.
 UNMOVED_AFTER = 86_400.0
+# Reads of a job by id at once (show, logs, the web page's job pages) that
+# must fit in the server's lock table with room to spare.
+READERS_AT_ONCE = 8
 
 
-def _history_findings(kept: history.State) -> list[Finding]:
-    """Finished jobs nobody moves into the history."""
+def _history_findings(kept: history.State, locks: history.ReadLocks) -> list[Finding]:
+    """Finished jobs nobody moves into the history; a history with more
+    days than the server's lock table allows reads of."""
     found = []
+    if locks.read_locks * READERS_AT_ONCE > locks.lock_slots:
+        need = locks.max_locks_for(READERS_AT_ONCE)
+        found.append(
+            Finding(
+                "history_locks",
+                "jobs_history",
+                f"the history holds {locks.days:,} days of done jobs: a read of a job by id "
+                f"(show, logs, requeue) locks every day's partitions and indexes, "
+                f"{locks.read_locks:,} locks at once, and {READERS_AT_ONCE} such reads would "
+                f"fill the server's lock table ({locks.lock_slots:,} locks: "
+                f"max_locks_per_transaction {locks.max_locks} per connection); once it is "
+                'full every session\'s statements fail with "out of shared memory", the '
+                "workers' too",
+                {
+                    "days": locks.days,
+                    "read_locks": locks.read_locks,
+                    "lock_slots": locks.lock_slots,
+                    "max_locks_per_transaction": locks.max_locks,
+                },
+                "drop the days you do not keep (`pgqctl purge --older-than 90d` from cron), "
+                f"or raise max_locks_per_transaction to {need} or more (a restart applies it)",
+                (f"ALTER SYSTEM SET max_locks_per_transaction = {need};",),
+            )
+        )
     unmoved = kept.unmoved_for()
     if unmoved is not None and unmoved > UNMOVED_AFTER:
         found.append(

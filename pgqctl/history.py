@@ -133,6 +133,29 @@ def state(conn: Any) -> State:
     return State(row["oldest_in_jobs"], row["now"])
 
 
+@dataclass(frozen=True)
+class ReadLocks:
+    """What reading a job by id locks in the history, against the server's
+    lock table: every read of the history that cannot leave days out
+    (show, logs, a requeue by id) takes about this many at once."""
+
+    read_locks: int  # relations: the history's partitions and their indexes
+    days: int  # partitions of done jobs
+    max_locks: int  # max_locks_per_transaction
+    lock_slots: int  # max_locks_per_transaction x (connections + prepared)
+
+    def max_locks_for(self, readers: int) -> int:
+        """The max_locks_per_transaction at which `readers` such reads at
+        once fill at most the lock table."""
+        per_slot = self.lock_slots // max(1, self.max_locks)  # connections + prepared
+        return -(-self.read_locks * readers // max(1, per_slot))
+
+
+def read_locks(conn: Any) -> ReadLocks:
+    (row,) = named_rows(conn, "history_read_locks")
+    return ReadLocks(*(int(row[k]) for k in ("read_locks", "days", "max_locks", "lock_slots")))
+
+
 def days_before(conn: Any, cutoff: dt.datetime) -> list[dt.date]:
     """The days of done jobs that end by `cutoff`, oldest first."""
     return [row["day"] for row in named_rows(conn, "history_days_before", {"cutoff": cutoff})]

@@ -122,3 +122,24 @@ SELECT least((SELECT min(finished_at) FROM jobs WHERE status = 'done'
               AND finished_at BETWEEN '2000-01-01Z' AND '9999-12-31Z'))
            AS oldest_in_jobs,
        now() AS now;
+
+-- name: history_read_locks
+-- What a read of one job and its attempts by id locks (the plan opens every
+-- partition of the history and each of their indexes, as no day can be
+-- left out by an id), and the lock table's size: max_locks_per_transaction
+-- slots for each connection and prepared transaction the server allows.
+-- One row.
+WITH parts AS (
+    SELECT relid FROM pg_partition_tree('jobs_history'::regclass)
+    UNION ALL
+    SELECT relid FROM pg_partition_tree('attempts_history'::regclass)
+)
+SELECT (SELECT count(*) FROM parts)
+       + (SELECT count(*) FROM pg_index WHERE indrelid IN (SELECT relid FROM parts))
+       AS read_locks,
+       (SELECT count(*) FROM pg_partition_tree('jobs_history_done'::regclass)
+        WHERE isleaf) AS days,
+       current_setting('max_locks_per_transaction')::int AS max_locks,
+       current_setting('max_locks_per_transaction')::int
+       * (current_setting('max_connections')::int
+          + current_setting('max_prepared_transactions')::int) AS lock_slots;

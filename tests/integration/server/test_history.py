@@ -327,3 +327,46 @@ def test_the_move_makes_only_the_days_that_hold_jobs_a_month_at_a_time(
         assert f"jobs_history_done_{today - dt.timedelta(days=n):%Y%m%d}" in made
     assert f"jobs_history_done_{today - dt.timedelta(days=41):%Y%m%d}" not in made
     assert len(made) == before + len(days_ago)
+
+
+def test_the_locks_a_read_by_id_takes_are_those_the_history_counts(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    # doctor warns before reads of a long history could fill the server's
+    # lock table: its count must be what PostgreSQL takes, day for day.
+    def taken() -> tuple[int, int]:
+        with psycopg.connect(dsn) as reader:
+            reader.execute("SELECT * FROM all_jobs WHERE id = 1").fetchall()
+            reader.execute("SELECT * FROM all_attempts WHERE job_id = 1").fetchall()
+            (n,) = reader.execute(
+                "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() "
+                "AND locktype = 'relation'"
+            ).fetchone()
+        with db.connect(dsn, schema="public") as own:
+            return n, history.read_locks(own).read_locks
+
+    before, counted_before = taken()
+    today = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()[0]
+    conn.execute(
+        "SELECT pgqctl_history_add_days(%s, %s)",
+        (today - dt.timedelta(days=30), today - dt.timedelta(days=1)),
+    )
+    after, counted_after = taken()
+    assert after - before == counted_after - counted_before > 30 * 5
+    assert counted_after <= after
+
+
+def test_doctor_says_when_reads_of_the_history_would_fill_the_lock_table() -> None:
+    from pgqctl.doctor import READERS_AT_ONCE, _history_findings
+
+    kept = history.State(None, dt.datetime.now(dt.timezone.utc))
+    # 100 connections of 64 locks: 6,400 in all.
+    fits = history.ReadLocks(read_locks=700, days=90, max_locks=64, lock_slots=6_400)
+    assert _history_findings(kept, fits) == []
+    full = history.ReadLocks(read_locks=2_800, days=365, max_locks=64, lock_slots=6_400)
+    (finding,) = _history_findings(kept, full)
+    assert finding.kind == "history_locks"
+    assert "out of shared memory" in finding.summary and "365 days" in finding.summary
+    need = -(-2_800 * READERS_AT_ONCE // 100)
+    assert finding.sql == (f"ALTER SYSTEM SET max_locks_per_transaction = {need};",)
+    assert "purge --older-than" in finding.recommendation
