@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import psycopg
+import throwaway_db
 from migrate_bench import OLDEST_RELEASE, REPO, SLOW_INSERT, extract, pgqctl
-from psycopg import conninfo, sql
 
 LOAD = """
 INSERT INTO jobs (kind, payload, status, attempts, created_at, finished_at)
@@ -160,142 +160,138 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="pgqctl-history-upgrade-bench-"))
     old = extract(OLDEST_RELEASE, work / "release")
-    name = f"pgqctl_history_upgrade_bench_{os.getpid()}"
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(drop)
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = conninfo.make_conninfo(args.dsn, dbname=name)
     try:
-        assert pgqctl(old, "migrate", "--dsn", dsn, stderr=subprocess.DEVNULL).wait() == 0
-        began = time.perf_counter()
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(LOAD, {"n": args.done})
-            conn.execute("VACUUM ANALYZE jobs")
-            (ends,) = conn.execute("SELECT max(finished_at) FROM jobs").fetchone() or (None,)
-        print(f"# {args.done:,} done jobs in jobs, schema of {OLDEST_RELEASE}")
-        print(f"load: {time.perf_counter() - began:.0f} s")
+        with throwaway_db.database(args.dsn, migrated=False) as dsn:
+            assert pgqctl(old, "migrate", "--dsn", dsn, stderr=subprocess.DEVNULL).wait() == 0
+            began = time.perf_counter()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(LOAD, {"n": args.done})
+                conn.execute("VACUUM ANALYZE jobs")
+                (ends,) = conn.execute("SELECT max(finished_at) FROM jobs").fetchone() or (None,)
+            print(f"# {args.done:,} done jobs in jobs, schema of {OLDEST_RELEASE}")
+            print(f"load: {time.perf_counter() - began:.0f} s")
 
-        old_log = (work / "release.log").open("w")
-        release_worker = pgqctl(
-            old,
-            "worker",
-            "--dsn",
-            dsn,
-            "--concurrency",
-            "1",
-            stdout=subprocess.DEVNULL,
-            stderr=old_log,
-        )
-        producer = Producer(dsn)
-        producer.start()
-        time.sleep(2)
-
-        start = time.perf_counter()
-        migrated = pgqctl(REPO, "migrate", "--dsn", dsn, stderr=subprocess.PIPE)
-        _, log = migrated.communicate()
-        print(f"migrate: {time.perf_counter() - start:.1f} s, exit {migrated.returncode}")
-        if migrated.returncode != 0:
-            print(log)
-            return
-
-        quiet_from = len(producer.inserted)
-        workers = start_workers(REPO, dsn, args.workers, work, "quiet", "--no-archive")
-        time.sleep(args.quiet)
-        codes = stop_workers(workers)
-        quiet_ids = [job_id for job_id, _ in producer.inserted[quiet_from:]]
-
-        move_from = len(producer.inserted)
-        move_began = time.perf_counter()
-        workers += start_workers(REPO, dsn, args.workers, work, "moving")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            while True:
-                time.sleep(5)
-                (behind,) = conn.execute(OLDEST_LEFT, {"ends": ends}).fetchone() or (None,)
-                took = time.perf_counter() - move_began
-                # The loaded jobs' ends are spread evenly over 30 days.
-                left = 0 if behind is None else -float(behind) / (30 * 86400) * args.done
-                print(f"# {took:6.0f} s: about {left:,.0f} loaded jobs left", file=sys.stderr)
-                if behind is None:
-                    break
-        moved_in = time.perf_counter() - move_began
-        during = producer.inserted[move_from:]
-        move_ids = [job_id for job_id, _ in during]
-        move_latencies = producer.latencies[move_from : move_from + len(during)]
-
-        producer.stop.set()
-        producer.join()
-        produced = [job_id for job_id, _ in producer.inserted]
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for _ in range(600):
-                (unrun,) = conn.execute(
-                    "SELECT count(*) FROM all_jobs WHERE id = ANY(%s) AND status <> 'done'",
-                    (produced,),
-                ).fetchone() or (0,)
-                if unrun == 0:
-                    break
-                time.sleep(1)
-        codes += stop_workers(workers[len(codes) :])
-        release_worker.terminate()
-        release_code = release_worker.wait()
-        old_log.close()
-
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            (in_history,) = conn.execute(
-                "SELECT count(*) FROM jobs_history WHERE kind = 'history'"
-            ).fetchone() or (0,)
-            (left,) = conn.execute(LEFT_IN_JOBS).fetchone() or (0,)
-            rows = conn.execute(
-                "SELECT id, status, attempts FROM all_jobs WHERE id = ANY(%s)", (produced,)
-            ).fetchall()
-            (failed,) = conn.execute(
-                "SELECT count(*) FROM all_jobs WHERE status = 'failed'"
-            ).fetchone() or (0,)
-            quiet_waits, move_waits = waits(conn, quiet_ids), waits(conn, move_ids)
-
-        seen: dict[int, int] = {}
-        for job_id, _, _ in rows:
-            seen[job_id] = seen.get(job_id, 0) + 1
-        once = sum(1 for job_id, status, attempts in rows if status == "done" and attempts == 1)
-        slow = [t for t in move_latencies if t > SLOW_INSERT]
-        rate = args.done / moved_in
-        print(f"move: {moved_in:.0f} s, {rate:,.0f} rows/s with {args.workers} workers")
-        print(f"loaded jobs in the history: {in_history:,} of {args.done:,}; in jobs: {left:,}")
-        print(
-            f"producer: {len(produced):,} jobs, {len(during):,} during the move; "
-            f"errors {len(producer.errors)}"
-        )
-        print(
-            f"insert during the move: longest {max(move_latencies, default=0):.3f} s, "
-            f"median {statistics.median(move_latencies or [0]) * 1000:.1f} ms, "
-            f"{len(slow)} over {SLOW_INSERT} s"
-        )
-        for label, values in (("before the move", quiet_waits), ("during the move", move_waits)):
-            print(
-                f"wait insert -> claim {label}: p50 {pct(values, 0.5) * 1000:.0f} ms, "
-                f"p99 {pct(values, 0.99) * 1000:.0f} ms ({len(values):,} jobs)"
+            old_log = (work / "release.log").open("w")
+            release_worker = pgqctl(
+                old,
+                "worker",
+                "--dsn",
+                dsn,
+                "--concurrency",
+                "1",
+                stdout=subprocess.DEVNULL,
+                stderr=old_log,
             )
-        print(
-            f"produced jobs done once: {once:,} of {len(produced):,}; "
-            f"missing {len(set(produced) - set(seen)):,}; "
-            f"in both tables {sum(1 for n in seen.values() if n > 1):,}; failed jobs {failed:,}"
-        )
-        print(f"worker exit codes: this checkout {codes}, release {release_code}")
-        for log_path in sorted([*work.glob("quiet-*.log"), *work.glob("moving-*.log")]):
-            lines = unusual_lines(log_path)
-            if lines:
-                print(f"{log_path.name}: {len(lines)} unusual line(s), e.g. {lines[0][:200]}")
-        release_lines = [
-            line
-            for line in (work / "release.log").read_text().splitlines()
-            if any(word in line.lower() for word in ("error", "traceback", "lost", "fenced"))
-        ]
-        print(f"release worker: {len(release_lines)} error line(s)")
-        for error in producer.errors[:3]:
-            print(f"producer error: {error}")
+            producer = Producer(dsn)
+            producer.start()
+            time.sleep(2)
+
+            start = time.perf_counter()
+            migrated = pgqctl(REPO, "migrate", "--dsn", dsn, stderr=subprocess.PIPE)
+            _, log = migrated.communicate()
+            print(f"migrate: {time.perf_counter() - start:.1f} s, exit {migrated.returncode}")
+            if migrated.returncode != 0:
+                print(log)
+                return
+
+            quiet_from = len(producer.inserted)
+            workers = start_workers(REPO, dsn, args.workers, work, "quiet", "--no-archive")
+            time.sleep(args.quiet)
+            codes = stop_workers(workers)
+            quiet_ids = [job_id for job_id, _ in producer.inserted[quiet_from:]]
+
+            move_from = len(producer.inserted)
+            move_began = time.perf_counter()
+            workers += start_workers(REPO, dsn, args.workers, work, "moving")
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while True:
+                    time.sleep(5)
+                    (behind,) = conn.execute(OLDEST_LEFT, {"ends": ends}).fetchone() or (None,)
+                    took = time.perf_counter() - move_began
+                    # The loaded jobs' ends are spread evenly over 30 days.
+                    left = 0 if behind is None else -float(behind) / (30 * 86400) * args.done
+                    print(f"# {took:6.0f} s: about {left:,.0f} loaded jobs left", file=sys.stderr)
+                    if behind is None:
+                        break
+            moved_in = time.perf_counter() - move_began
+            during = producer.inserted[move_from:]
+            move_ids = [job_id for job_id, _ in during]
+            move_latencies = producer.latencies[move_from : move_from + len(during)]
+
+            producer.stop.set()
+            producer.join()
+            produced = [job_id for job_id, _ in producer.inserted]
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for _ in range(600):
+                    (unrun,) = conn.execute(
+                        "SELECT count(*) FROM all_jobs WHERE id = ANY(%s) AND status <> 'done'",
+                        (produced,),
+                    ).fetchone() or (0,)
+                    if unrun == 0:
+                        break
+                    time.sleep(1)
+            codes += stop_workers(workers[len(codes) :])
+            release_worker.terminate()
+            release_code = release_worker.wait()
+            old_log.close()
+
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                (in_history,) = conn.execute(
+                    "SELECT count(*) FROM jobs_history WHERE kind = 'history'"
+                ).fetchone() or (0,)
+                (left,) = conn.execute(LEFT_IN_JOBS).fetchone() or (0,)
+                rows = conn.execute(
+                    "SELECT id, status, attempts FROM all_jobs WHERE id = ANY(%s)", (produced,)
+                ).fetchall()
+                (failed,) = conn.execute(
+                    "SELECT count(*) FROM all_jobs WHERE status = 'failed'"
+                ).fetchone() or (0,)
+                quiet_waits, move_waits = waits(conn, quiet_ids), waits(conn, move_ids)
+
+            seen: dict[int, int] = {}
+            for job_id, _, _ in rows:
+                seen[job_id] = seen.get(job_id, 0) + 1
+            once = sum(1 for job_id, status, attempts in rows if status == "done" and attempts == 1)
+            slow = [t for t in move_latencies if t > SLOW_INSERT]
+            rate = args.done / moved_in
+            print(f"move: {moved_in:.0f} s, {rate:,.0f} rows/s with {args.workers} workers")
+            print(f"loaded jobs in the history: {in_history:,} of {args.done:,}; in jobs: {left:,}")
+            print(
+                f"producer: {len(produced):,} jobs, {len(during):,} during the move; "
+                f"errors {len(producer.errors)}"
+            )
+            print(
+                f"insert during the move: longest {max(move_latencies, default=0):.3f} s, "
+                f"median {statistics.median(move_latencies or [0]) * 1000:.1f} ms, "
+                f"{len(slow)} over {SLOW_INSERT} s"
+            )
+            for label, values in (
+                ("before the move", quiet_waits),
+                ("during the move", move_waits),
+            ):
+                print(
+                    f"wait insert -> claim {label}: p50 {pct(values, 0.5) * 1000:.0f} ms, "
+                    f"p99 {pct(values, 0.99) * 1000:.0f} ms ({len(values):,} jobs)"
+                )
+            print(
+                f"produced jobs done once: {once:,} of {len(produced):,}; "
+                f"missing {len(set(produced) - set(seen)):,}; "
+                f"in both tables {sum(1 for n in seen.values() if n > 1):,}; failed jobs {failed:,}"
+            )
+            print(f"worker exit codes: this checkout {codes}, release {release_code}")
+            for log_path in sorted([*work.glob("quiet-*.log"), *work.glob("moving-*.log")]):
+                lines = unusual_lines(log_path)
+                if lines:
+                    print(f"{log_path.name}: {len(lines)} unusual line(s), e.g. {lines[0][:200]}")
+            release_lines = [
+                line
+                for line in (work / "release.log").read_text().splitlines()
+                if any(word in line.lower() for word in ("error", "traceback", "lost", "fenced"))
+            ]
+            print(f"release worker: {len(release_lines)} error line(s)")
+            for error in producer.errors[:3]:
+                print(f"producer error: {error}")
     finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(drop)
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
 

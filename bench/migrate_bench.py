@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import psycopg
-from psycopg import conninfo, sql
+import throwaway_db
 
 REPO = Path(__file__).resolve().parent.parent
 OLDEST_RELEASE = "5414984"
@@ -91,55 +91,50 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pgqctl-migrate-bench-"))
     old = extract(OLDEST_RELEASE, work / "release")
     code = extract(args.code, work / "code") if args.code else REPO
-    name = f"pgqctl_migrate_bench_{os.getpid()}"
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(drop)
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = conninfo.make_conninfo(args.dsn, dbname=name)
     try:
-        assert pgqctl(old, "migrate", "--dsn", dsn).wait() == 0
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(
-                "INSERT INTO jobs (kind, payload, status, attempts, finished_at) "
-                "SELECT 'history', '{}', 'done', 1, now() FROM generate_series(1, %s)",
-                (args.done,),
+        with throwaway_db.database(args.dsn, migrated=False) as dsn:
+            assert pgqctl(old, "migrate", "--dsn", dsn).wait() == 0
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO jobs (kind, payload, status, attempts, finished_at) "
+                    "SELECT 'history', '{}', 'done', 1, now() FROM generate_series(1, %s)",
+                    (args.done,),
+                )
+                conn.execute(
+                    "INSERT INTO jobs (kind, payload) "
+                    "SELECT 'backlog', %s FROM generate_series(1, %s)",
+                    (json.dumps({"argv": ["true"]}), args.pending),
+                )
+                conn.execute("VACUUM ANALYZE jobs")
+            loaded = f"{args.done:,} done and {args.pending:,} pending jobs"
+            print(f"# {loaded}, schema of {OLDEST_RELEASE}")
+            worker = pgqctl(
+                old, "worker", "--dsn", dsn, "--concurrency", "1", stderr=subprocess.DEVNULL
             )
-            conn.execute(
-                "INSERT INTO jobs (kind, payload) SELECT 'backlog', %s FROM generate_series(1, %s)",
-                (json.dumps({"argv": ["true"]}), args.pending),
+            producer = Producer(dsn)
+            producer.start()
+            time.sleep(2)
+            before = len(producer.latencies)
+            start = time.perf_counter()
+            migrated = pgqctl(code, "migrate", "--dsn", dsn, stderr=subprocess.PIPE)
+            _, log = migrated.communicate()
+            took = time.perf_counter() - start
+            during = producer.latencies[before:]
+            time.sleep(1)
+            producer.stop.set()
+            producer.join()
+            worker.terminate()
+            worker.wait()
+            print(f"# migrate by {args.code or 'this checkout'}: exit {migrated.returncode}")
+            if migrated.returncode != 0:
+                print(log)
+            slow = [t for t in during if t > SLOW_INSERT]
+            print(f"migrate took {took:.1f} s; {len(during)} inserts meanwhile")
+            print(
+                f"longest insert {max(during):.3f} s; {len(slow)} inserts over {SLOW_INSERT}s, "
+                f"{sum(slow):.1f} s waiting in all"
             )
-            conn.execute("VACUUM ANALYZE jobs")
-        print(f"# {args.done:,} done and {args.pending:,} pending jobs, schema of {OLDEST_RELEASE}")
-        worker = pgqctl(
-            old, "worker", "--dsn", dsn, "--concurrency", "1", stderr=subprocess.DEVNULL
-        )
-        producer = Producer(dsn)
-        producer.start()
-        time.sleep(2)
-        before = len(producer.latencies)
-        start = time.perf_counter()
-        migrated = pgqctl(code, "migrate", "--dsn", dsn, stderr=subprocess.PIPE)
-        _, log = migrated.communicate()
-        took = time.perf_counter() - start
-        during = producer.latencies[before:]
-        time.sleep(1)
-        producer.stop.set()
-        producer.join()
-        worker.terminate()
-        worker.wait()
-        print(f"# migrate by {args.code or 'this checkout'}: exit {migrated.returncode}")
-        if migrated.returncode != 0:
-            print(log)
-        slow = [t for t in during if t > SLOW_INSERT]
-        print(f"migrate took {took:.1f} s; {len(during)} inserts meanwhile")
-        print(
-            f"longest insert {max(during):.3f} s; {len(slow)} inserts over {SLOW_INSERT}s, "
-            f"{sum(slow):.1f} s waiting in all"
-        )
     finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(drop)
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
 

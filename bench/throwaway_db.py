@@ -38,8 +38,9 @@ def server(dsn: str | None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def database(admin_dsn: str) -> Iterator[str]:
-    """A database of the bench's own, migrated by pgqctl, dropped at the end."""
+def database(admin_dsn: str, *, migrated: bool = True) -> Iterator[str]:
+    """A database of the bench's own, migrated by pgqctl (unless not
+    `migrated`: left empty for another release's migrate), dropped at the end."""
     name = f"pgqctl_bench_{os.getpid()}"
     drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
@@ -49,8 +50,9 @@ def database(admin_dsn: str) -> Iterator[str]:
         print(f"# PostgreSQL {version[0] if version else '?'}", file=sys.stderr)
     dsn = conninfo.make_conninfo(admin_dsn, dbname=name)
     try:
-        with db.connect(dsn, schema="public") as conn:
-            migrate.apply(conn, "public")
+        if migrated:
+            with db.connect(dsn, schema="public") as conn:
+                migrate.apply(conn, "public")
         yield dsn
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:

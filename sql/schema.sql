@@ -653,8 +653,11 @@ BEGIN
                         'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
                         current_schema(), tbl || '_' || to_char(day, 'YYYYMMDD'),
                         current_schema(), tbl,
-                        (day::timestamp AT TIME ZONE 'UTC'),
-                        ((day + 1)::timestamp AT TIME ZONE 'UTC'));
+                        -- Midnight UTC written out: a timestamptz's text
+                        -- follows the session's DateStyle and TimeZone, and
+                        -- may not read back as the same time.
+                        to_char(day, 'YYYY-MM-DD') || ' 00:00:00+00',
+                        to_char(day + 1, 'YYYY-MM-DD') || ' 00:00:00+00');
                     made := made + 1;
                 EXCEPTION WHEN duplicate_table OR unique_violation THEN
                     -- Made by another session since the check: it waited

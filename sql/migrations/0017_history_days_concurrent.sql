@@ -9,6 +9,11 @@
 -- session counts as made. Likewise two purges dropping the same day: the
 -- second finds it gone, as if it had never been there.
 --
+-- And a day's bounds are written as midnight UTC in ISO form: they were a
+-- timestamptz's text, in the session's DateStyle and time zone, and read
+-- back wrong where those make it ambiguous (DateStyle SQL in Asia/Kolkata
+-- printed "IST", which PostgreSQL 15 reads as Israel's: a day from 03:30).
+--
 -- Replaces two functions' bodies; their arguments, results and rights are
 -- the same, so earlier clients call them as before. CREATE OR REPLACE
 -- resets a function's settings, so their search_path is pinned again.
@@ -37,8 +42,11 @@ BEGIN
                         'CREATE TABLE %I.%I PARTITION OF %I.%I FOR VALUES FROM (%L) TO (%L)',
                         current_schema(), tbl || '_' || to_char(day, 'YYYYMMDD'),
                         current_schema(), tbl,
-                        (day::timestamp AT TIME ZONE 'UTC'),
-                        ((day + 1)::timestamp AT TIME ZONE 'UTC'));
+                        -- Midnight UTC written out: a timestamptz's text
+                        -- follows the session's DateStyle and TimeZone, and
+                        -- may not read back as the same time.
+                        to_char(day, 'YYYY-MM-DD') || ' 00:00:00+00',
+                        to_char(day + 1, 'YYYY-MM-DD') || ' 00:00:00+00');
                     made := made + 1;
                 EXCEPTION WHEN duplicate_table OR unique_violation THEN
                     -- Made by another session since the check: it waited

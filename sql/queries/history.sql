@@ -10,9 +10,9 @@
 SELECT to_date(substring(c.relname FROM '_([0-9]{8})$'), 'YYYYMMDD') AS day
 FROM pg_inherits AS i
 JOIN pg_class AS c ON c.oid = i.inhrelid
-JOIN pg_class AS p ON p.oid = i.inhparent
-WHERE p.relnamespace = to_regnamespace(current_schema())
-  AND p.relname = 'jobs_history_done'
+-- By the search_path, as every query here: the queue's schema is first,
+-- whatever its name needs quoting.
+WHERE i.inhparent = 'jobs_history_done'::regclass
   AND c.relname ~ '^jobs_history_done_[0-9]{8}$'
   AND (to_date(substring(c.relname FROM '_([0-9]{8})$'), 'YYYYMMDD') + 1)::timestamp
       AT TIME ZONE 'UTC' <= %(cutoff)s

@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from pgqctl import db, history
 from tests.conftest import cli_json, run_cli
@@ -370,3 +371,36 @@ def test_doctor_says_when_reads_of_the_history_would_fill_the_lock_table() -> No
     need = -(-2_800 * READERS_AT_ONCE // 100)
     assert finding.sql == (f"ALTER SYSTEM SET max_locks_per_transaction = {need};",)
     assert "purge --older-than" in finding.recommendation
+
+
+def test_a_schema_whose_name_needs_quoting_drops_its_days_whole(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    schema = "Queue Jobs"
+    assert run_cli("migrate", "--schema", schema, "--dsn", dsn).exit_code == 0
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {}.jobs (kind, payload, status, attempts, finished_at) "
+            "SELECT 'k', '{{}}', 'done', 1, now() - i * interval '1 day' "
+            "FROM generate_series(3, 5) AS i"
+        ).format(sql.Identifier(schema))
+    )
+    with db.connect(dsn, schema=schema) as own:
+        assert history.move(own, 0.0, budget=60.0).jobs == 3
+    out = cli_json(dsn, "purge", "--older-than", "1d", "--schema", schema)
+    assert len(out["dropped_days"]) == 3 and out["deleted"] == 0
+
+
+def test_day_bounds_are_utc_midnights_whatever_the_session_shows_dates_as(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    # The function writes each bound as text and reads it back: under
+    # another DateStyle and time zone, the text must still mean midnight UTC.
+    options = "-c datestyle=SQL,DMY -c timezone=Asia/Kolkata"
+    with psycopg.connect(dsn, autocommit=True, options=options) as elsewhere:
+        elsewhere.execute("SELECT pgqctl_history_add_days('2030-03-01', '2030-03-01')")
+    (bound,) = conn.execute(
+        "SELECT pg_get_expr(relpartbound, oid) FROM pg_class "
+        "WHERE relname = 'jobs_history_done_20300301'"
+    ).fetchone()
+    assert bound == "FOR VALUES FROM ('2030-03-01 00:00:00+00') TO ('2030-03-02 00:00:00+00')"
