@@ -586,23 +586,16 @@ def requeue(
         "limit": limit,
         "spread": dt.timedelta(seconds=spread),
     }
-    try:
-        with conn.transaction():
-            if dry_run:
-                rows = job_rows(conn, requeue_statement("job_requeue_preview"), params)
-                for row in rows:
-                    row["status"] = row["requeued_status"]
-                    row["run_at"] = row["requeued_run_at"]
-                    row["max_attempts"] = row["requeued_max_attempts"]
-            else:
-                rows = job_rows(conn, requeue_statement("job_requeue"), params)
-                if any(row["held_by"] is None for row in rows):
-                    notify_workers(conn)
-    except psycopg.errors.UniqueViolation:
-        raise PgqctlError(
-            "a job with the unique key of one of these was enqueued meanwhile: nothing "
-            "was requeued; run the requeue again"
-        ) from None
+    rows: list[dict[str, Any]] = []
+    for _ in range(REQUEUE_TRIES):
+        changed = _requeue_once(conn, params, dry_run=dry_run)
+        rows += [row for row in changed if row["held_by"] != -1]
+        # Jobs that moved into the history while the statement waited for
+        # them: a new statement sees them there.
+        unseen = [row["id"] for row in changed if row["held_by"] == -1]
+        if not unseen:
+            break
+        params = {**params, "ids": unseen, "limit": None}
     jobs = sorted(
         (Job.from_row(r) for r in rows if r["held_by"] is None), key=lambda j: (j.run_at, j.id)
     )
@@ -615,6 +608,37 @@ def requeue(
             job = get_job(conn, job_id)
             left[job_id] = job.status if job else None
     return Requeued(jobs, left, held)
+
+
+# A requeue runs again for the jobs that moved into the history while it
+# waited for them, this many times in all.
+REQUEUE_TRIES = 3
+
+
+def _requeue_once(
+    conn: Connection, params: dict[str, Any], *, dry_run: bool
+) -> list[dict[str, Any]]:
+    """One requeue statement (or its preview) in its own transaction; its rows."""
+    try:
+        with conn.transaction():
+            if dry_run:
+                rows = job_rows(conn, requeue_statement("job_requeue_preview"), params)
+                for row in rows:
+                    row["status"] = row["requeued_status"]
+                    row["run_at"] = row["requeued_run_at"]
+                    row["max_attempts"] = row["requeued_max_attempts"]
+            else:
+                rows = job_rows(conn, requeue_statement("job_requeue"), params)
+                if any(row["held_by"] is None for row in rows):
+                    notify_workers(conn)
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "jobs_unique_key_idx":
+            raise
+        raise PgqctlError(
+            "a job with the unique key of one of these was enqueued meanwhile: nothing "
+            "was requeued; run the requeue again"
+        ) from None
+    return rows
 
 
 # --- cancel --------------------------------------------------------------------------

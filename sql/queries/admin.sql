@@ -251,7 +251,8 @@ WHERE h.held_by IS NOT NULL;
 -- it was. The status guard skips a job that moved since it was picked (a
 -- pending job a worker claimed, a failed one purged or requeued by someone
 -- else). Rows: the jobs changed (held_by NULL), then those left out for
--- their unique key, as job_requeue_preview gives them. A picked job that
+-- their unique key, as job_requeue_preview gives them, then those picked
+-- but not changed (held_by -1). A picked job that
 -- the history holds moves back into jobs (see `leaving`).
 WITH {picked},
 moved AS (
@@ -297,6 +298,10 @@ attempts_returned AS (
            exit_status, signal, error, user_cpu, system_cpu, max_rss_bytes, stdout_head,
            stdout_tail, stdout_bytes, stderr_head, stderr_tail, stderr_bytes, late, recorded_by
     FROM attempts_leaving
+    -- A worker that reported after the job moved wrote its record of the
+    -- same claim into attempts (see docs/table.md): that one, the worker's
+    -- own, is kept.
+    ON CONFLICT (job_id, claim) DO NOTHING
 )
 SELECT *, NULL::bigint AS held_by FROM moved
 UNION ALL
@@ -305,7 +310,16 @@ UNION ALL
 SELECT {job}, h.held_by
 FROM held AS h
 JOIN all_jobs AS jobs ON jobs.id = h.id
-WHERE h.held_by IS NOT NULL;
+WHERE h.held_by IS NOT NULL
+UNION ALL
+-- Picked, yet changed by nothing here (held_by -1): its row left the
+-- table it was read from while this statement waited for it. A worker
+-- moving it into the history is the usual cause, and the row is then where
+-- this statement's snapshot cannot see it: the caller asks again for these.
+SELECT {job}, -1::bigint
+FROM picked AS p
+JOIN all_jobs AS jobs ON jobs.id = p.id
+WHERE p.id NOT IN (SELECT id FROM moved) AND p.id NOT IN (SELECT id FROM returned);
 
 -- The selection of `cancel`, the same in job_cancel_select and job_cancel:
 -- pending and running jobs (those of `statuses`, each status through its

@@ -7,12 +7,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import time
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from pgqctl import db, history
+from pgqctl.sql import query
 from tests.conftest import cli_json, run_cli
 from tests.support.jobrows import add_jobs, ago, mixed_queues
 from tests.support.roles import app_role
@@ -118,6 +120,59 @@ def test_a_requeue_brings_a_failed_job_back_from_the_history_under_its_id(
     assert [j["id"] for j in cli_json(dsn, "list", "--status", "pending")] == failed[::-1]
     # Nothing left in the history to requeue.
     assert cli_json(dsn, "requeue", "--failed") == []
+
+
+def test_a_requeue_keeps_the_record_a_late_worker_made_after_the_job_moved(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    (job_id,) = add_jobs(conn, status="failed", attempts=1, max_attempts=1, finished_at=ago("1h"))
+    add_attempt(conn, job_id, 1, "reaped\n")
+    move_to_history(dsn)
+    # The worker of claim 1 reports after the move: its record goes to
+    # attempts, beside the history's record of the same claim.
+    add_attempt_row = (
+        "INSERT INTO attempts (job_id, claim, attempt, outcome, finished_at, late, "
+        "recorded_by, stdout_head, stdout_bytes) "
+        "VALUES (%s, 1, 1, 'failed', now(), true, 'worker', 'late\n', 5)"
+    )
+    conn.execute(add_attempt_row, (job_id,))
+    assert [j["id"] for j in cli_json(dsn, "requeue", "--id", str(job_id))] == [job_id]
+    assert conn.execute("SELECT status FROM jobs WHERE id = %s", (job_id,)).fetchone() == (
+        "pending",
+    )
+    assert conn.execute("SELECT claim, stdout_head FROM all_attempts").fetchall() == [(1, "late\n")]
+
+
+def test_a_requeue_finds_a_job_a_worker_moved_while_it_waited_for_it(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    (job_id,) = add_jobs(conn, status="failed", attempts=1, max_attempts=1, finished_at=ago("1h"))
+    with db.connect(dsn, schema="public") as mover:
+        history.keep_ahead(mover)
+        with mover.transaction():
+            # A move of the job, not yet committed: its row in jobs is gone
+            # for the move and locked; the history's copy is not visible yet.
+            mover.execute(
+                query("history_move_batch"),
+                {"status": "failed", "cutoff": dt.datetime.now(dt.timezone.utc), "batch_size": 10},
+            )
+            result: dict[str, Any] = {}
+            requeue = threading.Thread(
+                target=lambda: result.update(
+                    out=run_cli("requeue", "--id", str(job_id), "--json", "--dsn", dsn)
+                )
+            )
+            requeue.start()
+            time.sleep(1.0)  # the requeue waits for the row the move holds
+            assert requeue.is_alive()
+        requeue.join(30)
+    out = result["out"]
+    assert out.exit_code == 0, out.stderr
+    assert [j["id"] for j in json.loads(out.stdout)] == [job_id]
+    assert conn.execute("SELECT status FROM jobs WHERE id = %s", (job_id,)).fetchone() == (
+        "pending",
+    )
+    assert conn.execute("SELECT count(*) FROM jobs_history").fetchone() == (0,)
 
 
 def partitions(conn: psycopg.Connection[Any], of: str = "jobs_history") -> set[str]:
