@@ -58,11 +58,13 @@ def mover(dsn: str, stop: Any, moved: Any, busy: Any) -> None:
     """A worker's move chore with a backlog: move for MOVE_BUDGET, rest a
     second (worker/upkeep.py ARCHIVE_AGAIN), until told to stop."""
     with db.connect(dsn, schema=SCHEMA) as conn:
+        resume = None
         while not stop.is_set():
             began = time.perf_counter()
-            done = history.move(conn, 0.0)
+            done = history.move(conn, 0.0, resume=resume)
             busy.value += time.perf_counter() - began
             moved.value += done.jobs
+            resume = done.resume if done.more else None
             stop.wait(1.0 if done.more else 30.0)
 
 

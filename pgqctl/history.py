@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -43,10 +43,16 @@ DROP_TRIES = 20
 DROP_RETRY_PAUSE = 0.5
 
 
+# The earliest finished_at the move takes: before it there is no day.
+FLOOR = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+
+
 @dataclass(frozen=True)
 class Moved:
     jobs: int
     more: bool  # the budget ran out with jobs left to move
+    # Per status, the finished_at the next move may start from (see move).
+    resume: dict[str, dt.datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,19 @@ def move(
     *,
     batch_size: int = MOVE_BATCH,
     budget: float = MOVE_BUDGET,
+    resume: dict[str, dt.datetime] | None = None,
 ) -> Moved:
     """Move the jobs that finished more than `after` seconds ago from jobs
     into the history, oldest first, batch by batch for about `budget`
-    seconds; the partitions their days need, and tomorrow's, are made first."""
+    seconds; the partitions their days need, and tomorrow's, are made first.
+
+    Each batch starts where the last one ended, and so does a move given
+    the `resume` of the one before: the rows moved leave their index
+    entries behind until a vacuum, and a backlog of millions walked from
+    its start every time read more of them with every batch. A job that
+    finished before that point since (plain SQL, a batch that rolled back)
+    is moved once a move starts from the beginning: give none after a move
+    that left nothing (`more` false)."""
     began = time.monotonic()
     (row,) = named_rows(conn, "history_now")
     cutoff = row["now"] - dt.timedelta(seconds=after)
@@ -82,9 +97,14 @@ def move(
     # each), at most MOVE_DAYS of them a chore, and tomorrow's, whether or
     # not anything moves. They are made in one transaction, whose locks
     # MOVE_DAYS bounds whatever the backlog spans.
+    floors = {status: FLOOR for status in FINISHED} | (resume or {})
     days = [
         r["day"]
-        for r in named_rows(conn, "history_move_days", {"cutoff": cutoff, "most": MOVE_DAYS})
+        for r in named_rows(
+            conn,
+            "history_move_days",
+            {"cutoff": cutoff, "floor": floors["done"], "most": MOVE_DAYS},
+        )
     ]
     with conn.transaction():
         conn.execute(query("history_make_days"), {"days": days})
@@ -102,17 +122,22 @@ def move(
         # A batch of each status a round, whatever the budget: a backlog of
         # done jobs never keeps the failed ones waiting.
         for status in list(left):
+            params = {
+                "status": status,
+                "cutoff": cutoffs[status],
+                "floor": floors[status],
+                "batch_size": batch_size,
+            }
             with conn.transaction():
-                (n,) = conn.execute(
-                    query("history_move_batch"),
-                    {"status": status, "cutoff": cutoffs[status], "batch_size": batch_size},
-                ).fetchone()
+                (n, last) = conn.execute(query("history_move_batch"), params).fetchone()
             moved += n
+            if last is not None:
+                floors[status] = last
             if n < batch_size:
                 left.remove(status)
         if time.monotonic() - began > budget:
-            return Moved(moved, bool(left) or capped)
-    return Moved(moved, capped)
+            return Moved(moved, bool(left) or capped, floors)
+    return Moved(moved, capped, floors)
 
 
 @dataclass(frozen=True)

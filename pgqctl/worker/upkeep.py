@@ -41,6 +41,7 @@ class Upkeep:
         self.burst_ticked = False
         self.archiving = config.archive_after is not None
         self.next_archive = now  # at once: a worker starting takes the backlog first
+        self.archive_resume: dict[str, dt.datetime] | None = None
 
     # ------------------------------------------------------------ heartbeat
 
@@ -129,7 +130,10 @@ class Upkeep:
         moment; soon again if some are left."""
         assert self.config.archive_after is not None
         self.next_archive = now + jittered(ARCHIVE_EVERY)
-        moved = history.move(conn, self.config.archive_after)
+        moved = history.move(conn, self.config.archive_after, resume=self.archive_resume)
+        # A backlog goes on where this move stopped; once none is left, the
+        # next move walks from the start, for any job finished before it.
+        self.archive_resume = moved.resume if moved.more else None
         if moved.more:
             self.next_archive = now + ARCHIVE_AGAIN
         return moved

@@ -42,13 +42,13 @@ SELECT set_config('lock_timeout', %(timeout)s, true);
 -- name: history_move_days
 -- The first `most` UTC days, oldest first, that hold done jobs
 -- history_move_batch would move: one probe of jobs_finished_idx a day
--- (from the start of the day after the last one found), however many rows
--- each day holds. Only days with jobs get a partition: one job that plain
+-- (from `floor`, then from the start of the day after the last one found),
+-- however many rows each day holds. Only days with jobs get a partition: one job that plain
 -- SQL says finished in 2001 needs one day, not every day since.
 WITH RECURSIVE found AS (
     SELECT (SELECT min(finished_at) FROM jobs
             WHERE status = 'done' AND finished_at < %(cutoff)s
-              AND finished_at >= '2000-01-01Z') AS at,
+              AND finished_at >= %(floor)s) AS at,
            1 AS n
     UNION ALL
     SELECT (SELECT min(j.finished_at) FROM jobs AS j
@@ -75,8 +75,11 @@ FROM unnest(%(days)s::date[]) AS d;
 -- someone is changing (a requeue, a purge); the status guard on the delete
 -- leaves a row that changed since it was picked. jobs_history has jobs'
 -- columns in jobs' order. A job that plain SQL gave a finished_at before
--- 2000 (or '-infinity') has no day to go to: it stays in jobs. One row: how
--- many moved.
+-- 2000 (or '-infinity') has no day to go to: it stays in jobs (`floor` is
+-- never earlier). One row: how many moved, and the last finished_at among
+-- them, where the next batch may start: the index entries of the rows
+-- moved before stay until a vacuum, and a walk from the start of the
+-- range would read them all again, batch after batch.
 WITH picked AS (
     SELECT id
     FROM jobs
@@ -85,7 +88,7 @@ WITH picked AS (
     -- partial index holds the rows, so it scanned and sorted the whole of
     -- jobs for every batch (8 s a batch at 10 million finished rows).
     WHERE status = %(status)s AND status IN ('done', 'failed', 'cancelled')
-      AND finished_at < %(cutoff)s AND finished_at >= '2000-01-01Z'
+      AND finished_at < %(cutoff)s AND finished_at >= %(floor)s
     ORDER BY finished_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
@@ -95,7 +98,7 @@ WITH picked AS (
     RETURNING *
 ), archived AS (
     INSERT INTO jobs_history SELECT * FROM moved
-    RETURNING 1
+    RETURNING finished_at
 ), attempts_moved AS (
     -- A join, not = ANY(array): with few attempts per job the planner
     -- scans attempts, and each row's search of a 2,000-id array made the
@@ -108,7 +111,7 @@ WITH picked AS (
     FROM attempts_moved AS a
     JOIN moved AS m ON m.id = a.job_id
 )
-SELECT count(*) FROM archived;
+SELECT count(*), max(finished_at) FROM archived;
 
 -- name: history_state
 -- How far the move is behind: the oldest finished_at of a job still in jobs

@@ -154,7 +154,12 @@ def test_a_requeue_finds_a_job_a_worker_moved_while_it_waited_for_it(
             # for the move and locked; the history's copy is not visible yet.
             mover.execute(
                 query("history_move_batch"),
-                {"status": "failed", "cutoff": dt.datetime.now(dt.timezone.utc), "batch_size": 10},
+                {
+                    "status": "failed",
+                    "cutoff": dt.datetime.now(dt.timezone.utc),
+                    "floor": history.FLOOR,
+                    "batch_size": 10,
+                },
             )
             result: dict[str, Any] = {}
             requeue = threading.Thread(

@@ -173,6 +173,23 @@ def test_a_move_batch_reads_its_jobs_not_the_table(
     cutoff = conn.execute("SELECT now()").fetchone()[0]
     with db.connect(dsn, schema="public") as c:
         history.keep_ahead(c, day)
-        params = {"status": "done", "cutoff": cutoff, "batch_size": 100}
+        params = {"status": "done", "cutoff": cutoff, "floor": history.FLOOR, "batch_size": 100}
         explained = plan_of(c, query("history_move_batch"), params, plan)
     assert rows_read(explained, "jobs") <= 1_000, explained
+
+
+def test_a_move_goes_on_where_the_last_stopped_and_a_fresh_one_takes_what_it_passed(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    add_jobs(conn, 30, status="done", attempts=1, finished_at=ago("2 hours"))
+    with db.connect(dsn, schema="public") as own:
+        first = history.move(own, 0.0, batch_size=10, budget=0.0)  # one batch
+        assert (first.jobs, first.more) == (10, True)
+        # Plain SQL says a job finished before where that move stopped.
+        (early,) = add_jobs(conn, status="done", attempts=1, finished_at=ago("1 day"))
+        rest = history.move(own, 0.0, batch_size=10, budget=60.0, resume=first.resume)
+        assert (rest.jobs, rest.more) == (20, False)
+        assert conn.execute("SELECT id FROM jobs").fetchall() == [(early,)]
+        # A move from the start, as a worker makes once no backlog is left.
+        assert history.move(own, 0.0, budget=60.0).jobs == 1
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
