@@ -492,12 +492,14 @@ def _history_findings(kept: history.State, locks: history.ReadLocks) -> list[Fin
             Finding(
                 "history_move",
                 "jobs",
-                f"a finished job has stayed in jobs for {_seconds(unmoved)}: no worker moves "
-                "finished jobs into the history (all run with --no-archive, or none runs), "
-                "so the table the workers claim from keeps them",
+                f"a finished job has stayed in jobs for {_seconds(unmoved)}: no worker has "
+                "moved it into the history (all run with --no-archive or an --archive-after "
+                "longer than that, none runs, or they fall behind), so the table the "
+                "workers claim from keeps it",
                 {"oldest_finished_in_jobs_seconds": round(unmoved)},
-                "run a worker without --no-archive: it moves the backlog a tenth of a second "
-                "at a time, every second, while it runs its jobs",
+                "run a worker without --no-archive, with an --archive-after shorter than a "
+                "day: it moves the backlog a tenth of a second at a time, every second, "
+                "while it runs its jobs",
                 (),
             )
         )

@@ -11,8 +11,9 @@ job just finished from jobs (a script polling its status) still finds it
 there, and a drain's finishes are not followed at once by their moves.
 
 Dropping a day takes the history's lock for an instant (ACCESS EXCLUSIVE on
-jobs_history_done, not on jobs); it waits at most LOCK_WAIT for it, so that
-nothing queues behind the drop for longer, and tries again after a pause.
+jobs_history_done, not on jobs); it waits at most LOCK_WAIT for it at a
+time, so that nothing queues behind the drop for longer, and tries again
+after a pause, within the command's --lock-timeout.
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ MOVE_BUDGET = 0.1
 # The most days of done jobs a chore makes partitions for: a backlog that
 # spans years is made a month's worth at a time, each in one transaction.
 MOVE_DAYS = 31
-LOCK_WAIT = "500ms"
-DROP_TRIES = 20
+LOCK_WAIT = 0.5
 DROP_RETRY_PAUSE = 0.5
 
 
@@ -188,18 +188,27 @@ def days_before(conn: Any, cutoff: dt.datetime) -> list[dt.date]:
 
 def drop_day(conn: Any, day: dt.date) -> DroppedDay | None:
     """Drop the day's partition of done jobs and its attempts'; None if it
-    was gone already."""
-    for tries_left in reversed(range(DROP_TRIES)):
+    was gone already. It waits for the history's lock LOCK_WAIT at a time,
+    with pauses between in which the sessions queued behind it go on, for
+    as long as the transaction's lock_timeout (--lock-timeout) allows."""
+    with conn.transaction():
+        (limit,) = conn.execute(query("history_lock_limit")).fetchone()
+    deadline = time.monotonic() + limit if limit else None
+    while True:
+        left = None if deadline is None else max(0.001, deadline - time.monotonic())
+        wait = LOCK_WAIT if left is None else min(LOCK_WAIT, left)
         try:
             with conn.transaction():
-                conn.execute(query("history_lock_timeout"), {"timeout": LOCK_WAIT})
+                conn.execute(query("history_lock_timeout"), {"timeout": f"{wait * 1000:.0f}ms"})
                 (row,) = conn.execute(query("history_drop_day"), {"day": day}).fetchall()
         except psycopg.errors.LockNotAvailable:
-            if not tries_left:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise
-            time.sleep(DROP_RETRY_PAUSE)
+            pause = DROP_RETRY_PAUSE
+            if deadline is not None:
+                pause = min(pause, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)
             continue
         if row[0] is None:
             return None
         return DroppedDay(day, None if row[0] < 0 else int(row[0]))
-    raise AssertionError("unreachable")

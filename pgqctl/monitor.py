@@ -379,8 +379,8 @@ class HistoryCheck:
     def breach(self) -> str:
         return (
             f"history: a finished job has stayed in jobs for {_d(self.unmoved_for or 0)} "
-            f"(max {_d(self.limit)}): no worker moves finished jobs into the history "
-            "(--no-archive, or none runs)"
+            f"(max {_d(self.limit)}): no worker has moved it into the history (they run "
+            "with --no-archive or a longer --archive-after, none runs, or they fall behind)"
         )
 
     def as_record(self) -> dict[str, Any]:

@@ -35,6 +35,11 @@ SELECT pgqctl_history_add_days(
 -- The server's clock, which the move's cutoff is measured against. One row.
 SELECT now() AS now;
 
+-- name: history_lock_limit
+-- The transaction's lock_timeout (the command's --lock-timeout), in
+-- seconds; 0: none. One row.
+SELECT setting::float8 / 1000 AS seconds FROM pg_settings WHERE name = 'lock_timeout';
+
 -- name: history_lock_timeout
 -- How long a drop waits for the history's lock in this transaction. One row.
 SELECT set_config('lock_timeout', %(timeout)s, true);

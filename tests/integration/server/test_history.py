@@ -464,3 +464,34 @@ def test_day_bounds_are_utc_midnights_whatever_the_session_shows_dates_as(
         "WHERE relname = 'jobs_history_done_20300301'"
     ).fetchone()
     assert bound == "FOR VALUES FROM ('2030-03-01 00:00:00+00') TO ('2030-03-02 00:00:00+00')"
+
+
+def test_a_purge_waits_for_the_history_as_long_as_its_lock_timeout_says(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    add_jobs(conn, 2, status="done", attempts=1, finished_at=ago("3 days"))
+    move_to_history(dsn)
+    with psycopg.connect(dsn) as reader:
+        # A long read of the history holds its days, which a drop must wait for.
+        reader.execute("SELECT count(*) FROM all_jobs").fetchone()
+        began = time.monotonic()
+        refused = run_cli("purge", "--older-than", "2d", "--lock-timeout", "2s", "--dsn", dsn)
+        took = time.monotonic() - began
+        assert refused.exit_code == 1, refused.stderr
+        assert "2s" in refused.stderr and f"pid {reader.info.backend_pid}" in refused.stderr
+        assert 1.5 < took < 10, took
+
+        # With a longer --lock-timeout it waits, and drops the day once the read ends.
+        result: dict[str, Any] = {}
+        purge = threading.Thread(
+            target=lambda: result.update(
+                out=run_cli(
+                    "purge", "--older-than", "2d", "--lock-timeout", "30s", "--json", "--dsn", dsn
+                )
+            )
+        )
+        purge.start()
+        time.sleep(3)  # longer than a drop's retries took before
+        assert purge.is_alive()
+    purge.join(30)
+    assert len(json.loads(result["out"].stdout)["dropped_days"]) == 1
