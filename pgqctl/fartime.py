@@ -37,6 +37,11 @@ class FarTime(dt.datetime):
         ISO), is beyond a datetime: infinite, BC, or a year of 5 digits."""
         return text in ("infinity", "-infinity") or text.endswith(" BC") or text[4:5].isdigit()
 
+    # datetime's own would rebuild it from its bytes, which __new__ does not
+    # take: copies (dataclasses.asdict) and pickles are made from the text.
+    def __reduce_ex__(self, protocol: Any) -> tuple[type[FarTime], tuple[str]]:
+        return (FarTime, (self.text,))
+
     # A datetime method would show datetime.max, or overflow moving it to
     # another zone; the time is shown as written, and is as far in every zone.
     def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:

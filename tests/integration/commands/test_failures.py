@@ -104,3 +104,19 @@ def test_list_and_requeue_select_by_error_text(dsn: str, conn: psycopg.Connectio
 
     empty = run_cli("list", "--error", "", "--dsn", dsn)
     assert empty.exit_code == 2 and "give the text to look for" in empty.stderr
+
+
+def test_failures_at_times_no_datetime_holds_read_as_postgresql_wrote_them(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    # Plain SQL may finish a job at '-infinity': it is shown as written, in
+    # text and in JSON, not as a traceback.
+    conn.execute(
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error) "
+        "VALUES ('far', '{}', 'failed', 1, '-infinity', 'boom'), "
+        "       ('far', '{}', 'failed', 1, 'infinity', 'boom')"
+    )
+    (cause,) = cli_json(dsn, "failures")
+    assert (cause["first_seen"], cause["last_seen"], cause["jobs"]) == ("-infinity", "infinity", 2)
+    shown = run_cli("failures", "--dsn", dsn)
+    assert shown.exit_code == 0 and "-infinity" in shown.stdout, shown.stderr
