@@ -39,8 +39,10 @@ WITH widths AS (
     GROUP BY tablename
 )
 SELECT c.oid::bigint AS oid, c.relname AS name,
-       coalesce(s.n_live_tup, parts.live) AS n_live_tup,
-       coalesce(s.n_dead_tup, parts.dead) AS n_dead_tup, s.n_mod_since_analyze, s.n_ins_since_vacuum,
+       -- A partitioned table's own statistics are zeros: its partitions' count.
+       CASE WHEN c.relkind = 'p' THEN parts.live ELSE s.n_live_tup END AS n_live_tup,
+       CASE WHEN c.relkind = 'p' THEN parts.dead ELSE s.n_dead_tup END AS n_dead_tup,
+       s.n_mod_since_analyze, s.n_ins_since_vacuum,
        s.n_tup_ins, s.n_tup_upd, s.n_tup_del, s.n_tup_hot_upd,
        s.last_vacuum, s.last_autovacuum, s.last_analyze, s.last_autoanalyze,
        s.vacuum_count, s.autovacuum_count, s.analyze_count, s.autoanalyze_count,

@@ -292,6 +292,9 @@ def test_check_and_doctor_say_when_no_worker_moves_finished_jobs(
     assert run_cli("check", "--dsn", dsn, "--max-unmoved-age", "1d").exit_code == 0
     doctor = json.loads(run_cli("doctor", "--dsn", dsn, "--json").stdout)
     assert not [f for f in doctor["findings"] if f["kind"] == "history_move"]
+    # The history is one row, with its partitions' rows.
+    (kept,) = [t for t in doctor["tables"] if t["table"] == "jobs_history"]
+    assert kept["n_live_tup"] == 2, kept
 
 
 def test_the_newest_page_is_exact_when_the_newest_days_cannot_answer_it(
