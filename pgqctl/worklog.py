@@ -57,7 +57,9 @@ class WorkLog:
 
     def error(self, message: str, exc: BaseException) -> None:
         """An unexpected error: its message, and with --debug its traceback."""
-        self.event("error", f"{message}: {type(exc).__name__}: {exc}", error=str(exc))
+        # The server's CONTEXT lines stay in the `error` field, not the line.
+        first = str(exc).split("\n", 1)[0]
+        self.event("error", f"{message}: {type(exc).__name__}: {first}", error=str(exc))
         if self.debug:
             self._write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 
