@@ -57,7 +57,12 @@ APPLICATION_NAME = "pgqctl"
 # compilation, which the server turns on by the plan's estimate: an
 # estimate that grows with the history. A list reading 2 ms of a window
 # spent 125 ms compiling, at 100 million finished rows.
-BASE_SETTINGS = {"jit": "off"}
+# Times are read as text in the ISO style, the only one psycopg parses:
+# a database may show them its own way (ALTER DATABASE ... SET datestyle),
+# which stays the session's for a SQL job's own statement. "ISO" alone
+# keeps the day-month order as it was, so a session already in ISO (the
+# default) sees no change, and the server reports none.
+BASE_SETTINGS = {"jit": "off", "DateStyle": "ISO", "IntervalStyle": "postgres"}
 CONNECT_TIMEOUT_SECONDS = 10
 # How libpq words a setting it refuses to use, e.g. 'invalid integer value
 # "abc" for connection option "port"', 'invalid sslmode value: "x"',
@@ -151,6 +156,16 @@ class _TimestamptzLoader(Loader):
             if not FarTime.holds(text):  # another error (a DateStyle psycopg cannot read)
                 raise
             return FarTime(text)
+        except NotImplementedError:
+            # psycopg's loader reads the session's DateStyle when it is made,
+            # and a pipeline's rows are loaded after its COMMIT gave the
+            # session its own style back (a database's ALTER DATABASE ...
+            # SET datestyle): the text itself is ISO, as every transaction
+            # of pgqctl sets it (BASE_SETTINGS).
+            text = bytes(data).decode()
+            if FarTime.holds(text):
+                return FarTime(text)
+            return datetime.datetime.fromisoformat(text)
 
 
 class _FarTimeDumper(Dumper):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgqctl import db
 from pgqctl.errors import DatabaseUnavailable, NotMigrated
@@ -140,3 +143,33 @@ def test_a_schema_migrate_cannot_fix_is_not_answered_with_run_migrate(
     with db.connect(dsn, schema="public") as conn, pytest.raises(NotMigrated) as err:
         db.require_migrated(conn)
     assert message in str(err.value)
+
+
+def test_a_database_that_shows_dates_its_own_way_is_read_and_worked_alike(dsn: str) -> None:
+    # DateStyle and IntervalStyle are the database's to choose (ALTER
+    # DATABASE ... SET); psycopg reads only the ISO style, which each of
+    # pgqctl's transactions sets, even where a pipeline's rows are read
+    # after its COMMIT gave the session its own style back (the worker's).
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        name = sql.Identifier(conn.info.dbname)
+        for setting, value in (
+            ("datestyle", "SQL, DMY"),
+            ("intervalstyle", "sql_standard"),
+            ("timezone", "Asia/Kolkata"),
+        ):
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                    name, sql.Identifier(setting), sql.Literal(value)
+                )
+            )
+    (job,) = json.loads(
+        run_cli("enqueue", "--dsn", dsn, "--json", "echo", '{"argv": ["echo", "hi"]}').stdout
+    )
+    worked = run_cli("worker", "--dsn", dsn, "--burst")
+    assert worked.exit_code == 0 and "error" not in worked.stderr, worked.stderr
+    (shown,) = json.loads(run_cli("list", "--dsn", dsn, "--json").stdout)
+    assert (shown["id"], shown["status"]) == (job["id"], "done")
+    for command in (["stats"], ["show", str(job["id"])], ["logs", str(job["id"])], ["check"]):
+        result = run_cli(*command, "--dsn", dsn)
+        assert result.exit_code == 0, (command, result.stderr)
+        assert "Traceback" not in result.stderr
