@@ -484,6 +484,10 @@ def test_killed_worker_job_comes_back_through_reap_with_its_attempt_count(
     [job_id] = insert_jobs(conn, [sh(script, str(pidfile))])
     first = start_worker(dsn, "--lease", "2s")
     wait_until(lambda: pidfile.exists() and pidfile.read_text(), 10, "the job to start")
+    # The worker tells its guard of a job's group just after starting it,
+    # then logs the start: killed before that (a few microseconds; longer
+    # on a loaded machine) the job would be left unguarded.
+    first.wait_for_log(f"job {job_id} started")
     first.proc.kill()
     first.proc.wait()
     assert conn.execute(REAP).fetchall() == []  # the lease still holds
