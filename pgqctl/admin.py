@@ -589,10 +589,10 @@ def requeue(
     rows: list[dict[str, Any]] = []
     for _ in range(REQUEUE_TRIES):
         changed = _requeue_once(conn, params, dry_run=dry_run)
-        rows += [row for row in changed if row["held_by"] != -1]
+        rows += [row for row in changed if row["held_by"] != UNSEEN]
         # Jobs that moved into the history while the statement waited for
         # them: a new statement sees them there.
-        unseen = [row["id"] for row in changed if row["held_by"] == -1]
+        unseen = [row["id"] for row in changed if row["held_by"] == UNSEEN]
         if not unseen:
             break
         params = {**params, "ids": unseen, "limit": None}
@@ -611,8 +611,10 @@ def requeue(
 
 
 # A requeue runs again for the jobs that moved into the history while it
-# waited for them, this many times in all.
+# waited for them, this many times in all. job_requeue gives such a job
+# held_by UNSEEN.
 REQUEUE_TRIES = 3
+UNSEEN = -1
 
 
 def _requeue_once(

@@ -161,11 +161,11 @@ class _TimestamptzLoader(Loader):
             # and a pipeline's rows are loaded after its COMMIT gave the
             # session its own style back (a database's ALTER DATABASE ...
             # SET datestyle): the text itself is ISO, as every transaction
-            # of pgqctl sets it (BASE_SETTINGS).
-            text = bytes(data).decode()
-            if FarTime.holds(text):
-                return FarTime(text)
-            return datetime.datetime.fromisoformat(text)
+            # of pgqctl sets it (BASE_SETTINGS), which psycopg's loader
+            # reads when it knows no session (times in UTC, the same instants).
+            assert self.base is not None
+            self._load = self.base(self.oid, None).load
+            return self.load(data)
 
 
 class _FarTimeDumper(Dumper):

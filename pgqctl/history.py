@@ -194,19 +194,21 @@ def drop_day(conn: Any, day: dt.date) -> DroppedDay | None:
     with conn.transaction():
         (limit,) = conn.execute(query("history_lock_limit")).fetchone()
     deadline = time.monotonic() + limit if limit else None
+
+    def at_most(seconds: float) -> float:
+        """`seconds`, or what is left before the deadline if less."""
+        return seconds if deadline is None else min(seconds, deadline - time.monotonic())
+
     while True:
-        left = None if deadline is None else max(0.001, deadline - time.monotonic())
-        wait = LOCK_WAIT if left is None else min(LOCK_WAIT, left)
+        wait = max(0.001, at_most(LOCK_WAIT))  # 0 would be no timeout at all
         try:
             with conn.transaction():
                 conn.execute(query("history_lock_timeout"), {"timeout": f"{wait * 1000:.0f}ms"})
                 (row,) = conn.execute(query("history_drop_day"), {"day": day}).fetchall()
         except psycopg.errors.LockNotAvailable:
-            if deadline is not None and time.monotonic() >= deadline:
+            pause = at_most(DROP_RETRY_PAUSE)
+            if pause <= 0:
                 raise
-            pause = DROP_RETRY_PAUSE
-            if deadline is not None:
-                pause = min(pause, max(0.0, deadline - time.monotonic()))
             time.sleep(pause)
             continue
         if row[0] is None:
