@@ -473,6 +473,7 @@ def render_markdown(doc: dict[str, Any], extras: list[tuple[str, str]]) -> str:
         out += ["", f"## `{command}`", ""]
         out += ["Run after the comparison, on the same server; its output whole:", ""]
         out += ["```text", stdout.rstrip(), "```"]
+        out += extra_shortfalls(stdout)
     if doc["failed"]:
         out += ["", "## Failures", ""]
         out += [f"- {line}" for line in failures(doc)]
@@ -480,6 +481,21 @@ def render_markdown(doc: dict[str, Any], extras: list[tuple[str, str]]) -> str:
         out += ["", "## Not measured", ""]
         out += [f"- {name}: waiting for {reason}" for name, reason in doc["skipped"].items()]
     return "\n".join(out) + "\n"
+
+
+def extra_shortfalls(stdout: str) -> list[str]:
+    """For each target a bench's output reports not met: the line, and why."""
+    missed = [line.strip() for line in stdout.splitlines() if ": not met]" in line]
+    if not missed:
+        return []
+    out = ["", "Targets not met, and why:", ""]
+    for line in missed:
+        why = next(
+            (text for key, text in notes.EXTRA_SHORTFALLS.items() if key in line),
+            notes.NO_ANALYSIS,
+        )
+        out.append(f"- `{line}`: {why}")
+    return out
 
 
 if __name__ == "__main__":

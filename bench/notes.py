@@ -87,3 +87,66 @@ SHORTFALLS: dict[str, str] = {
         "a smaller --batch-size, and a measurement on a quiet machine."
     ),
 }
+
+
+_WORKER_PATH = (
+    "a drain of `true` is bound by one thread on both sides: it waits, holding the GIL, "
+    "while each child execs (os.posix_spawn, and subprocess too, keep the GIL through the "
+    "vfork on Python 3.11), and for the server to answer each exchange. So a job costs that "
+    "thread its own CPU, the server's CPU for the exchange, and the exec wait. The bench "
+    "prints the model: `path exec_wait` (the bare loop's interval less its two CPUs, about "
+    "0.4 ms on a quiet 2-core machine), `predicted worker/bare_loop` from the CPU per job "
+    "(0.75 against 0.80 measured, 0.63 against 0.62 with prefetch, on a quiet machine), and "
+    "`path own+server ... for 0.9x`: about 430 us a job of the worker's own and its "
+    "server's CPU, against 600 now. The worker's own CPU is 290 us a job (200 in user "
+    "mode) against the bare loop's 120 (55): what the bare loop leaves out costs that "
+    "(two log lines, the guard's message, the attempt record of each job, kept output "
+    "read from two pipes, the events of a job's end, its lease and slot bookkeeping), "
+    "each a few to 30 us and none dominant (a sampling profile by function, and the "
+    "worker run without its guard, its done line or its history: 10-20 us each); the "
+    "server's 320 us against 220 are the attempt record (about 35 us) and the "
+    "transaction's BEGIN, settings and COMMIT. Overlapping the exec wait does not close "
+    "it: the bare loop with its children started on a thread of their own, through "
+    "ctypes with the GIL released, ran 1.07x its own rate and spent 60 us more a job "
+    "(the two cores are then busy with the children's execs). What would close it: "
+    "about 170 us a job less of the worker's and the server's CPU, that is a per-job "
+    "path without some of those parts, or in C."
+)
+
+EXTRA_SHORTFALLS: dict[str, str] = {
+    # Keyed by a piece of the bench's output line; the first key found in a line
+    # that reports a target not met gives its note.
+    "ratio worker/bare_loop (true, c4)": _WORKER_PATH,
+    "ratio worker_prefetch_4/bare_loop_4_ahead": (
+        "as for worker/bare_loop: claiming 4 ahead takes the bare loop's cost per job down "
+        "to 90 us (one exchange for several jobs), where the worker's stays near 290 us: "
+        "its cost per job is in starting and ending each job, not in its exchanges. " + _WORKER_PATH
+    ),
+    "ratio worker_prefetch_4/pool": (
+        "the pool has no queue: no exchange, no server CPU, no attempt record. The worker "
+        "adds its own CPU and the server's (about 570 us a job, printed above) to the "
+        "child's 750; on 2 cores that is about 0.6 of the pool's rate at the best, before "
+        "the exec wait that its one starting thread adds (see worker/bare_loop)."
+    ),
+    "ratio worker/pool (sleep 0.01, c8)": (
+        "each slot's next job waits for the exchange that reports the last one and claims "
+        "for the freed slot (a worker claims only for free slots unless told --prefetch): "
+        "a slot's cycle was 13.8 ms against the pool's 11.2 (8 slots / rate), of which the "
+        "exchange and the start of the next job are the difference; with --prefetch 8 "
+        "the next job starts from the local queue and the ratio is 0.88 "
+        "(worker_prefetch_8/pool, above). The rest is the worker's CPU per job on the "
+        "cores the children need (see worker/bare_loop). What would close it: prefetch by "
+        "default, or an exec wait off the thread that claims."
+    ),
+    "ratio cpu_own worker/bare_loop": _WORKER_PATH,
+    "ratio cpu_own worker_prefetch_4/bare_loop_4_ahead": _WORKER_PATH,
+    "ratio resident/per_job, throughput": (
+        "a Python that imports nothing starts in about 9 ms of CPU here, so the per-job "
+        "side runs about 200 jobs/s at concurrency 4 on 2 cores; 10x asks the resident "
+        "side for 2,000 jobs/s, while the worker's own cost of a job with no process at "
+        "all (no_child: claim, report and log it) allows about 1,000. The resident side "
+        "is at or above no_child (resident/no_child), so the ratio is the worker's cost "
+        "per job (see worker_bench's worker/bare_loop). With a script's usual imports "
+        "(--imports asyncio,decimal,email.mime.multipart,http.client,logging) it was 24x."
+    ),
+}

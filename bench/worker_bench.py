@@ -240,10 +240,20 @@ BARE_SERVER_CPU: dict[int, list[float]] = {0: [], 4: []}
 
 def proc_cpu(pid: int) -> tuple[float, float]:
     """(own, children's) CPU seconds of a live process, from /proc/<pid>/stat."""
+    user, system, children = proc_times(pid)
+    return user + system, children
+
+
+def proc_times(pid: int) -> tuple[float, float, float]:
+    """(user, system, children's) CPU seconds of a live process, from /proc/<pid>/stat."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks
+    return (
+        int(fields[11]) / ticks,
+        int(fields[12]) / ticks,
+        (int(fields[13]) + int(fields[14])) / ticks,
+    )
 
 
 def backends_cpu(pids: list[int]) -> float | None:
@@ -271,6 +281,7 @@ class Drained:
     own: float  # the process itself, without its children
     children: float | None
     server: float | None
+    own_user: float | None = None  # of `own`, the time in user mode (Python, libpq)
 
 
 def pool_run(count: int, argv: list[str], threads: int) -> Drained:
@@ -320,7 +331,7 @@ def worker_run(
                     "AND application_name LIKE 'pgqctl worker %%'"
                 )
             ]
-            own, children = proc_cpu(worker.pid)
+            user, system, children = proc_times(worker.pid)
             server = backends_cpu(backends)
             insert_jobs(dsn, count, argv)
             deadline = time.monotonic() + 600
@@ -330,7 +341,7 @@ def worker_run(
                 assert time.monotonic() < deadline, "jobs left undone"
                 assert worker.poll() is None, log.read_text()[-2000:]
                 time.sleep(0.05)
-            own_after, children_after = proc_cpu(worker.pid)
+            user_after, system_after, children_after = proc_times(worker.pid)
             server_after = backends_cpu(backends)
             row = conn.execute("SELECT extract(epoch FROM max(finished_at)) FROM jobs").fetchone()
     finally:
@@ -340,9 +351,10 @@ def worker_run(
     first = epoch(log_events(log, "started")[0]["ts"])
     return Drained(
         count / (float(row[0]) - first),
-        (own_after - own) / count * 1e6,
+        (user_after + system_after - user - system) / count * 1e6,
         (children_after - children) / count * 1e6,
         None if server is None or server_after is None else (server_after - server) / count * 1e6,
+        (user_after - user) / count * 1e6,
     )
 
 
@@ -355,10 +367,12 @@ def bare_run(dsn: str, count: int, ahead: int) -> Drained:
         backend = [loop.conn.info.backend_pid]
         insert_jobs(dsn, count, ["true"])
         own = cpu_seconds(resource.RUSAGE_SELF)
+        user = resource.getrusage(resource.RUSAGE_SELF).ru_utime
         children = cpu_seconds(resource.RUSAGE_CHILDREN)
         server = backends_cpu(backend)
         rate = loop.run()
         own = cpu_seconds(resource.RUSAGE_SELF) - own
+        user = resource.getrusage(resource.RUSAGE_SELF).ru_utime - user
         children = cpu_seconds(resource.RUSAGE_CHILDREN) - children
         server_after = backends_cpu(backend)
     finally:
@@ -371,6 +385,7 @@ def bare_run(dsn: str, count: int, ahead: int) -> Drained:
         own / count * 1e6,
         children / count * 1e6,
         None if server is None or server_after is None else (server_after - server) / count * 1e6,
+        user / count * 1e6,
     )
 
 
@@ -467,12 +482,43 @@ def figures_rounds(dsn: str, rounds: int, jobs: int, workdir: Path, quick: bool)
         server = [d.server for d in runs[name] if d.server is not None]
         if server:
             show(f"cpu_server {name} (true)", server, "us/job")
+    for name in ("worker", "worker_prefetch_4", "bare_loop", "bare_loop_4_ahead"):
+        user = [d.own_user for d in runs[name] if d.own_user is not None]
+        if user:
+            show(f"cpu_own_user {name} (true)", user, "us/job")
     for mine, base in (("worker", "bare_loop"), ("worker_prefetch_4", "bare_loop_4_ahead")):
         show_ratio(
             f"cpu_own {mine}/{base} (true)",
             [a.own / b.own for a, b in zip(runs[mine], runs[base], strict=True)],
             "<=1.5",
         )
+        show_path(mine, base, runs[mine], runs[base])
+
+
+def show_path(mine: str, base: str, mine_runs: list[Drained], base_runs: list[Drained]) -> None:
+    """Why a drain of `true` runs at the rate it does: both sides start their
+    children from one thread, which waits, holding the GIL, while each child
+    execs (os.posix_spawn), and for each exchange's answer. So a job costs
+    that thread its own CPU, the server's CPU of the exchange, and the wait
+    for the exec. The wait is the base's interval less its two CPUs; with the
+    same wait, the other side's two CPUs give its rate. A ratio the model
+    predicts close to the measured one says the gap is the CPU per job."""
+    waits, predicted, needed = [], [], []
+    for a, b in zip(mine_runs, base_runs, strict=True):
+        if a.server is None or b.server is None:
+            return
+        wait = 1e6 / b.rate - b.own - b.server
+        waits.append(wait)
+        predicted.append((b.own + b.server + wait) / (a.own + a.server + wait))
+        # What own + server CPU would give 0.9x the base at the same wait.
+        needed.append((1e6 / b.rate) / 0.9 - wait)
+    show(f"path exec_wait {base} (true)", waits, "us/job")
+    show(
+        f"path own+server {mine} for 0.9x {base} (true)",
+        needed,
+        f"us/job at most (now {statistics.median(a.own + (a.server or 0) for a in mine_runs):.0f})",
+    )
+    show_ratio(f"predicted {mine}/{base} (true), from CPU per job", predicted, "")
 
 
 # ------------------------------------------------------------ claims path
