@@ -131,7 +131,7 @@ _posix_spawn: Callable[..., int] | None = getattr(os, "posix_spawn", None)
 # Popen's restore_signals does: a child writing to a closed pipe should die of
 # SIGPIPE, not loop on EPIPE.
 _RESTORED_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)
 )
 # What `Stop` writes to wake a waiter: an eventfd takes exactly 8 bytes.
 _ONE = (1).to_bytes(8, sys.byteorder)
