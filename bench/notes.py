@@ -83,8 +83,15 @@ SHORTFALLS: dict[str, str] = {
         "batch's deletions, and on 2 cores the purge's backend competes with them for CPU. "
         "The purge rests as long as each batch took (--pause auto); compare "
         "purge.claim_quiet_p50 across runs: when the machine's other tenants push the quiet "
-        "exchanges up, the ratio moves with them. What would close it: a longer --pause or "
-        "a smaller --batch-size, and a measurement on a quiet machine."
+        "exchanges up, the ratio moves with them. On the embedded server (fsync on) a "
+        "claim now and then waits 30-60 ms with or without a purge. Three runs of "
+        "`bench/run --only purge --rounds 4`: as it is, 2.51 (rounds 1.22 .. 18.85); with "
+        "--batch-size 2000 (batches of 11 ms, not 39), 6.22 (0.73 .. 13.55); with "
+        "autovacuum off on jobs, 1.91 (1.02 .. 10.13), one round's quiet second holding a "
+        "57 ms claim. So the p99 of the one quiet second is close to its slowest claim, and "
+        "the stalls are the server's flushes, not the purge's batches. What would close "
+        "it: a quieter disk, or a quiet window longer than a second to set the bound "
+        "against."
     ),
 }
 
