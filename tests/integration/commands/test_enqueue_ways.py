@@ -143,6 +143,22 @@ def test_a_load_of_plain_jobs_uses_the_staging_table_only_without_the_sequence_p
     assert table == [(job_id, i) for i, job_id in enumerate(ids)]
 
 
+def test_ids_drawn_that_are_not_a_run_are_each_given_to_their_job_in_order(dsn: str) -> None:
+    # A sequence that steps by 3 draws no run of ids, as when another session
+    # draws some while a chunk draws its own: the chunk then gets them listed.
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("ALTER TABLE jobs ALTER COLUMN id SET INCREMENT BY 3")
+    with psycopg.connect(dsn) as app:
+        ids = pgqctl.enqueue_many(app, [{"kind": "k", "payload": {"i": i}} for i in range(2_500)])
+        staging = app.execute("SELECT to_regclass('pg_temp.pgqctl_enqueue_load')").fetchone()
+        app.commit()
+    assert staging == (None,)  # straight into jobs, with the ids drawn first
+    assert ids == list(range(ids[0], ids[0] + 3 * 2_500, 3))
+    with psycopg.connect(dsn, autocommit=True) as c:
+        table = c.execute("SELECT id, (payload->>'i')::int FROM jobs ORDER BY id").fetchall()
+    assert table == [(job_id, i) for i, job_id in enumerate(ids)]
+
+
 def test_a_bad_line_deep_in_a_big_file_enqueues_nothing_and_wakes_nobody(
     producer: str, dsn: str, tmp_path: Path
 ) -> None:
