@@ -49,6 +49,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import throwaway_db
+from report import verdict
 
 from pgqctl import enqueue_many
 
@@ -325,12 +326,6 @@ def print_series(
             f"{percentile(inside, 0.99):7.3f} s  dead {dead:>9,}  {mark}"
         )
         t += 5
-
-
-def verdict(value: float, sense: str, bound: float, unit: str = "") -> str:
-    """The issue's target for a figure, and whether this run met it."""
-    met = value >= bound if sense == ">=" else value <= bound
-    return f" [target {sense} {bound:g}{unit}: {'met' if met else 'not met'}]"
 
 
 if __name__ == "__main__":

@@ -16,3 +16,9 @@ def summary(values: list[float], unit: str, digits: int | None = None) -> str:
 
 def say(message: str) -> None:
     print(f"# {message}", file=sys.stderr, flush=True)
+
+
+def verdict(value: float, sense: str, bound: float, unit: str = "") -> str:
+    """A figure's target (`sense` ">=" or "<=" `bound`) and whether `value` meets it."""
+    met = value >= bound if sense == ">=" else value <= bound
+    return f" [target {sense} {bound:g}{unit}: {'met' if met else 'not met'}]"

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psycopg
 import throwaway_db
-from report import say, summary
+from report import say, summary, verdict
 from sql_job_bench import Drain, check_all_done, drain_arguments, in_rounds, timed_worker
 from worker_bench import load
 
@@ -104,8 +104,8 @@ def main() -> None:
         ("resident", "no_child", "throughput against no child", rates, 0.7),
     ):
         ratios = [x / y for x, y in zip(values[a], values[b], strict=True)]
-        met = "met" if statistics.median(ratios) >= target else "not met"
-        print(f"ratio {a}/{b}, {what}: {summary(ratios, 'x')} [target >= {target:g}: {met}]")
+        judged = verdict(statistics.median(ratios), ">=", target)
+        print(f"ratio {a}/{b}, {what}: {summary(ratios, 'x')}{judged}")
 
 
 if __name__ == "__main__":

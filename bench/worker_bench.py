@@ -366,15 +366,15 @@ def bare_run(dsn: str, count: int, ahead: int) -> Drained:
     try:
         backend = [loop.conn.info.backend_pid]
         insert_jobs(dsn, count, ["true"])
-        own = cpu_seconds(resource.RUSAGE_SELF)
-        user = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+        before = resource.getrusage(resource.RUSAGE_SELF)
         children = cpu_seconds(resource.RUSAGE_CHILDREN)
         server = backends_cpu(backend)
         rate = loop.run()
-        own = cpu_seconds(resource.RUSAGE_SELF) - own
-        user = resource.getrusage(resource.RUSAGE_SELF).ru_utime - user
+        after = resource.getrusage(resource.RUSAGE_SELF)
         children = cpu_seconds(resource.RUSAGE_CHILDREN) - children
         server_after = backends_cpu(backend)
+        user = after.ru_utime - before.ru_utime
+        own = user + after.ru_stime - before.ru_stime
     finally:
         loop.close()
     with psycopg.connect(dsn, autocommit=True) as conn:
