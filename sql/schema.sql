@@ -689,19 +689,18 @@ BEGIN
         RAISE EXCEPTION 'permission denied for table jobs_history'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
+    -- Before the look-up: a session dropping the same day meanwhile holds
+    -- this lock until it commits, so the look-up sees its drop.
+    EXECUTE format('LOCK TABLE %I.jobs_history_done IN ACCESS EXCLUSIVE MODE',
+                   current_schema());
     part := to_regclass(format('%I.%I', current_schema(),
                                'jobs_history_done_' || to_char(day, 'YYYYMMDD')));
     IF part IS NULL THEN
         RETURN NULL;
     END IF;
     SELECT nullif(c.reltuples, -1)::bigint INTO estimate FROM pg_class AS c WHERE c.oid = part;
-    BEGIN
-        EXECUTE format('DROP TABLE %I.%I', current_schema(),
-                       'jobs_history_done_' || to_char(day, 'YYYYMMDD'));
-    EXCEPTION WHEN undefined_table THEN
-        -- Dropped by another session since the check (two purges at once).
-        RETURN NULL;
-    END;
+    EXECUTE format('DROP TABLE %I.%I', current_schema(),
+                   'jobs_history_done_' || to_char(day, 'YYYYMMDD'));
     -- Its jobs' attempts, the same day's.
     EXECUTE format('DROP TABLE IF EXISTS %I.%I', current_schema(),
                    'attempts_history_done_' || to_char(day, 'YYYYMMDD'));
