@@ -171,14 +171,17 @@ def enqueue_many(
             valid += made
             numbers += (row_number(number, position) for position in range(len(made)))
         return insert_jobs(conn, valid, schema=schema, on_conflict=on_conflict, numbers=numbers)
-    rows = _record_rows(records, limit)
+    rows: Iterator[str] = _record_rows(records, limit)
+    # As many rows as records, but for a record of several kinds.
+    expected = len(records)
     if not conn.autocommit:
         # In the caller's transaction: all checked before anything is sent,
         # so that a bad job leaves that transaction as it was. In autocommit
         # mode the call's own transaction is rolled back instead, and jobs
         # go to the server while the next ones are checked.
-        rows = iter(list(rows))
-    return insert_rows(conn, rows, schema=schema, on_conflict=on_conflict)
+        checked = list(rows)
+        rows, expected = iter(checked), len(checked)
+    return insert_rows(conn, rows, schema=schema, on_conflict=on_conflict, expected=expected)
 
 
 def _record_rows(records: list[Mapping[str, Any]], limit: int) -> Iterator[str]:

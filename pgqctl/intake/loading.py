@@ -15,7 +15,6 @@ from pgqctl.errors import BadInput
 from pgqctl.intake.copy_rows import (
     all_due_now,
     all_keyless,
-    direct_text,
     has_limit_keys,
     job_row,
     row_columns,
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
     import psycopg
     from psycopg import sql
 
+    from pgqctl.intake.direct_copy import DirectCopy
     from pgqctl.policy import Policy
 
 
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 COPY_MIN_JOBS = 200
 CHUNK_JOBS = 10_000
 CHUNKS_AHEAD = 2
-# A chunk going straight into jobs is written this many rows at a time.
-_PIECE_JOBS = 1000
 FIRST_CHUNK_JOBS = 500
 # A bulk load read before its transaction keeps this much in memory, the
 # rest in a temporary file.
@@ -106,8 +104,9 @@ def load(
                 policy=policy,
                 max_payload_bytes=max_payload_bytes,
             )
-            if read_first:
-                rows = _read_all(rows)
+            spooled = _ReadFirst(rows) if read_first else None
+            if spooled is not None:
+                rows = spooled
             # The first job is read before connecting, so an empty or plainly
             # wrong input never touches the database.
             first = next(rows, None)
@@ -120,20 +119,33 @@ def load(
                     on_progress=on_progress,
                     on_conflict=on_conflict,
                     where=lambda n: f"{source}, line {n}",
+                    expected=None if spooled is None else spooled.count,
                 )
     except BadInput as exc:
         raise BadInput(f"{exc}; nothing was enqueued") from None
 
 
-def _read_all(rows: Iterator[str]) -> Iterator[str]:
-    """Every row, all read (at the first `next`) before the first is given back."""
-    import tempfile  # here: `import pgqctl` need not load it
+class _ReadFirst(Iterator[str]):
+    """Every row, all read (at the first `next`) before the first is given
+    back; `count` is how many there are from then on."""
 
-    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8") as f:
-        # One row a line: COPY's text format escapes the line ends within a value.
-        f.writelines(rows)
-        f.seek(0)
-        yield from f
+    def __init__(self, rows: Iterator[str]) -> None:
+        self.count: int | None = None
+        self._rows = self._read(rows)
+
+    def __next__(self) -> str:
+        return next(self._rows)
+
+    def _read(self, rows: Iterator[str]) -> Iterator[str]:
+        import tempfile  # here: `import pgqctl` need not load it
+
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8") as f:
+            counted = itertools.count()
+            # One row a line: COPY's text format escapes the line ends within a value.
+            f.writelines(row for row, _ in zip(rows, counted, strict=False))  # counted: endless
+            self.count = next(counted)
+            f.seek(0)
+            yield from f
 
 
 @contextmanager
@@ -189,7 +201,13 @@ def insert_jobs(
                 return ids
     rows = itertools.starmap(job_row, numbered)
     return insert_rows(
-        conn, rows, schema=schema, on_progress=on_progress, on_conflict=on_conflict, where=where
+        conn,
+        rows,
+        schema=schema,
+        on_progress=on_progress,
+        on_conflict=on_conflict,
+        where=where,
+        expected=len(jobs) if isinstance(jobs, Sequence) else None,
     )
 
 
@@ -201,6 +219,7 @@ def insert_rows(
     on_progress: Callable[[int], None] | None = None,
     on_conflict: str = "skip",
     where: Callable[[int], str] = _index_name,
+    expected: int | None = None,
 ) -> Ids:
     """Insert jobs given as COPY rows (`read_rows`, `job_row`); return their ids in order.
 
@@ -217,17 +236,22 @@ def insert_rows(
 
     Each chunk takes the quickest way open to it (`_Loader`): COPY straight
     into jobs, with ids drawn first, for a role that may draw from the id
-    sequence and a chunk whose jobs have no unique key and are due at once;
+    sequence and a chunk whose jobs have no unique key and are due at once
+    (`DirectCopy`: one COPY across such chunks, its ids drawn in blocks of
+    about ``expected`` ids, the number of rows when the caller knows it);
     else COPY into a temporary table and INSERT ... SELECT; else, for a role
     without the TEMP privilege, an INSERT from arrays. All give the same rows.
     """
+    from pgqctl.intake.direct_copy import DirectCopy  # here: only bulk loads need it
+
     check_on_conflict(on_conflict)
     table = jobs_table(schema)
     with _own_transaction(conn, on_conflict), cursor(conn) as cur:
         run(cur, query("jobs_load_privileges"), {"table": table.as_string(conn)})
         may_stage, sequence = cur.fetchone() or (False, None)
-        loader = _Loader(cur, table, Unique(cur, table, on_conflict, where), may_stage, sequence)
-        return _load_chunks(rows, loader.load, on_progress)
+        direct = None if sequence is None else DirectCopy(cur, table, sequence, expected)
+        loader = _Loader(cur, table, Unique(cur, table, on_conflict, where), may_stage, direct)
+        return _load_chunks(rows, loader, on_progress)
 
 
 @contextmanager
@@ -265,9 +289,7 @@ def _insert_from_arrays(
 
 
 def _load_chunks(
-    rows: Iterable[str],
-    load: Callable[[list[str]], tuple[list[int], list[bool]]],
-    on_progress: Callable[[int], None] | None,
+    rows: Iterable[str], loader: _Loader, on_progress: Callable[[int], None] | None
 ) -> Ids:
     # A thread loads the chunks while this one reads and validates the next
     # ones, up to CHUNKS_AHEAD of them, so that the client's and the
@@ -277,24 +299,27 @@ def _load_chunks(
     from concurrent.futures import ThreadPoolExecutor
 
     ids = Ids()
-    loading: deque[Future[tuple[list[int], list[bool]]]] = deque()
-    with ThreadPoolExecutor(1) as loader:
+    loading: deque[Future[tuple[Sequence[int], list[bool]]]] = deque()
+    with ThreadPoolExecutor(1) as thread:
         try:
             sent = 0
             for chunk in _chunks(rows, CHUNK_JOBS):
                 if len(loading) == CHUNKS_AHEAD:
                     ids.add(*loading.popleft().result())
-                loading.append(loader.submit(load, chunk))
+                loading.append(thread.submit(loader.load, chunk))
                 sent += len(chunk)
                 if on_progress is not None:
                     on_progress(sent)
             while loading:
                 ids.add(*loading.popleft().result())
-        except BaseException:
-            # A bad row, or a failed chunk: the load stops here, and the
-            # chunks not started yet never go.
+            thread.submit(loader.end).result()
+        except BaseException as exc:
+            # A bad row, or a failed chunk: the load stops here, the chunks
+            # not started yet never go, and a COPY still open is aborted
+            # (after the chunk under way, in the loader's thread).
             for future in loading:
                 future.cancel()
+            thread.submit(loader.end, exc).result()
             raise
     return ids
 
@@ -308,42 +333,31 @@ class _Loader:
         table: sql.Identifier,
         unique: Unique,
         may_stage: bool,
-        sequence: int | None,
+        direct: DirectCopy | None,
     ) -> None:
         self.cur, self.table, self.unique = cur, table, unique
-        self.may_stage, self.sequence = may_stage, sequence
+        self.may_stage, self.direct = may_stage, direct
         self.staging = False  # whether the staging table is there yet
 
-    def load(self, rows: list[str]) -> tuple[list[int], list[bool]]:
+    def load(self, rows: list[str]) -> tuple[Sequence[int], list[bool]]:
         """The chunk's ids in order, and whether each job was there already."""
         text = "".join(rows)
         limited = has_limit_keys(text, len(rows))
         if limited:
             rows = with_limit_key_column(rows)
         keyless = all_keyless(text, len(rows))
-        if self.sequence is not None and keyless and all_due_now(text, len(rows)):
-            return self._copy_direct(rows, limited), []
+        if self.direct is not None and keyless and all_due_now(text, len(rows)):
+            return self.direct.write(rows, limited), []
+        if self.direct is not None:
+            self.direct.skip()  # the statements below need the connection
         if self.may_stage:
             return self._copy_staged(rows, limited, keyless)
         return self._from_arrays(rows, keyless)
 
-    def _copy_direct(self, rows: list[str], limited: bool) -> list[int]:
-        """COPY straight into jobs: no staging, nothing returned but the ids
-        drawn for the rows first."""
-        cur = self.cur
-        run(cur, query("jobs_draw_ids"), {"sequence": self.sequence, "count": len(rows)})
-        row = cur.fetchone()
-        assert row is not None  # an aggregate's one row
-        first, last, drawn = row
-        ids = list(range(first, last + 1)) if drawn is None else drawn
-        copied = "jobs_copy_direct_limited" if limited else "jobs_copy_direct"
-        with cur.copy(statement(copied, self.table)) as copy:
-            # Piece by piece: the server starts on the first rows while the
-            # next ones are made.
-            for start in range(0, len(rows), _PIECE_JOBS):
-                end = start + _PIECE_JOBS
-                copy.write(direct_text(ids[start:end], rows[start:end]))
-        return ids
+    def end(self, exc: BaseException | None = None) -> None:
+        """End the load's open COPY, if any; with `exc`, abort it."""
+        if self.direct is not None:
+            self.direct.end(exc)
 
     def _copy_staged(
         self, rows: list[str], limited: bool, keyless: bool

@@ -23,6 +23,7 @@ from psycopg import sql
 
 import pgqctl
 from pgqctl.errors import BadInput
+from pgqctl.intake import loading
 from tests.conftest import run_cli
 from tests.support.jobrows import enqueue_file_unheard
 from tests.support.servers import REPO_ROOT, Roles, clean_env, dbname_of, roles
@@ -232,3 +233,89 @@ def test_a_bad_job_deep_in_a_big_list_enqueues_nothing_and_wakes_nobody(
         assert len(list(listener.notifies(timeout=0.5))) == 1
         (count,) = listener.execute("SELECT count(*) FROM jobs").fetchone() or (None,)
     assert count == 300
+
+
+@pytest.mark.parametrize("source", ["list", "list_in_transaction", "pipe"])
+def test_a_load_of_known_length_takes_ids_without_a_gap(dsn: str, source: str) -> None:
+    # A list's length, and a pipe's once it is read whole, are known before
+    # the first row goes: the ids drawn for the load are as many as its jobs,
+    # so the next job enqueued gets the next id.
+    count = 25_000  # several chunks
+    jobs = [{"kind": "k", "payload": {"i": i}} for i in range(count)]
+    if source == "pipe":
+        lines = "".join(json.dumps(job) + "\n" for job in jobs)
+        result = run_cli("enqueue", "--file", "-", "--dsn", dsn, input=lines)
+        assert result.exit_code == 0, result.stderr
+        ids = [int(line) for line in result.stdout.split()]
+    else:
+        with psycopg.connect(dsn, autocommit=source == "list") as app:
+            ids = pgqctl.enqueue_many(app, jobs)
+            app.commit()
+    assert ids == list(range(ids[0], ids[0] + count))
+    with psycopg.connect(dsn, autocommit=True) as app:
+        assert pgqctl.enqueue(app, "next") == ids[-1] + 1
+        table = app.execute(
+            "SELECT id, (payload->>'i')::int FROM jobs WHERE kind = 'k' ORDER BY id"
+        )
+        assert table.fetchall() == [(job_id, i) for i, job_id in enumerate(ids)]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_chunks_of_every_shape_in_one_load_each_give_their_jobs_ids_in_input_order(
+    dsn: str, roles: Roles, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Straight into jobs, then with limit keys (another COPY's columns), then
+    # delayed and keyed chunks (staged: the open COPY ends first), and
+    # straight into jobs again, with the ids drawn before still in hand.
+    monkeypatch.setattr(loading, "FIRST_CHUNK_JOBS", 100)
+    monkeypatch.setattr(loading, "CHUNK_JOBS", 100)
+    shapes: list[dict[str, Any]] = (
+        [{}] * 250
+        + [{"limit_key": "c:1"}] * 100
+        + [{}] * 100
+        + [{"delay": 300}] * 100
+        + [{}] * 150
+        + [{"unique_key": "once"}]
+        + [{}] * 199
+    )
+    jobs = [{"kind": "k", "payload": {"i": i}, **shape} for i, shape in enumerate(shapes)]
+    with psycopg.connect(producer_dsn(dsn, roles, way), autocommit=True) as app:
+        ids = pgqctl.enqueue_many(app, jobs)
+    # Rising in input order, as the workers take jobs of one priority and time.
+    assert ids == sorted(set(ids)) and len(ids) == len(jobs)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        table = c.execute(
+            "SELECT id, (payload->>'i')::int, limit_key, run_at > now() + interval '1 minute',"
+            " unique_key FROM jobs ORDER BY id"
+        ).fetchall()
+    assert table == [
+        (
+            job_id,
+            i,
+            jobs[i].get("limit_key"),
+            "delay" in jobs[i],
+            jobs[i].get("unique_key"),
+        )
+        for i, job_id in enumerate(ids)
+    ]
+
+
+def test_a_load_the_server_refuses_part_way_enqueues_nothing(dsn: str) -> None:
+    # A job put in by hand under an id the sequence will give: the COPY that
+    # reaches it fails on the server, chunks after the first, and the load
+    # with it, whole; the connection is left usable.
+    with psycopg.connect(dsn, autocommit=True) as c:
+        (last,) = c.execute("SELECT nextval(pg_get_serial_sequence('jobs', 'id'))").fetchone()
+        c.execute(
+            "INSERT INTO jobs (id, kind, payload) OVERRIDING SYSTEM VALUE"
+            " VALUES (%s, 'by_hand', '{}')",
+            [last + 12_000],
+        )
+    jobs = [{"kind": "k", "payload": {"i": i}} for i in range(30_000)]
+    with psycopg.connect(dsn, autocommit=True) as app:
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            pgqctl.enqueue_many(app, jobs)
+        assert app.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        (kinds,) = app.execute("SELECT array_agg(kind) FROM jobs").fetchone() or (None,)
+        assert kinds == ["by_hand"]
+        assert len(pgqctl.enqueue_many(app, jobs[:300])) == 300
