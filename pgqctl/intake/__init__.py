@@ -11,6 +11,8 @@ One purpose per module:
 - `copy_rows`: the COPY text row of a job, and back;
 - `loading`: inserting rows, through COPY or from arrays, in the caller's
   transaction;
+- `direct_copy`: the COPY straight into jobs that a load keeps open across
+  chunks, and the ids drawn for it;
 - `unique`: unique keys: conflicts, and the jobs that hold them;
 - `statements`: every statement on the caller's connection, never prepared;
 - `fanout`: one payload, one job per kind.
