@@ -31,18 +31,16 @@ _AGAINST_COPY = (
     "the raw COPY writes (kind, payload) straight into jobs and returns nothing; pgqctl "
     "checks every job in Python as it goes (types, sizes, NUL characters, commands a "
     "worker would refuse: a bad one rolls the load back and nothing is enqueued), draws "
-    "the ids from the sequence before each chunk of up to 10,000 jobs so as to return "
-    "them, and COPYs each chunk straight into jobs with its id, queue, priority and "
-    "max_attempts. Against PostgreSQL 15 on a quiet machine (100,000 jobs, 5 rounds) the "
-    "client's CPU is 2.4 us a job against the raw COPY's 1.9 and the server's 6.2 us "
-    "against 5.8, and the draws take about 16% of the load's time, while no COPY flows; "
-    "a draw statement a third cheaper (no sort, no CTE) left the ratio at 0.82 either "
-    "way. The ratio is 0.80-0.89 against PostgreSQL 15 over TCP and 0.76-0.78 against "
-    "the embedded 18 over a unix socket, where the raw COPY is faster (about 189,000 "
-    "jobs/s against 160,000) and the API is not (about 133,000 on both): what is left "
-    "is the chunks' round trips and the client's work on the core PostgreSQL needs; the "
-    "CLI adds its start-up (see the CLI's ratio against pgqueuer). What would close it, "
-    "untried: one COPY for a load of known length, its ids drawn at once."
+    "the load's ids from the sequence first so as to return them (all at once when the "
+    "length is known, as a list's is; in doubling blocks for a file streamed from disk), "
+    "and sends its chunks through one COPY straight into jobs with their ids, queues, "
+    "priorities and max_attempts. With a draw and a COPY for each chunk of up to 10,000 "
+    "jobs, the API was 0.77x and the CLI 0.58x the raw COPY against PostgreSQL 15 (5 "
+    "rounds of 100,000 jobs on a quiet machine); with one COPY, in the run before it, "
+    "0.87x and 0.64x, and 0.84x and 0.63x against the embedded 18. What is left is the "
+    "client's checks, on the core the server needs (2.4 us a job against the raw COPY's "
+    "1.9), and the draw, a pause in which no row goes; the CLI adds its start-up (see "
+    "the CLI's ratio against pgqueuer)."
 )
 
 SHORTFALLS: dict[str, str] = {
@@ -55,10 +53,12 @@ SHORTFALLS: dict[str, str] = {
     "bulk_enqueue.pgqctl_cli/pgqueuer": _ENQUEUE_CLI,
     "bulk_enqueue.pgqctl_cli/procrastinate": _ENQUEUE_CLI,
     "bulk_enqueue.pgqctl_api/pgqueuer": (
-        "pgqueuer's figure falls less than a COPY's when the machine is loaded: in the same "
-        "rounds the raw COPY itself is 2.2-3.8x pgqueuer (4.2x in a quieter run), and the "
-        "API runs at the raw COPY's pace within the noise (see "
-        "bulk_enqueue.pgqctl_api/raw_copy). What would close it: a quieter machine."
+        "the target asks the API for 2.5 / (raw COPY / pgqueuer) of the raw COPY: the raw "
+        "COPY was 2.7x pgqueuer against the embedded 18 and 3.1x against PostgreSQL 15 in "
+        "the runs of the single COPY (2.2-4.2x in earlier runs: pgqueuer's figure falls less "
+        "than a COPY's when the machine is loaded), so 0.93x and 0.81x, where the API ran "
+        "at 0.84x and 0.87x (see bulk_enqueue.pgqctl_api/raw_copy). What would close it: "
+        "the client's checks off the server's core, or a quieter machine."
     ),
     "drain.pgqctl/procrastinate": (
         "procrastinate drains a few hundred jobs/s here (a stored-procedure call and event "
