@@ -7,7 +7,10 @@ other statement can run on the connection while it is open. Each draw and
 each start of a COPY is a round trip in which the server copies nothing, so
 ids are drawn in blocks as large as the load (when its length is known; else
 each about as many as were drawn before, so the blocks grow with the load),
-and the COPY ends only to draw more, or when a chunk of another shape comes.
+and the COPY ends only to draw more, when a chunk of another shape comes, or
+when it has taken chunks for about half the transaction's statement_timeout
+(the whole COPY is one statement, however long the load; with a short
+timeout, each chunk has a COPY of its own).
 
 Ids drawn and not used (the load was shorter than its block, or a chunk
 that needs its ids back from an INSERT came, `skip`) leave a gap in the
@@ -17,6 +20,7 @@ its order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -30,9 +34,13 @@ if TYPE_CHECKING:
     from psycopg import sql
 
 # The most ids one draw takes when the load's length calls for more: one
-# statement of about half a second, whose ids come back as an array of
-# 8 MB when another session drew some meanwhile.
-MAX_DRAW = 1_000_000
+# statement of about 50 ms, well within any statement_timeout, whose ids
+# come back as an array of 800 kB when another session drew some meanwhile.
+MAX_DRAW = 100_000
+# How far the server may be behind the rows sent when a COPY ends: the
+# socket's buffers hold some MB of them, a second or two of the server's
+# work on a loaded machine (30,000 rows, 0.15 s, on a quiet one).
+SERVER_LAG = 2.0
 # Rows are written this many at a time: the server starts on the first
 # while the next are made.
 PIECE_JOBS = 1000
@@ -49,10 +57,16 @@ class DirectCopy:
         table: sql.Identifier,
         sequence: int,
         expected: int | None,
+        timeout: float,
     ) -> None:
         self.cur, self.table, self.sequence = cur, table, sequence
         # How many rows the load holds, when the caller knows.
         self.expected = expected
+        # How long one COPY may go on taking chunks: half the
+        # statement_timeout, less what the server may have yet to read when
+        # it ends; none (a COPY a chunk) for a timeout of 2 * SERVER_LAG or less.
+        self.open_for = max(0.0, timeout / 2 - SERVER_LAG) if timeout > 0 else None
+        self.opened = 0.0  # time.monotonic() when the open COPY started
         self.ids: Sequence[int] = range(0)  # drawn, in order; given up to `at`
         self.at = 0
         self.drawn = 0
@@ -70,7 +84,7 @@ class DirectCopy:
             if self.left() < len(rows):
                 self.end()
                 self._draw(len(rows) - self.left())
-            if limited != self.limited:
+            if limited != self.limited or self._too_long():
                 self.end()
             copy = self._start(limited) if self.copy is None else self.copy
             ids = self.ids[self.at : self.at + len(rows)]
@@ -108,21 +122,29 @@ class DirectCopy:
         else:
             stack.__exit__(type(exc), exc, exc.__traceback__)
 
+    def _too_long(self) -> bool:
+        """Whether the open COPY has been open for as long as it may."""
+        return self.open_for is not None and time.monotonic() - self.opened > self.open_for
+
     def _start(self, limited: bool) -> psycopg.Copy:
         copied = "jobs_copy_direct_limited" if limited else "jobs_copy_direct"
         stack = ExitStack()
+        self.opened = time.monotonic()
         copy = stack.enter_context(self.cur.copy(statement(copied, self.table)))
         self.stack, self.copy, self.limited = stack, copy, limited
         return copy
 
     def _draw(self, needed: int) -> None:
         """At least `needed` more ids, after those left."""
+        rest = None if self.expected is None else self.expected - self.given - self.left()
         if self.mixed:
             wanted = 0
-        elif self.expected is not None:
-            wanted = self.expected - self.given - self.left()
+        elif rest is not None and rest > 0:
+            wanted = rest
         else:
-            wanted = self.drawn  # as many as so far: the blocks double
+            # Unknown, or more rows than expected (a record of several
+            # kinds): as many as so far, so that the blocks double.
+            wanted = self.drawn
         count = max(needed, min(wanted, MAX_DRAW))
         run(self.cur, query("jobs_draw_ids"), {"sequence": self.sequence, "count": count})
         row = self.cur.fetchone()

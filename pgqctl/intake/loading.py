@@ -248,8 +248,8 @@ def insert_rows(
     table = jobs_table(schema)
     with _own_transaction(conn, on_conflict), cursor(conn) as cur:
         run(cur, query("jobs_load_privileges"), {"table": table.as_string(conn)})
-        may_stage, sequence = cur.fetchone() or (False, None)
-        direct = None if sequence is None else DirectCopy(cur, table, sequence, expected)
+        may_stage, sequence, timeout = cur.fetchone() or (False, None, 0.0)
+        direct = None if sequence is None else DirectCopy(cur, table, sequence, expected, timeout)
         loader = _Loader(cur, table, Unique(cur, table, on_conflict, where), may_stage, direct)
         return _load_chunks(rows, loader, on_progress)
 
@@ -316,10 +316,13 @@ def _load_chunks(
         except BaseException as exc:
             # A bad row, or a failed chunk: the load stops here, the chunks
             # not started yet never go, and a COPY still open is aborted
-            # (after the chunk under way, in the loader's thread).
-            for future in loading:
-                future.cancel()
-            thread.submit(loader.end, exc).result()
+            # (after the chunk under way, in the loader's thread): whatever
+            # happens meanwhile, as the open COPY holds the connection.
+            try:
+                for future in loading:
+                    future.cancel()
+            finally:
+                thread.submit(loader.end, exc).result()
             raise
     return ids
 

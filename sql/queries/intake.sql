@@ -6,12 +6,15 @@
 -- name: jobs_load_privileges
 -- How this role may load many jobs, in one row: whether it may create the
 -- temporary table a COPY load stages rows in (the TEMP privilege on the
--- database), and the sequence of jobs.id if it may draw ids from it
--- (USAGE or UPDATE; NULL if not), which a COPY straight into jobs needs.
+-- database), the sequence of jobs.id if it may draw ids from it (USAGE or
+-- UPDATE; NULL if not), which a COPY straight into jobs needs, and the
+-- transaction's statement_timeout in seconds (0: none), which bounds how
+-- long that COPY may stay open.
 -- %(table)s is the table's name as SQL spells it (schema-qualified or not).
 SELECT has_database_privilege(current_database(), 'TEMP'),
        CASE WHEN has_sequence_privilege(s, 'USAGE') OR has_sequence_privilege(s, 'UPDATE')
-            THEN s::regclass::oid END
+            THEN s::regclass::oid END,
+       extract(epoch FROM current_setting('statement_timeout')::interval)::float8
 FROM (SELECT pg_get_serial_sequence(%(table)s, 'id') AS s) AS t;
 
 -- name: jobs_draw_ids

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from psycopg import sql
 
 import pgqctl
 from pgqctl.errors import BadInput
-from pgqctl.intake import loading
+from pgqctl.intake import direct_copy, loading
 from tests.conftest import run_cli
 from tests.support.jobrows import enqueue_file_unheard
 from tests.support.servers import REPO_ROOT, Roles, clean_env, dbname_of, roles
@@ -209,6 +210,7 @@ def test_two_loads_at_once_each_get_their_own_ids_in_order(dsn: str, tmp_path: P
             stored[kind].append((job_id, i))
     for name, ids in zip("ab", printed, strict=True):
         assert stored[name] == [(job_id, i) for i, job_id in enumerate(ids)]
+        assert ids == sorted(ids)  # each load's own, rising in its order
 
 
 @pytest.mark.parametrize("autocommit", [True, False])
@@ -264,17 +266,18 @@ def test_a_load_of_known_length_takes_ids_without_a_gap(dsn: str, source: str) -
 def test_chunks_of_every_shape_in_one_load_each_give_their_jobs_ids_in_input_order(
     dsn: str, roles: Roles, way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Straight into jobs, then with limit keys (another COPY's columns), then
-    # delayed and keyed chunks (staged: the open COPY ends first), and
-    # straight into jobs again, with the ids drawn before still in hand.
+    # Chunks of 100: straight into jobs, then with limit keys (the COPY
+    # names another column), then plain again on the ids in hand; a delayed
+    # chunk (staged: the COPY ends, the ids in hand are given up), plain
+    # ones on ids drawn after its, a keyed one, and a last plain one.
     monkeypatch.setattr(loading, "FIRST_CHUNK_JOBS", 100)
     monkeypatch.setattr(loading, "CHUNK_JOBS", 100)
     shapes: list[dict[str, Any]] = (
-        [{}] * 250
+        [{}] * 200
         + [{"limit_key": "c:1"}] * 100
         + [{}] * 100
         + [{"delay": 300}] * 100
-        + [{}] * 150
+        + [{}] * 200
         + [{"unique_key": "once"}]
         + [{}] * 199
     )
@@ -300,10 +303,45 @@ def test_chunks_of_every_shape_in_one_load_each_give_their_jobs_ids_in_input_ord
     ]
 
 
-def test_a_load_the_server_refuses_part_way_enqueues_nothing(dsn: str) -> None:
+@pytest.mark.parametrize("timeout, lag", [("1s", direct_copy.SERVER_LAG), ("1m", 29.9)])
+def test_a_load_longer_than_the_statement_timeout_goes_in(
+    dsn: str, monkeypatch: pytest.MonkeyPatch, timeout: str, lag: float
+) -> None:
+    # A piped load, its length known once read, goes by one COPY, and the
+    # statement_timeout (--statement-timeout) bounds each statement. With a
+    # timeout this short (1s), each chunk gets a COPY of its own, and the
+    # load, longer than the timeout, goes in. With a longer one, one COPY
+    # takes chunks for half the timeout less an allowance for the server's
+    # lag (here made to leave 0.1 s), then another takes over.
+    monkeypatch.setattr(direct_copy, "SERVER_LAG", lag)
+    count = 250_000
+    lines = "".join(f'{{"kind": "k", "payload": {{"i": {i}}}}}\n' for i in range(count))
+    began = time.monotonic()
+    result = run_cli(
+        "enqueue", "--file", "-", "--statement-timeout", timeout, "--json", "--dsn", dsn,
+        input=lines,
+    )  # fmt: skip
+    took = time.monotonic() - began
+    assert result.exit_code == 0, result.stderr
+    ids = [entry["id"] for entry in json.loads(result.stdout)]
+    assert ids == list(range(ids[0], ids[0] + count))
+    with psycopg.connect(dsn, autocommit=True) as c:
+        (stored,) = c.execute("SELECT count(*) FROM jobs").fetchone() or (None,)
+    assert stored == count
+    if timeout == "1s":
+        assert took > 1  # longer than the timeout, or the test shows nothing
+
+
+@pytest.mark.parametrize("draw", [direct_copy.MAX_DRAW, 5_000])
+def test_a_load_the_server_refuses_part_way_enqueues_nothing(
+    dsn: str, draw: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A job put in by hand under an id the sequence will give: the COPY that
     # reaches it fails on the server, chunks after the first, and the load
-    # with it, whole; the connection is left usable.
+    # with it, whole; the connection is left usable. The server says so
+    # when the COPY ends: at the end of the load, or, with ids drawn 5,000
+    # at a time, before the next draw, while rows are still being checked.
+    monkeypatch.setattr(direct_copy, "MAX_DRAW", draw)
     with psycopg.connect(dsn, autocommit=True) as c:
         (last,) = c.execute("SELECT nextval(pg_get_serial_sequence('jobs', 'id'))").fetchone()
         c.execute(
