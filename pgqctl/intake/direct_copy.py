@@ -6,7 +6,8 @@ A COPY has no RETURNING, so the ids are drawn before it starts, and no
 other statement can run on the connection while it is open. Each draw and
 each start of a COPY is a round trip in which the server copies nothing, so
 ids are drawn in blocks as large as the load (when its length is known; else
-each about as many as were drawn before, so the blocks grow with the load),
+each about as many as were drawn before, so the blocks grow with the load;
+MAX_DRAW at most),
 and the COPY ends only to draw more, when a chunk of another shape comes, or
 when it has taken chunks for about half the transaction's statement_timeout
 (the whole COPY is one statement, however long the load; with a short
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from psycopg import sql
 
 # The most ids one draw takes when the load's length calls for more: one
-# statement of about 50 ms, well within any statement_timeout, whose ids
+# statement of about 50 ms, well within a usual statement_timeout, whose ids
 # come back as an array of 800 kB when another session drew some meanwhile.
 MAX_DRAW = 100_000
 # How far the server may be behind the rows sent when a COPY ends: the
