@@ -98,6 +98,7 @@ from pgqctl.jobs import Job
 from pgqctl.worker.config import POLL_DEAF, POLL_LISTENING, WorkerConfig, identity
 from pgqctl.worker.ended import EndedElsewhere
 from pgqctl.worker.executor import Executor
+from pgqctl.worker.linger import Linger
 from pgqctl.worker.listener import (
     DEAF,
     HEARING,
@@ -111,7 +112,7 @@ from pgqctl.worker.narration import Narration
 from pgqctl.worker.outbox import HAND_BACK_REASON, Fenced, Finished, Outbox, Settled
 from pgqctl.worker.retry import Retry
 from pgqctl.worker.shutdown import Shutdown
-from pgqctl.worker.slots import Slots
+from pgqctl.worker.slots import Running, Slots
 from pgqctl.worker.upkeep import Upkeep
 from pgqctl.worklog import WorkLog
 
@@ -163,6 +164,7 @@ class Worker:
         self.slots = Slots(config.concurrency, config.prefetch)
         self.outbox = Outbox(config.backoff, self.worker_id if config.history else None)
         self.ended = EndedElsewhere(self.slots, self.say)
+        self.linger = Linger()
         self.executor = Executor(
             config,
             connect,
@@ -287,11 +289,14 @@ class Worker:
             if self.conn is None:
                 return
         # The hot path: finished jobs out, leases renewed, new jobs claimed,
-        # all in one exchange; the new jobs start as its answer comes.
-        limit = self._claim_limit() if self._claim_due(now) else 0
+        # all in one exchange; the new jobs start as its answer comes. A
+        # report (and the claim for its slot) may wait a moment for the jobs
+        # about to end beside it (`linger`).
+        report = bool(self.outbox) and self._report_wait(now) is None
+        limit = self._claim_limit() if (report or not self.outbox) and self._claim_due(now) else 0
         renew = self._renew_due(now)
         beat = self.upkeep.beat_due(now)
-        if limit or renew or self.slots.slotted or self.outbox:
+        if limit or renew or self.slots.slotted or report:
             self._exchange(limit, renew, beat)
         elif beat:
             self._heartbeat()
@@ -382,7 +387,11 @@ class Worker:
         if self.retry.refusing(now):
             deadlines.append(self.retry.refused_until)
             return min(deadlines)
-        if self.outbox or self.ended.notices:
+        # When the report goes, or the claim it holds back.
+        report_at = self._report_wait(now) or now
+        if self.outbox:
+            deadlines.append(report_at)
+        if self.ended.notices:
             deadlines.append(now)
         if self.slots.leases_held():
             deadlines.append(self.next_renew)
@@ -391,7 +400,7 @@ class Worker:
         deadlines += self.upkeep.deadlines(self.stop.stopping)
         if self._claim_limit() > 0:
             if self.claim_wanted:
-                deadlines.append(now)
+                deadlines.append(report_at if self.outbox else now)
             deadlines.append(self.next_poll)
             if self.next_due is not None:
                 deadlines.append(self.next_due)
@@ -418,6 +427,13 @@ class Worker:
             self.next_poll = min(self.next_poll, time.monotonic() + self.poll)
         elif isinstance(event, int):
             self._on_signal(event)
+
+    def _report_wait(self, now: float) -> float | None:
+        """Until when the finished jobs' report waits for others about to
+        end (None: it goes now)."""
+        if not self.outbox or self.stop.stopping:
+            return None
+        return self.linger.until(now, self.slots.running.values())
 
     def _claim_due(self, now: float) -> bool:
         return (
@@ -491,6 +507,7 @@ class Worker:
         if changed.wake is not None:
             # A rate limit held jobs back: claim again when it has a token.
             self.next_poll = min(self.next_poll, sent + changed.wake)
+        self.linger.exchanged(time.monotonic() - sent)
         settled = self.outbox.settle(report, changed)
         self.slots.moved()
         # New jobs first: their slots wait on nothing else, the logs can.
@@ -736,7 +753,7 @@ class Worker:
         if jobs and not self.slots.leases_held():
             self.next_renew = now + self.config.lease / 3
         for running in self.slots.claimed(jobs, slots, now):
-            self.executor.launch(running)
+            self._launch(running)
         self.claimed += len(jobs)
         self.last_claim_short = len(jobs) < limit
         if not self.last_claim_short and self._claim_limit():
@@ -744,15 +761,20 @@ class Worker:
             self.claim_wanted = True
         self.next_due = None
 
+    def _launch(self, running: Running) -> None:
+        running.began = time.monotonic()
+        self.executor.launch(running)
+
     def _finished(self, finished: Finished) -> None:
         running = finished.running
         if self.slots.release(running) and not self.stop.stopping:
             # A slot is free: start the job prefetched first, if any.
             next_one = self.slots.start_prefetched()
             if next_one is not None:
-                self.executor.launch(next_one)
+                self._launch(next_one)
         self.claim_wanted = True
         what = self.outbox.add(finished)
+        self.linger.ended(running, finished.at)
         if what == "by_job":
             self._done(finished, by_job=True)
         elif what == "committed":  # a SQL job: done with its statement's writes

@@ -32,6 +32,7 @@ class Running:
     # ran in (kept after the slot frees): for its attempt's record.
     claimed_at: float = 0.0
     ran_in: int | None = None
+    began: float = 0.0  # when it was started (monotonic; 0 until then)
     # Why it ended without this worker, once found: "cancelled", "lease_lost".
     ended_by: str | None = None
 
