@@ -11,6 +11,8 @@ into it (they take the few functions they need):
   completed by their own transaction, lease lost), found and stopped;
 - `listener.Listener`: its thread and connection; it only posts events;
 - `upkeep.Upkeep`: reap, stale registry rows, schedule ticks, heartbeats: when each is due;
+- `linger.Linger`: whether a finished job's report waits a moment for the
+  jobs about to end beside it;
 - `retry.Retry` and `shutdown.Shutdown`: when to try the database again, and how to stop;
 - `narration.Narration`: one method per event of the log.
 
