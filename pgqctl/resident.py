@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import select
 import signal
 import subprocess
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgqctl import runner
+from pgqctl.threads import KeptThreads
 
 PROTOCOL = 1
 # How often a job's thread looks at its stop request and deadline while the
@@ -93,60 +93,6 @@ class _Process:
         return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
 
 
-class _Threads:
-    """Threads kept for the jobs: a job goes to an idle one, and a new one
-    starts only when none is idle, so there are about as many as jobs run at
-    once. Starting a thread per job cost the worker's main thread about
-    0.2 ms a job, most of it waiting for the new thread to run."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._work: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = (
-            queue.SimpleQueue()
-        )
-        self._lock = threading.Lock()
-        self._idle = 0
-        self._count = 0
-
-    def run(self, task: Callable[..., None], *args: Any) -> None:
-        with self._lock:
-            start = not self._idle
-            if start:
-                self._count += 1
-            else:
-                self._idle -= 1
-            work = self._work
-            work.put((task, args))
-        if start:
-            threading.Thread(
-                target=self._serve, args=(work,), name=f"{self._name}-{self._count}", daemon=True
-            ).start()
-
-    def close(self) -> None:
-        """Let every thread go once its task is over; a task run after
-        this gets a thread that ends with it."""
-        with self._lock:
-            count, self._count, self._idle = self._count, 0, 0
-            self._work, work = queue.SimpleQueue(), self._work
-        for _ in range(count):
-            work.put(None)
-
-    def _serve(self, work: queue.SimpleQueue[Any]) -> None:
-        while (item := work.get()) is not None:
-            task, args = item
-            try:
-                task(*args)
-            except BaseException:
-                with self._lock:
-                    if work is self._work:
-                        self._count -= 1  # this thread ends with it
-                raise
-            with self._lock:
-                if work is not self._work:
-                    return  # closed meanwhile
-                self._idle += 1
-
-
 class ResidentJobs:
     def __init__(
         self,
@@ -173,7 +119,7 @@ class ResidentJobs:
         self._failures: dict[str, int] = dict.fromkeys(self.serve, 0)
         self._restart_at: dict[str, float] = dict.fromkeys(self.serve, 0.0)
         self._closed = False
-        self._threads = _Threads("pgqctl-resident")
+        self._threads = KeptThreads("pgqctl-resident")
 
     def __contains__(self, kind: object) -> bool:
         return kind in self.serve
@@ -190,7 +136,11 @@ class ResidentJobs:
         """Run one job (`request`: the protocol's fields but `v` and
         `deadline`) on a process of its kind, on a thread of its own while
         it runs; `on_done(key, result)` says how it ended, once."""
-        self._threads.run(self._run, key, dict(request), timeout, stop, on_line)
+        request = dict(request)
+        self._threads.run(
+            lambda: self._run(request, timeout, stop, on_line, key),
+            lambda result: self._on_done(key, result),
+        )
 
     def close(self) -> None:
         """Retire every idle process (the jobs still running were stopped
@@ -208,41 +158,38 @@ class ResidentJobs:
 
     def _run(
         self,
-        key: object,
         request: dict[str, Any],
         timeout: float | None,
         stop: runner.Stop,
         on_line: Callable[[str], None] | None,
-    ) -> None:
+        key: object,
+    ) -> ResidentResult:
         kind = str(request["kind"])
         try:
             proc = self._take(kind, stop)
         except OSError as exc:
             self._failed(kind)
             what = f"cannot start the resident handler of {kind}: {exc.strerror or exc}"
-            self._on_done(key, ResidentResult(runner.Outcome(start_error=what)))
-            return
+            return ResidentResult(runner.Outcome(start_error=what))
         if proc is None:  # stopped while waiting to start one
-            outcome = runner.Outcome(stopped=True, stop_reason=stop.reason)
-            self._on_done(key, ResidentResult(outcome))
-            return
-        self._on_started(key, proc.pid)
-        # The job's time starts once its process is there, after any restart pause.
-        started = time.monotonic()
-        deadline = None if timeout is None else time.time() + timeout
-        line = json.dumps({"v": PROTOCOL, **request, "deadline": deadline}, default=str)
-        stderr = runner.KeptStream(self._keep)  # what is kept of it, as for a job's process
+            return ResidentResult(runner.Outcome(stopped=True, stop_reason=stop.reason))
         try:
+            self._on_started(key, proc.pid)
+            # The job's time starts once its process is there, after any restart pause.
+            started = time.monotonic()
+            deadline = None if timeout is None else time.time() + timeout
+            line = json.dumps({"v": PROTOCOL, **request, "deadline": deadline}, default=str)
+            stderr = runner.KeptStream(self._keep)  # what is kept of it, as for a job's process
             result, keep_process = self._exchange(
                 proc, line, request["id"], started, timeout, stop, stderr, on_line
             )
         except Exception as exc:  # never lose the job's report
             self._kill(proc)
             error = f"worker error running the resident handler: {exc}"
-            result, keep_process = ResidentResult(runner.Outcome(error=error)), False
+            return ResidentResult(runner.Outcome(error=error))
         if keep_process:
             self._give_back(kind, proc)
-        self._on_done(key, result)
+        return result
 
     def _exchange(
         self,

@@ -17,7 +17,6 @@ running job, kept for the next one.
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pgqctl.errors import BadInput, PgqctlError
 from pgqctl.runner import Outcome, Stop
 from pgqctl.sql import query
+from pgqctl.threads import KeptThreads
 
 if TYPE_CHECKING:
     from pgqctl.db import QueueConnection
@@ -72,13 +72,7 @@ class SqlJobs:
         self._keep = keep
         self._lock = threading.Lock()
         self._idle: list[QueueConnection] = []
-        # Jobs submitted and not finished, and the threads that run them:
-        # there are always as many threads as such jobs, or more, so a job
-        # never waits for another's end. Starting a thread per job would
-        # make the worker's loop wait for each new thread to be scheduled.
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._busy = 0
-        self._threads: list[threading.Thread] = []
+        self._threads = KeptThreads("pgqctl-sql")
         # Whether each kind's statement takes the payload ($1), from `check`.
         self._takes_payload: dict[str, bool] = {}
 
@@ -139,35 +133,21 @@ class SqlJobs:
             timeout,
             stop,
         )
-        with self._lock:
-            self._busy += 1
-            if self._busy > len(self._threads):
-                thread = threading.Thread(
-                    target=self._serve, name=f"pgqctl-sql-{len(self._threads)}", daemon=True
-                )
-                self._threads.append(thread)
-                thread.start()
-        self._jobs.put(job)
+        self._threads.run(lambda: self._run(job), lambda result: self._on_done(key, result))
 
     def close(self) -> None:
         """Let the threads end (after the jobs they run) and close the kept connections."""
-        for _ in self._threads:
-            self._jobs.put(None)
+        self._threads.close()
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
 
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            started = time.monotonic()
-            try:
-                result = self._attempt(job, started)
-            except Exception as exc:  # never lose the job's report
-                result = SqlResult(Outcome(error=f"worker error: {exc}"))
-            with self._lock:
-                self._busy -= 1
-            self._on_done(job.key, result)
+    def _run(self, job: _Job) -> SqlResult:
+        try:
+            return self._attempt(job, time.monotonic())
+        except Exception as exc:  # never lose the job's report
+            return SqlResult(Outcome(error=f"worker error: {exc}"))
 
     def _attempt(self, job: _Job, started: float) -> SqlResult:
         import psycopg
