@@ -17,12 +17,15 @@ _ENQUEUE_CLI = (
     "file), paid before the first row goes; then each line is decoded by json's C scanner "
     "and checked while the rows go by one COPY straight into jobs. The target asks the "
     "CLI for 2.5 / (raw COPY / pgqueuer) of the raw COPY, start-up included. In the run of "
-    "2026-12-05 10:16 (embedded 18, 100,000 jobs) the raw COPY ran 171,000 jobs/s and "
-    "pgqueuer 57,300: 2.5x pgqueuer is 143,000 jobs/s, 0.70 s for the load, of which "
-    "start-up takes 0.2, so the rows would have to go in 0.50 s, where the raw COPY "
-    "itself takes 0.585. What would close it: a start-up near nothing and a load at the "
-    "raw COPY's pace; neither the checks nor the COPY can be cheaper than the raw COPY's "
-    "own."
+    "2026-12-05 12:23 (embedded 18, 100,000 jobs) the raw COPY ran 169,700 jobs/s and "
+    "pgqueuer 48,700: 2.5x pgqueuer is 121,800 jobs/s, 0.82 s for the load, of which "
+    "start-up takes 0.2, so the rows would have to go in 0.62 s, where the raw COPY itself "
+    "takes 0.59 and the CLI took about 0.63 (120,600 jobs/s overall). With the rows at the "
+    "raw COPY's pace the CLI reaches about 0.75x the raw COPY, so the target is within "
+    "reach only in a round where the raw COPY runs at least 3.3x pgqueuer: 3.5x in this "
+    "run's medians, 3.0x in the run before (171,000 against 57,300), and pgqueuer's "
+    "figure moves most from round to round. What would close it: a start-up near "
+    "nothing; neither the checks nor the COPY can be cheaper than the raw COPY's own."
 )
 
 _AGAINST_COPY = (
@@ -152,12 +155,17 @@ EXTRA_SHORTFALLS: dict[str, str] = {
     "ratio worker/pool (sleep 0.01, c8)": (
         "each slot's next job waits for the exchange that reports the last one and claims "
         "for the freed slot (a worker claims only for free slots unless told --prefetch): "
-        "a slot's cycle was 13.8 ms against the pool's 11.2 (8 slots / rate), of which the "
+        "a slot's cycle was 13.5 ms against the pool's 11.2 (8 slots / rate), of which the "
         "exchange and the start of the next job are the difference; with --prefetch 8 "
-        "the next job starts from the local queue and the ratio is 0.88 "
-        "(worker_prefetch_8/pool, above). The rest is the worker's CPU per job on the "
-        "cores the children need (see worker/bare_loop). What would close it: prefetch by "
-        "default, or an exec wait off the thread that claims."
+        "the next job starts from the local queue and the ratio is 0.89 "
+        "(worker_prefetch_8/pool, above). The wait is the worker's one thread, not the "
+        "disk or the guard: against PostgreSQL 15, 2,000 jobs ran 617 jobs/s with "
+        "synchronous_commit on and 630 with it off, and 609-614 with the guard's messages "
+        "left out (604-618 with them); a profile of that drain finds the thread idle for "
+        "0.45 s of 3.5, the rest its exchanges (1.0 s waiting for the server, 1,151 of "
+        "them for 2,000 jobs, as reports of jobs ending together now go together), the "
+        "children's spawns (0.5 s) and its Python. What would close it: prefetch by "
+        "default, or exchanges that no longer hold up the thread that starts the jobs."
     ),
     "ratio cpu_own worker/bare_loop": _WORKER_PATH,
     "ratio cpu_own worker_prefetch_4/bare_loop_4_ahead": _WORKER_PATH,
