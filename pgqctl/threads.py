@@ -34,17 +34,22 @@ class KeptThreads:
         next job) finds it free."""
         with self._lock:
             if self._closed:
-                thread = threading.Thread(target=_once, args=(work, then), daemon=True)
-                thread.start()
+                threading.Thread(target=_once, args=(work, then), daemon=True).start()
                 return
             self._busy += 1
             start = self._busy > self._threads
             if start:
                 self._threads += 1
-            self._tasks.put((work, then))
+                name = f"{self._name}-{self._threads}"
         if start:
-            name = f"{self._name}-{self._threads}"
-            threading.Thread(target=self._serve, name=name, daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, name=name, daemon=True).start()
+            except BaseException:
+                # No thread (a limit on processes): the caller reports the
+                # job itself, so the task must never run.
+                self._gone(busy=1)
+                raise
+        self._tasks.put((work, then))
 
     def close(self) -> None:
         """Let each thread end once its task is over; a task run after this
@@ -71,10 +76,16 @@ class KeptThreads:
                 raise
 
     def _gone(self, busy: int) -> None:
-        """A task raised, which ends its thread (threading reports it)."""
+        """A thread is gone (its task raised, which threading reports) or
+        never started: one takes its place if a task may be left waiting."""
         with self._lock:
             self._busy -= busy
             self._threads -= 1
+            replace = self._busy > self._threads
+            if replace:
+                self._threads += 1
+        if replace:
+            threading.Thread(target=self._serve, name=self._name, daemon=True).start()
 
 
 def _once(work: Callable[[], T], then: Callable[[T], None]) -> None:

@@ -11,8 +11,9 @@ expected to end soon lets one exchange report and replace them all, as a
 database's group commit does.
 
 The wait is bounded: it starts at the first unreported end, lasts at most
-half an exchange (as recently measured) and never more than `CAP`, and is
-taken only while a running job is expected to end within it, from the
+an exchange's time (as recently measured) and never more than `CAP` (the
+loop's wait counts whole milliseconds, so it may end up to one later), and
+is taken only while a running job is expected to end within it, from the
 recent run time of jobs of its kind. Jobs much longer than an exchange
 never wait. No database, no clock of its own: the loop passes the times.
 """
@@ -28,6 +29,9 @@ CAP = 0.002
 # Weight of the newest figure in each moving average: a few jobs or
 # exchanges are enough to follow a change of load.
 _NEWEST = 0.25
+# Run times kept for this many kinds at most (the ones seen last): a worker
+# of every kind meets whatever kinds producers make up.
+_KINDS = 256
 
 
 class Linger:
@@ -49,7 +53,10 @@ class Linger:
         if running.began:
             kind = running.job.kind
             seconds = at - running.began
-            self.run_time[kind] = _average(self.run_time.get(kind, seconds), seconds)
+            last = self.run_time.pop(kind, seconds)
+            if len(self.run_time) >= _KINDS:
+                del self.run_time[next(iter(self.run_time))]  # the one seen longest ago
+            self.run_time[kind] = _average(last, seconds)
 
     def until(self, now: float, running: Iterable[Running]) -> float | None:
         """How long the report waits: None to send it now, else until when

@@ -294,11 +294,13 @@ class Worker:
         # all in one exchange; the new jobs start as its answer comes. A
         # report (and the claim for its slot) may wait a moment for the jobs
         # about to end beside it (`linger`).
-        report = bool(self.outbox) and self._report_wait(now) is None
-        limit = self._claim_limit() if (report or not self.outbox) and self._claim_due(now) else 0
         renew = self._renew_due(now)
         beat = self.upkeep.beat_due(now)
-        if limit or renew or self.slots.slotted or report:
+        # An exchange that goes anyway (a renewal, a prefetched job's move to
+        # its slot, a heartbeat) takes the report and the claim along.
+        wait = self._report_wait(now, going=renew or beat or bool(self.slots.slotted))
+        limit = self._claim_limit() if wait is None and self._claim_due(now) else 0
+        if limit or renew or self.slots.slotted or (self.outbox and wait is None):
             self._exchange(limit, renew, beat)
         elif beat:
             self._heartbeat()
@@ -389,7 +391,7 @@ class Worker:
         if self.retry.refusing(now):
             deadlines.append(self.retry.refused_until)
             return min(deadlines)
-        # When the report goes, or the claim it holds back.
+        # When the report goes, and with it the claim it holds back.
         report_at = self._report_wait(now) or now
         if self.outbox:
             deadlines.append(report_at)
@@ -401,11 +403,14 @@ class Worker:
             deadlines.append(now)
         deadlines += self.upkeep.deadlines(self.stop.stopping)
         if self._claim_limit() > 0:
+            claim_at = [self.next_poll]
             if self.claim_wanted:
-                deadlines.append(report_at if self.outbox else now)
-            deadlines.append(self.next_poll)
+                claim_at.append(now)
             if self.next_due is not None:
-                deadlines.append(self.next_due)
+                claim_at.append(self.next_due)
+            # Not before the report it waits for: a claim due meanwhile
+            # would wake the loop for nothing until then.
+            deadlines += [max(at, report_at) for at in claim_at]
         return min(deadlines)
 
     def _apply(self, event: object) -> None:
@@ -430,10 +435,10 @@ class Worker:
         elif isinstance(event, int):
             self._on_signal(event)
 
-    def _report_wait(self, now: float) -> float | None:
+    def _report_wait(self, now: float, *, going: bool = False) -> float | None:
         """Until when the finished jobs' report waits for others about to
-        end (None: it goes now)."""
-        if not self.outbox or self.stop.stopping:
+        end (None: it goes now; so it does with an exchange `going` anyway)."""
+        if going or not self.outbox or self.stop.stopping:
             return None
         return self.linger.until(now, self.slots.running.values())
 

@@ -45,15 +45,24 @@ def test_no_task_waits_for_another_to_end() -> None:
 
 def test_a_task_that_raises_leaves_the_others_a_thread() -> None:
     threads = KeptThreads("test")
+    raised = threading.Event()
     previous = threading.excepthook
-    threading.excepthook = lambda args: None  # its thread reports it; quiet here
+    threading.excepthook = lambda args: raised.set()  # its thread reports it; noted here
     try:
         threads.run(lambda: 1 / 0, lambda _: None)
-        done = threading.Event()
-        for _ in range(3):
-            done.clear()
-            threads.run(lambda: None, lambda _: done.set())
-            assert done.wait(5)
+        assert raised.wait(5)
+        # Two tasks that each hold their thread: both run at once.
+        release = threading.Event()
+        started = threading.Semaphore(0)
+
+        def held() -> None:
+            started.release()
+            release.wait(10)
+
+        threads.run(held, lambda _: None)
+        threads.run(held, lambda _: None)
+        assert started.acquire(timeout=5) and started.acquire(timeout=5)
+        release.set()
     finally:
         threading.excepthook = previous
         threads.close()
