@@ -138,7 +138,7 @@ class ResidentJobs:
         it runs; `on_done(key, result)` says how it ended, once."""
         request = dict(request)
         self._threads.run(
-            lambda: self._run(request, timeout, stop, on_line, key),
+            lambda: self._run_safely(request, timeout, stop, on_line, key),
             lambda result: self._on_done(key, result),
         )
 
@@ -155,6 +155,20 @@ class ResidentJobs:
             self._retire(proc)
 
     # --------------------------------------------------------------- one job
+
+    def _run_safely(
+        self,
+        request: dict[str, Any],
+        timeout: float | None,
+        stop: runner.Stop,
+        on_line: Callable[[str], None] | None,
+        key: object,
+    ) -> ResidentResult:
+        try:
+            return self._run(request, timeout, stop, on_line, key)
+        except Exception as exc:  # never lose the job's report
+            error = f"worker error running the resident handler: {exc}"
+            return ResidentResult(runner.Outcome(error=error))
 
     def _run(
         self,
