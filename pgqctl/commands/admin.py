@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from pgqctl import admin, attempts, control, history, leases
+from pgqctl.commands.ctrl_c import CtrlC
 from pgqctl.commands.options import (
     AGE,
     COUNT,
@@ -136,10 +137,11 @@ def stats_command(
         raise BadInput("--queue goes with --metric: `pgqctl stats --metric pending --queue Q`")
     if metric is not None and watch is not None:
         raise BadInput("--metric prints one figure once: give it without --watch")
-    with database.connect() as conn:
+    with database.connect() as conn, CtrlC() as ctrl_c:
 
         def snapshot() -> admin.Stats:
-            return admin.stats(conn, exact=exact)
+            with ctrl_c.snapshot():
+                return admin.stats(conn, exact=exact)
 
         if metric is not None:
             emit_number(admin.metric_value(snapshot(), metric, queues))

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from pgqctl import config, monitor, schedules
+from pgqctl.commands.ctrl_c import CtrlC
 from pgqctl.commands.options import (
     AGE,
     DURATION,
@@ -386,7 +387,7 @@ def top_command(database: Database, interval: float, lease_count: int) -> None:
         raise BadInput(
             "top needs a terminal: for a refreshing view elsewhere use `pgqctl stats --watch 1`"
         )
-    with database.connect() as conn:
+    with database.connect() as conn, CtrlC() as ctrl_c:
         where = config.describe(conn.info.dsn)
         last = [time.monotonic() - interval]
         shown: set[str] = set()
@@ -394,7 +395,8 @@ def top_command(database: Database, interval: float, lease_count: int) -> None:
         def render() -> Any:
             now = time.monotonic()
             window, last[0] = max(now - last[0], 0.001), now
-            view = monitor.top_view(conn, window=window, leases=lease_count, shown_before=shown)
+            with ctrl_c.snapshot():
+                view = monitor.top_view(conn, window=window, leases=lease_count, shown_before=shown)
             shown.update(view.queues())
             return top_render(view, where, interval)
 

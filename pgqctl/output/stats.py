@@ -97,7 +97,8 @@ def emit_stats(stats: Stats, fmt: str, ts: dt.datetime | None = None) -> None:
 
 def live(render: Callable[[], Any], interval: float, stream: IO[str] | None = None) -> None:
     """Redraw `render()` in place every `interval` seconds (`stats --watch`);
-    returns on Ctrl-C."""
+    returns on Ctrl-C (the caller's `render` may hold it back until its
+    queries are done: commands/ctrl_c.py)."""
     from rich.console import Console
     from rich.live import Live
 

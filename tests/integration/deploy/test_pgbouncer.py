@@ -181,6 +181,42 @@ def _read_objects(proc: subprocess.Popen[str], found: list[dict[str, Any]]) -> N
         found.append(json.loads(line))
 
 
+def test_ctrl_c_during_a_snapshot_ends_the_watch_once_it_is_done(
+    dsn: str, txn_pooler: Pooler
+) -> None:
+    """Interrupted in the middle of a snapshot's query, the watch ended with
+    an error (its connection still busy); it now finishes the snapshot and
+    ends with 0."""
+    command = [sys.executable, "-m", "pgqctl", "stats", "--dsn", txn_pooler.dsn(dsn)]
+    watch = subprocess.Popen(
+        [*command, "--watch", "0.1", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO_ROOT,
+        env=clean_env(),
+        preexec_fn=ctrl_c_at_default,
+    )
+    try:
+        assert watch.stdout is not None
+        assert "totals" in json.loads(watch.stdout.readline())
+        with psycopg.connect(dsn) as blocker:
+            # The next snapshot waits for this lock, its query out.
+            blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+            time.sleep(0.5)
+            watch.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            assert watch.poll() is None  # still in its snapshot
+        out, err = watch.communicate(timeout=30)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert (watch.returncode, err) == (0, "")
+    assert all("totals" in json.loads(line) for line in out.splitlines())
+
+
 def _watch(pooled: str, watchers: int, snapshots: int) -> list[tuple[bool, int, int, str]]:
     """Run `stats --watch 0.1 --json` piped, `watchers` at once, until each has
     printed `snapshots` objects (or stopped), then Ctrl-C them.
