@@ -187,17 +187,7 @@ def test_ctrl_c_during_a_snapshot_ends_the_watch_once_it_is_done(
     """Interrupted in the middle of a snapshot's query, the watch ended with
     an error (its connection still busy); it now finishes the snapshot and
     ends with 0."""
-    command = [sys.executable, "-m", "pgqctl", "stats", "--dsn", txn_pooler.dsn(dsn)]
-    watch = subprocess.Popen(
-        [*command, "--watch", "0.1", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        cwd=REPO_ROOT,
-        env=clean_env(),
-        preexec_fn=ctrl_c_at_default,
-    )
+    watch = _start_watch(txn_pooler.dsn(dsn))
     try:
         assert watch.stdout is not None
         assert "totals" in json.loads(watch.stdout.readline())
@@ -217,6 +207,20 @@ def test_ctrl_c_during_a_snapshot_ends_the_watch_once_it_is_done(
     assert all("totals" in json.loads(line) for line in out.splitlines())
 
 
+def _start_watch(pooled: str) -> subprocess.Popen[str]:
+    """`stats --watch 0.1 --json`, piped, stopped with SIGINT as from a terminal."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgqctl", "stats", "--dsn", pooled, "--watch", "0.1", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO_ROOT,
+        env=clean_env(),
+        preexec_fn=ctrl_c_at_default,
+    )
+
+
 def _watch(pooled: str, watchers: int, snapshots: int) -> list[tuple[bool, int, int, str]]:
     """Run `stats --watch 0.1 --json` piped, `watchers` at once, until each has
     printed `snapshots` objects (or stopped), then Ctrl-C them.
@@ -224,20 +228,7 @@ def _watch(pooled: str, watchers: int, snapshots: int) -> list[tuple[bool, int, 
     For each: whether it still ran then, how many objects it printed, its exit
     code and its stderr.
     """
-    command = [sys.executable, "-m", "pgqctl", "stats", "--dsn", pooled, "--watch", "0.1"]
-    procs = [
-        subprocess.Popen(
-            [*command, "--json"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            cwd=REPO_ROOT,
-            env=clean_env(),
-            preexec_fn=ctrl_c_at_default,
-        )
-        for _ in range(watchers)
-    ]
+    procs = [_start_watch(pooled) for _ in range(watchers)]
     seen: list[list[dict[str, Any]]] = [[] for _ in procs]
     for proc, found in zip(procs, seen, strict=True):
         threading.Thread(target=_read_objects, args=(proc, found), daemon=True).start()
