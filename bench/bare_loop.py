@@ -12,7 +12,10 @@ connection's socket, in one thread.
 So its rate bounds what any worker in Python that claims only for free slots
 can reach on a machine. With ``ahead`` > 0 it claims that many jobs more than
 it has free slots and starts them from a local queue (prefetch), which shows
-what the claiming rule itself costs.
+what the claiming rule itself costs. With ``overlap`` off it waits for each
+answer before it looks at its children again, as pgqctl's worker does: the
+two side by side show what watching the children during an exchange is worth.
+It keeps how long each exchange took, from its send to its whole answer.
 """
 
 from __future__ import annotations
@@ -47,9 +50,12 @@ def _positional(text: str) -> tuple[str, list[str]]:
 class BareLoop:
     """Drain the queue with `slots` children at a time; `run` returns jobs/s."""
 
-    def __init__(self, dsn: str, slots: int, ahead: int = 0) -> None:
+    def __init__(self, dsn: str, slots: int, ahead: int = 0, *, overlap: bool = True) -> None:
         self.slots = slots
         self.ahead = ahead
+        self.overlap = overlap
+        self.exchanges: list[float] = []  # seconds, send to whole answer
+        self._sent_at = 0.0
         self.conn = psycopg.connect(dsn, autocommit=True)
         self.conn.execute("SET plan_cache_mode = force_generic_plan")
         text, self.names = _positional(claims.exchange_statement())
@@ -74,17 +80,23 @@ class BareLoop:
             want = 0 if drained else self.slots + self.ahead - len(children) - len(queued)
             self._send(ended, max(want, 0))
             ended.clear()
-            poller.register(socket, select.POLLIN)
+            if self.overlap:
+                poller.register(socket, select.POLLIN)
+            else:
+                self._wait_for_answer(socket)
             return max(want, 0)
 
         in_flight = send()  # jobs asked for by the exchange on the wire; -1: none is
         while in_flight >= 0 or children or queued:
-            for fd, _ in poller.poll():
+            # Without overlap the answer is in already (send waited for it).
+            ready = poller.poll() if self.overlap or in_flight < 0 else [(socket, 0)]
+            for fd, _ in ready:
                 if fd == socket:
                     claimed = self._receive()
                     if claimed is None:
                         continue  # more of the answer to come
-                    poller.unregister(socket)
+                    if self.overlap:
+                        poller.unregister(socket)
                     drained = drained or len(claimed) < in_flight
                     in_flight = -1
                     queued.extend(claimed)
@@ -123,13 +135,25 @@ class BareLoop:
             "kinds": None,
             "payload_chars": str(limits.MAX_PAYLOAD_BYTES + 1).encode(),
         }
+        self._sent_at = time.perf_counter()
         self.pg.send_query_prepared(STATEMENT, [values[name] for name in self.names])
+
+    def _wait_for_answer(self, socket: int) -> None:
+        """Block until the whole answer is in (libpq keeps it for _receive)."""
+        waiting = select.poll()
+        waiting.register(socket, select.POLLIN)
+        while True:
+            self.pg.consume_input()
+            if not self.pg.is_busy():
+                return
+            waiting.poll()
 
     def _receive(self) -> list[tuple[int, int, list[str]]] | None:
         """The claimed jobs (id, attempt, argv) once the whole answer is in; None before."""
         self.pg.consume_input()
         if self.pg.is_busy():
             return None
+        self.exchanges.append(time.perf_counter() - self._sent_at)
         claimed = []
         while (result := self.pg.get_result()) is not None:
             if result.error_message:

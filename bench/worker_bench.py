@@ -23,8 +23,11 @@ rounds:
   claiming only for free slots), `--prefetch 4` against the bare loop 4
   ahead and against the pool; `sleep 0.01` x 2,000 at concurrency 8 and
   `sleep 0.1` x 500 at concurrency 16, the worker without prefetch against
-  the pool; CPU per job of each process outside its children and of the
-  server backends of its connections (see figures_rounds).
+  the pool; the bare loop on the `sleep 0.01` jobs too, watching its
+  children during each exchange and waiting for each answer as the worker
+  does, with what 0.95x the pool leaves a slot between two jobs against the
+  bare loop's exchange; CPU per job of each process outside its children
+  and of the server backends of its connections (see figures_rounds).
 - claims: the worker's own claims.py path (each process claims up to 4 jobs
   and reports the previous batch in the same statement, as the worker does
   with 4 slots), 4 processes, against the classic loop (claim LIMIT 1, then
@@ -282,6 +285,7 @@ class Drained:
     children: float | None
     server: float | None
     own_user: float | None = None  # of `own`, the time in user mode (Python, libpq)
+    exchange_ms: float | None = None  # the median exchange, send to whole answer (bare loop)
 
 
 def pool_run(count: int, argv: list[str], threads: int) -> Drained:
@@ -358,14 +362,23 @@ def worker_run(
     )
 
 
-def bare_run(dsn: str, count: int, ahead: int) -> Drained:
-    """bench/bare_loop.py with 4 slots, claiming `ahead` jobs ahead, drains
-    `count` jobs of `true` inserted once it is connected."""
+def bare_run(
+    dsn: str,
+    count: int,
+    ahead: int,
+    argv: list[str] | None = None,
+    slots: int = SLOTS,
+    *,
+    overlap: bool = True,
+) -> Drained:
+    """bench/bare_loop.py with `slots` slots, claiming `ahead` jobs ahead
+    (watching its children during each exchange unless not `overlap`),
+    drains `count` jobs of `argv` (`true`) inserted once it is connected."""
     fill(dsn, 0, {})
-    loop = BareLoop(dsn, SLOTS, ahead)
+    loop = BareLoop(dsn, slots, ahead, overlap=overlap)
     try:
         backend = [loop.conn.info.backend_pid]
-        insert_jobs(dsn, count, ["true"])
+        insert_jobs(dsn, count, argv or ["true"])
         before = resource.getrusage(resource.RUSAGE_SELF)
         children = cpu_seconds(resource.RUSAGE_CHILDREN)
         server = backends_cpu(backend)
@@ -386,6 +399,7 @@ def bare_run(dsn: str, count: int, ahead: int) -> Drained:
         children / count * 1e6,
         None if server is None or server_after is None else (server_after - server) / count * 1e6,
         user / count * 1e6,
+        statistics.median(loop.exchanges) * 1e3,
     )
 
 
@@ -423,6 +437,12 @@ def figures_rounds(dsn: str, rounds: int, jobs: int, workdir: Path, quick: bool)
             dsn, sleep_short, ["sleep", "0.01"], 8, 0, workdir
         ),
         "pool_sleep_0.01_c8": lambda: pool_run(sleep_short, ["sleep", "0.01"], 8),
+        # Not targets: the most a loop under the claiming rule reaches on the
+        # same jobs, watching its children during each exchange or not.
+        "bare_loop_sleep_0.01_c8": lambda: bare_run(dsn, sleep_short, 0, ["sleep", "0.01"], 8),
+        "bare_loop_waiting_sleep_0.01_c8": lambda: bare_run(
+            dsn, sleep_short, 0, ["sleep", "0.01"], 8, overlap=False
+        ),
         # Not a target: what --prefetch does for the same real work.
         "worker_prefetch_8_sleep_0.01_c8": lambda: worker_run(
             dsn, sleep_short, ["sleep", "0.01"], 8, 8, workdir
@@ -470,6 +490,17 @@ def figures_rounds(dsn: str, rounds: int, jobs: int, workdir: Path, quick: bool)
         "",
     )
     show_ratio(
+        "bare_loop/pool (sleep 0.01, c8)",
+        ratios("bare_loop_sleep_0.01_c8", "pool_sleep_0.01_c8"),
+        "",
+    )
+    show_ratio(
+        "bare_loop_waiting/bare_loop (sleep 0.01, c8)",
+        ratios("bare_loop_waiting_sleep_0.01_c8", "bare_loop_sleep_0.01_c8"),
+        "",
+    )
+    show_refill(runs["pool_sleep_0.01_c8"], runs["bare_loop_waiting_sleep_0.01_c8"], 8)
+    show_ratio(
         "worker/pool (sleep 0.1, c16)",
         ratios("worker_sleep_0.1_c16", "pool_sleep_0.1_c16"),
         ">=0.95",
@@ -493,6 +524,24 @@ def figures_rounds(dsn: str, rounds: int, jobs: int, workdir: Path, quick: bool)
             "<=1.5",
         )
         show_path(mine, base, runs[mine], runs[base])
+
+
+def show_refill(pool: list[Drained], bare: list[Drained], slots: int) -> None:
+    """What 0.95x the pool leaves a worker per job: the pool's slot runs
+    job after job with nothing between, so a worker's slot may spend 1/0.95 - 1
+    of that cycle between one job's end and the next one's start; under the
+    claiming rule that gap holds at least one exchange. `bare`: the bare loop
+    that waits for each answer, so that its exchanges are the round trip alone."""
+    cycles = [slots / p.rate * 1e3 for p in pool]
+    show(f"path pool cycle (sleep 0.01, c{slots})", cycles, "ms/job per slot", 2)
+    show(
+        f"path refill allowed for 0.95x pool (sleep 0.01, c{slots})",
+        [c / 0.95 - c for c in cycles],
+        "ms at most",
+        2,
+    )
+    exchanges = [b.exchange_ms for b in bare if b.exchange_ms is not None]
+    show(f"path exchange bare_loop_waiting (sleep 0.01, c{slots})", exchanges, "ms (median)", 2)
 
 
 def show_path(mine: str, base: str, mine_runs: list[Drained], base_runs: list[Drained]) -> None:
