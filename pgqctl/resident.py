@@ -137,10 +137,15 @@ class ResidentJobs:
         `deadline`) on a process of its kind, on a thread of its own while
         it runs; `on_done(key, result)` says how it ended, once."""
         request = dict(request)
-        self._threads.run(
-            lambda: self._run_safely(request, timeout, stop, on_line, key),
-            lambda result: self._on_done(key, result),
-        )
+
+        def work() -> ResidentResult:
+            try:
+                return self._run(request, timeout, stop, on_line, key)
+            except Exception as exc:  # never lose the job's report
+                error = f"worker error running the resident handler: {exc}"
+                return ResidentResult(runner.Outcome(error=error))
+
+        self._threads.run(work, lambda result: self._on_done(key, result))
 
     def close(self) -> None:
         """Retire every idle process (the jobs still running were stopped
@@ -155,20 +160,6 @@ class ResidentJobs:
             self._retire(proc)
 
     # --------------------------------------------------------------- one job
-
-    def _run_safely(
-        self,
-        request: dict[str, Any],
-        timeout: float | None,
-        stop: runner.Stop,
-        on_line: Callable[[str], None] | None,
-        key: object,
-    ) -> ResidentResult:
-        try:
-            return self._run(request, timeout, stop, on_line, key)
-        except Exception as exc:  # never lose the job's report
-            error = f"worker error running the resident handler: {exc}"
-            return ResidentResult(runner.Outcome(error=error))
 
     def _run(
         self,
@@ -197,10 +188,9 @@ class ResidentJobs:
             result, keep_process = self._exchange(
                 proc, line, request["id"], started, timeout, stop, stderr, on_line
             )
-        except Exception as exc:  # never lose the job's report
-            self._kill(proc)
-            error = f"worker error running the resident handler: {exc}"
-            return ResidentResult(runner.Outcome(error=error))
+        except Exception:
+            self._kill(proc)  # in an unknown state: no other job may get it
+            raise
         if keep_process:
             self._give_back(kind, proc)
         return result
