@@ -45,12 +45,13 @@ _AGAINST_COPY = (
     "client's checks, on the core the server needs (2.4 us a job against the raw COPY's "
     "1.9), and the draw, a pause in which no row goes; the CLI adds its start-up (see "
     "the CLI's ratio against pgqueuer). In the run of 2026-12-05 17:26 (embedded 18) the "
-    "raw COPY took 0.60 s for the 100,000 jobs (168,000 jobs/s; 152,200 in the run of "
-    "15:40), the API 0.75 s (0.86x) and the CLI 1.04 s (0.58x, 0.57 to 0.62 by round; "
-    "0.63x in each of the three full runs before it): there 0.6x asked the CLI, its 0.2 s "
-    "of start-up included, for 0.99 s, its rows in 0.79 s, against the API's 0.75 s "
-    "without a file to read and decode. What would close it: as for the CLI against "
-    "pgqueuer."
+    "raw COPY took 0.60 s for the 100,000 jobs (168,000 jobs/s), the API 0.75 s (0.86x) "
+    "and the CLI 1.04 s (0.58x, 0.57 to 0.62 by round): there 0.6x asked the CLI, its "
+    "0.2 s of start-up included, for 0.99 s, its rows in 0.79 s, against the API's 0.75 s"
+    " without a file to read and decode. The four full runs before it, with the same code"
+    " of the load, had it at 0.63x to 0.70x, the CLI at 102,900 to 120,600 jobs/s and the"
+    " raw COPY at 152,200 to 189,600: this run's CLI was the slowest of the five. What "
+    "would close it: as for the CLI against pgqueuer."
 )
 
 SHORTFALLS: dict[str, str] = {
